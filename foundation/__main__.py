@@ -1,0 +1,5 @@
+import sys
+
+from foundation.cli import main
+
+sys.exit(main())

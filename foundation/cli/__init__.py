@@ -1,0 +1,69 @@
+"""The `foundation` command: one module per subcommand in this package.
+
+A subcommand module defines NAME, HELP, add_arguments(parser) and
+run(args) -> exit status; dropping a module here adds the command, so the
+layers never edit one shared dispatch table.
+"""
+
+import argparse
+import importlib
+import logging
+import os
+import pkgutil
+import sys
+
+from foundation.errors import Error
+
+_NOT_COMMANDS = {"common"}
+
+
+def _commands():
+    mods = []
+    for info in pkgutil.iter_modules(__path__):
+        if info.name.startswith("_") or info.name in _NOT_COMMANDS:
+            continue
+        mod = importlib.import_module(f"{__name__}.{info.name}")
+        if hasattr(mod, "NAME") and hasattr(mod, "run"):
+            mods.append(mod)
+    return sorted(mods, key=lambda m: m.NAME)
+
+
+def parser():
+    p = argparse.ArgumentParser(
+        prog="foundation",
+        description="Keep every day of your virtual machines on one disk, and travel back in time.",
+    )
+    p.add_argument("--store", default=os.environ.get("FOUNDATION_STORE"),
+                   help="store directory on the backup disk (env FOUNDATION_STORE)")
+    p.add_argument("--key-file", default=os.environ.get("FOUNDATION_KEY_FILE"),
+                   help="key file of an encrypted store (env FOUNDATION_KEY_FILE)")
+    p.add_argument("--config", default=os.environ.get("FOUNDATION_CONFIG"),
+                   help="config file (default /etc/foundation/foundation.toml; env FOUNDATION_CONFIG)")
+    p.add_argument("-v", "--verbose", action="store_true", help="log debugging detail")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for mod in _commands():
+        sp = sub.add_parser(mod.NAME, help=mod.HELP, description=getattr(mod, "DESCRIPTION", mod.HELP))
+        mod.add_arguments(sp)
+        sp.set_defaults(_run=mod.run)
+    return p
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(message)s" if sys.stderr.isatty() else "%(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return args._run(args) or 0
+    except Error as e:
+        print(f"foundation: {e}", file=sys.stderr)
+        return e.code
+    except KeyboardInterrupt:
+        print("foundation: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
