@@ -1,0 +1,59 @@
+"""`foundation init`: create a store on the backup disk."""
+
+import os
+import sys
+
+from foundation.cli.common import store_path
+from foundation.errors import UsageError
+
+NAME = "init"
+HELP = "create a new store in an empty directory (the mounted backup disk)"
+
+
+def size(text):
+    """Parse 4096, 16M, 16MiB, 2G, 1T."""
+    t = text.strip().upper().removesuffix("IB").removesuffix("B")
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    try:
+        if t and t[-1] in mult:
+            return int(float(t[:-1]) * mult[t[-1]])
+        return int(t)
+    except ValueError:
+        raise UsageError(f"not a size: {text!r} (use e.g. 4096, 16M, 512G)") from None
+
+
+def add_arguments(p):
+    p.add_argument("directory", nargs="?", help="store directory (default: --store)")
+    p.add_argument("--mode", choices=["hash", "value"], default="hash",
+                   help="compare-by-hash (names are scores) or compare-by-value (names are log addresses, every duplicate compared byte for byte)")
+    p.add_argument("--block-size", type=size, default=4096, help="block size (default 4096)")
+    p.add_argument("--arena-size", type=size, default=16 << 20, help="arena size (default 16M)")
+    p.add_argument("--max-log-size", type=size, default=256 << 30,
+                   help="expected largest log; sizes the index and Bloom filter (default 256G)")
+    p.add_argument("--no-encrypt", action="store_true", help="store blocks in the clear (still checksummed)")
+    p.add_argument("--passphrase", action="store_true",
+                   help="protect the key file with a passphrase (asked, or FOUNDATION_PASSPHRASE)")
+
+
+def run(args):
+    from foundation.store import Store
+
+    path = args.directory or store_path(args)
+    pw = None
+    if args.passphrase:
+        pw = os.environ.get("FOUNDATION_PASSPHRASE")
+        if not pw:
+            if not sys.stdin.isatty():
+                raise UsageError("--passphrase needs a terminal or FOUNDATION_PASSPHRASE")
+            import getpass
+            pw = getpass.getpass("New passphrase: ")
+            if pw != getpass.getpass("Again: "):
+                raise UsageError("the passphrases differ")
+    kf = Store.create(path, mode=args.mode, block_size=args.block_size, arena_size=args.arena_size,
+                      max_log_size=args.max_log_size, encrypt=not args.no_encrypt,
+                      key_file=args.key_file, passphrase=pw)
+    print(f"created {args.mode} store in {path}")
+    if kf:
+        print(f"key file: {kf}")
+        print("Keep a copy of the key file somewhere safe, away from the backup disk: without it the archive cannot be read.")
+    return 0

@@ -1,0 +1,5 @@
+"""The content-addressed store (paper §3–4): see store.py and docs/format.md."""
+
+from foundation.store.store import BlockType, Store, Tuning
+
+__all__ = ["BlockType", "Store", "Tuning"]

@@ -1,0 +1,381 @@
+"""The arena log: the only primary data of the store.
+
+Blocks are appended as self-describing records to the one open arena; when
+it is full it is sealed with a trailer (a MAC over its records' tags, and a
+chain MAC over every arena before it) and never changes again. The commit
+point is the `head` file, rewritten atomically at each sync: records below
+it must verify, records past it are kept only while they verify in order,
+so a torn tail is cut and no record is ever half-trusted.
+"""
+
+import logging
+import os
+from collections import OrderedDict
+
+from foundation import native
+from foundation.errors import DataCorrupt
+from foundation.store import format as F
+from foundation.store.disk import atomic_write, fsync_dir
+
+log = logging.getLogger(__name__)
+
+RH = native.HEADER_SIZE
+MAX_FDS = 64
+WINDOW = 1 << 20  # read-ahead for sequential single-record reads
+SPAN_GAP = 64 << 10  # batched reads merge records closer than this
+
+
+class OpenArena:
+    """The arena being written, with its summary kept in memory."""
+
+    def __init__(self, n, fd, header, hbytes):
+        self.n, self.fd, self.header, self.hbytes = n, fd, header, hbytes
+        self.end = F.ARENA_HEADER_SIZE
+        self.tags = bytearray()
+        self.keys = bytearray()
+        self.addrs = []
+        self.types = bytearray()
+
+    @property
+    def count(self):
+        return len(self.addrs)
+
+    def add(self, entries):
+        for off, btype, key, _stored, _raw, tag in entries:
+            self.tags += tag
+            self.keys += key
+            self.addrs.append(F.addr(self.n, off))
+            self.types.append(btype)
+
+
+class Log:
+    def __init__(self, root, disk, codec, keys, conf, writable):
+        self.root = root
+        self.dir = os.path.join(root, F.ARENAS)
+        self.sumdir = os.path.join(root, F.SUMMARIES)
+        self.disk, self.codec, self.keys = disk, codec, keys
+        self.uuid = bytes.fromhex(conf["uuid"].replace("-", ""))
+        self.arena_size = conf["arena_size"]
+        self.block_size = conf["block_size"]
+        self.keylen = 32 if conf["mode"] == "hash" else 8
+        self.writable = writable
+        self.fds = OrderedDict()
+        self.ivs = {}
+        self.window = None  # (arena, start, bytes)
+        self.head = None
+        self.open = None
+        self.repaired = []
+
+    # ---- opening and recovery ------------------------------------------------
+
+    def load(self):
+        """Read the head and the open arena; cut a torn tail; finish a crashed seal."""
+        self.head = self._read_head()
+        for n in range(self.head.arena):
+            if not os.path.exists(self.path(n)):
+                raise DataCorrupt(f"arena {n} is missing ({self.path(n)})")
+        while True:
+            n = self.head.arena
+            if not os.path.exists(self.path(n)):
+                if not self.writable:
+                    raise DataCorrupt(f"open arena {n} is missing ({self.path(n)})")
+                self._create_arena(n)
+                self.repaired.append(f"created missing open arena {n}")
+            oa = self._scan_open(n)
+            if oa is not None:
+                self.open = oa
+                break
+
+    def _read_head(self):
+        path = os.path.join(self.root, F.HEAD)
+        try:
+            with open(path, "rb") as f:
+                b = f.read()
+            return F.Head.unpack(b, self.keys.mac)
+        except FileNotFoundError:
+            pass
+        except ValueError as e:
+            raise DataCorrupt(f"head file {path} is damaged ({e})") from None
+        # No head: derive it from the arenas (a store created by an older
+        # crash or a copied log); rollback protection of the tail is lost.
+        n, chain = 0, F.ZERO_CHAIN
+        while os.path.exists(self.path(n + 1)):
+            tr = self._trailer(n)
+            if tr is None:
+                break
+            chain = tr.chain
+            n += 1
+        self.repaired.append("head file was missing; rebuilt from the arenas")
+        log.warning("store head missing: rebuilt from arenas (open arena %d)", n)
+        return F.Head(n, F.ARENA_HEADER_SIZE, 0, chain)
+
+    def _scan_open(self, n):
+        """Scan arena n as the open arena. Returns the OpenArena, or None if it
+        turned out to be sealed (a crash between seal and head update)."""
+        fd = self.fd(n)
+        size = os.fstat(fd).st_size
+        buf = self.disk.pread(fd, "arena", 0, size)
+        header, hbytes = self._header(n, buf)
+        oa = OpenArena(n, fd, header, hbytes)
+        committed = self.head.end if self.head.arena == n else F.ARENA_HEADER_SIZE
+        entries, end, err = self.scan(n, header.iv, buf[F.ARENA_HEADER_SIZE:], F.ARENA_HEADER_SIZE)
+        if end < committed:
+            what = err.kind if err else "missing"
+            raise DataCorrupt(f"arena {n} offset {end}: committed record is damaged ({what})")
+        oa.add(entries)
+        oa.end = end
+        if end < size:
+            tail = buf[end:end + F.TRAILER_SIZE]
+            if self._valid_trailer(n, oa, tail):
+                log.info("arena %d was sealed before a crash; finishing the seal", n)
+                self.head = F.Head(n + 1, F.ARENA_HEADER_SIZE, 0, F.Trailer.unpack(tail).chain)
+                if self.writable:
+                    if end + F.TRAILER_SIZE < size:
+                        os.ftruncate(fd, end + F.TRAILER_SIZE)
+                    self._write_summary(n, oa, F.Trailer.unpack(tail).amac)
+                    self.write_head()
+                    self.repaired.append(f"finished sealing arena {n}")
+                return None
+            if self.writable:
+                log.warning("arena %d: cutting torn tail at offset %d (%d bytes, %s)", n, end, size - end,
+                            err.kind if err else "unwritten")
+                os.ftruncate(fd, end)
+                self.repaired.append(f"cut torn tail of arena {n} at offset {end} ({size - end} bytes)")
+        if not self.writable:
+            # A reader trusts only what the head committed.
+            k = sum(1 for a in oa.addrs if F.split(a)[1] < committed)
+            del oa.addrs[k:]
+            del oa.types[k:]
+            del oa.keys[k * self.keylen:]
+            del oa.tags[k * 16:]
+            oa.end = committed
+        return oa
+
+    def _valid_trailer(self, n, oa, b):
+        try:
+            tr = F.Trailer.unpack(b)
+        except ValueError:
+            return False
+        prev = self.head.chain
+        amac = F.arena_mac(self.keys.mac, oa.hbytes, bytes(oa.tags), oa.count, oa.end)
+        return tr.end == oa.end and tr.count == oa.count and tr.amac == amac and \
+            tr.chain == F.chain_mac(self.keys.mac, prev, n, amac)
+
+    def scan(self, n, iv, buf, base, verify=True):
+        """Records of one arena region -> ([(off, btype, key, stored, raw, tag)], end, error)."""
+        entries, end, err = native.scan(self.codec, n, iv, buf, base, verify)
+        out = []
+        for off, btype, key, stored, raw in entries:
+            o = off - base
+            out.append((off, btype, key[: self.keylen], stored, raw, bytes(buf[o + 48:o + 64])))
+        return out, end, err
+
+    # ---- files -----------------------------------------------------------------
+
+    def path(self, n):
+        return os.path.join(self.dir, F.arena_name(n))
+
+    def fd(self, n):
+        fd = self.fds.get(n)
+        if fd is not None:
+            self.fds.move_to_end(n)
+            return fd
+        try:
+            fd = os.open(self.path(n), os.O_RDWR if self.writable else os.O_RDONLY)
+        except FileNotFoundError:
+            raise DataCorrupt(f"arena {n} is missing ({self.path(n)})") from None
+        self.fds[n] = fd
+        while len(self.fds) > MAX_FDS:
+            old, ofd = self.fds.popitem(last=False)
+            if self.open is not None and old == self.open.n:
+                self.fds[old] = ofd
+                continue
+            os.close(ofd)
+        return fd
+
+    def close(self):
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds.clear()
+
+    def _header(self, n, buf):
+        try:
+            h = F.ArenaHeader.unpack(bytes(buf[:F.ARENA_HEADER_SIZE]), self.keys.mac)
+        except ValueError as e:
+            raise DataCorrupt(f"arena {n} offset 0: header damaged ({e})") from None
+        if h.arena != n or h.uuid != self.uuid:
+            raise DataCorrupt(f"arena {n} offset 0: file holds arena {h.arena} of another log (moved or reordered arena)")
+        self.ivs[n] = h.iv
+        return h, bytes(buf[:F.ARENA_HEADER_SIZE])
+
+    def iv(self, n):
+        iv = self.ivs.get(n)
+        if iv is None:
+            b = self.disk.pread(self.fd(n), "arena", 0, F.ARENA_HEADER_SIZE)
+            iv = self._header(n, b)[0].iv
+        return iv
+
+    def _trailer(self, n):
+        fd = self.fd(n)
+        size = os.fstat(fd).st_size
+        if size < F.ARENA_HEADER_SIZE + F.TRAILER_SIZE:
+            return None
+        try:
+            return F.Trailer.unpack(self.disk.pread(fd, "arena", size - F.TRAILER_SIZE, F.TRAILER_SIZE))
+        except ValueError:
+            return None
+
+    def _create_arena(self, n):
+        h = F.ArenaHeader(n, self.uuid, os.urandom(16), self.arena_size)
+        hb = h.pack(self.keys.mac)
+        fd = os.open(self.path(n), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        self.fds[n] = fd
+        self.disk.pwrite(fd, "arena", 0, hb)
+        self.disk.fsync(fd)
+        fsync_dir(self.dir)
+        self.ivs[n] = h.iv
+        return OpenArena(n, fd, h, hb)
+
+    def write_head(self):
+        oa = self.open
+        if oa is not None and oa.n == self.head.arena:
+            self.head.end, self.head.count = oa.end, oa.count
+        atomic_write(os.path.join(self.root, F.HEAD), self.head.pack(self.keys.mac))
+        self.disk.count_write("head", "head", 0, F.HEAD_SIZE)
+
+    # ---- writing ---------------------------------------------------------------
+
+    def append(self, btype, buf, bs, keys, threads=1):
+        """Append len(buf)//bs blocks (or one short block) as records; return their
+        addresses and the summary entries [(key, addr, btype)] of the new records."""
+        n = max(1, len(buf) // bs)
+        addrs = []
+        i = 0
+        while i < n:
+            oa = self.open
+            room = self.arena_size - F.TRAILER_SIZE - oa.end
+            if room < RH + 16:
+                self.seal()
+                continue
+            # Pack what surely fits plus a few more that fit if they compress;
+            # records past the arena's end are packed again into the next one.
+            m = min(n - i, room // (RH + bs) + 64)
+            recs, offs = native.pack(self.codec, oa.n, oa.header.iv, oa.end, btype,
+                                     buf[i * bs:(i + m) * bs], bs, keys[i * 32:(i + m) * 32], threads)
+            ends = offs[1:] + [oa.end + len(recs)]
+            k = sum(1 for e in ends if e - oa.end <= room)
+            if k == 0:
+                self.seal()
+                continue
+            used = ends[k - 1] - oa.end
+            self.disk.pwrite(oa.fd, "arena", oa.end, memoryview(recs)[:used])
+            entries = []
+            for j in range(k):
+                o = offs[j] - oa.end
+                entries.append((offs[j], btype, keys[(i + j) * 32:(i + j) * 32 + self.keylen], 0, 0,
+                                bytes(recs[o + 48:o + 64])))
+                addrs.append(F.addr(oa.n, offs[j]))
+            oa.add(entries)
+            oa.end += used
+            i += k
+        return addrs
+
+    def seal(self):
+        """Seal the open arena and start the next one (write order: trailer,
+        fsync, summary, new arena, head)."""
+        oa = self.open
+        amac = F.arena_mac(self.keys.mac, oa.hbytes, bytes(oa.tags), oa.count, oa.end)
+        chain = F.chain_mac(self.keys.mac, self.head.chain, oa.n, amac)
+        self.disk.pwrite(oa.fd, "arena", oa.end, F.Trailer(oa.count, oa.end, amac, chain).pack())
+        self.disk.fsync(oa.fd, "arena")
+        self._write_summary(oa.n, oa, amac)
+        if self.on_seal:
+            self.on_seal(oa)
+        self.open = self._create_arena(oa.n + 1)
+        self.head = F.Head(oa.n + 1, F.ARENA_HEADER_SIZE, 0, chain)
+        self.write_head()
+
+    on_seal = None
+
+    def _write_summary(self, n, oa, amac):
+        b = F.pack_summary(n, self.keylen, amac, oa.keys, oa.addrs, oa.types)
+        os.makedirs(self.sumdir, exist_ok=True)
+        atomic_write(os.path.join(self.sumdir, F.summary_name(n)), b, sync=False)
+        self.disk.count_write("summary", "sum%d" % n, 0, len(b))
+
+    def sync(self):
+        self.disk.fsync(self.open.fd, "arena")
+        self.write_head()
+
+    @property
+    def end_addr(self):
+        return F.addr(self.open.n, self.open.end)
+
+    # ---- reading ---------------------------------------------------------------
+
+    def read(self, address):
+        """-> (btype, key, data) of the record at `address`; DataCorrupt if it does not verify."""
+        n, off = F.split(address)
+        w = self.window
+        if w and w[0] == n and w[1] <= off and off + RH <= w[1] + len(w[2]):
+            rec = memoryview(w[2])[off - w[1]:]
+            if self._complete(rec):
+                return self._unpack(n, off, rec)
+        limit = self._limit(n)
+        if off >= limit:
+            raise DataCorrupt(f"arena {n} offset {off}: no record there (beyond the end of the log)")
+        sequential = w and w[0] == n and w[1] <= off <= w[1] + len(w[2]) + SPAN_GAP
+        size = WINDOW if sequential else RH + self.block_size
+        size = min(size, limit - off)
+        b = self.disk.pread(self.fd(n), "arena", off, size)
+        if sequential:
+            self.window = (n, off, b)
+        else:
+            self.window = (n, off, b) if len(b) > 0 else None
+        return self._unpack(n, off, b)
+
+    def read_many(self, addresses):
+        """Read many records, sorted by log address and merged into spans."""
+        out = {}
+        addrs = sorted(set(addresses))
+        i = 0
+        while i < len(addrs):
+            n, start = F.split(addrs[i])
+            j = i + 1
+            last = start
+            while j < len(addrs):
+                m, o = F.split(addrs[j])
+                if m != n or o - last > SPAN_GAP + RH + self.block_size or o - start > (8 << 20):
+                    break
+                last = o
+                j += 1
+            limit = self._limit(n)
+            size = min(last + RH + self.block_size, limit) - start
+            if size <= 0:
+                raise DataCorrupt(f"arena {n} offset {start}: no record there (beyond the end of the log)")
+            b = self.disk.pread(self.fd(n), "arena", start, size)
+            mv = memoryview(b)
+            for a in addrs[i:j]:
+                o = F.split(a)[1]
+                out[a] = self._unpack(n, o, mv[o - start:])
+            i = j
+        return out
+
+    def _limit(self, n):
+        if self.open is not None and n == self.open.n:
+            return self.open.end
+        if n >= self.head.arena:
+            raise DataCorrupt(f"arena {n} does not exist in this log (log ends at arena {self.head.arena})")
+        return self.arena_size
+
+    def _complete(self, rec):
+        if len(rec) < RH:
+            return False
+        stored = int.from_bytes(rec[8:12], "little")
+        return len(rec) >= RH + stored
+
+    def _unpack(self, n, off, rec):
+        try:
+            return native.unpack(self.codec, n, self.iv(n), off, rec)
+        except native.RecordError as e:
+            raise DataCorrupt(f"arena {n} offset {off}: record {e.kind} check failed") from None

@@ -1,0 +1,242 @@
+"""Every on-disk layout of the store, packed and unpacked in one place.
+
+Like Venti's dat.h and conv.c: sizes derive from field sizes, all integers
+are little-endian, and each structure starts with an 8-byte magic and a
+version so that a reader in 2050 can tell what it holds. docs/format.md is
+the prose version of this file; change both together.
+"""
+
+import hashlib
+import hmac
+import json
+import struct
+from dataclasses import dataclass
+
+from foundation.native import HEADER_SIZE as RECORD_HEADER  # noqa: F401  (64)
+from foundation.native import TAG_SIZE  # noqa: F401  (16)
+
+VERSION = 1
+CONFIG = "foundation.json"
+HEAD = "head"
+INDEX = "index"
+BLOOM = "bloom"
+BLOOM_STATE = "bloom.json"
+COUNTERS = "counters.json"
+LOCK = "lock"
+ARENAS = "arenas"
+SUMMARIES = "summaries"
+
+ARENA_MAGIC = b"FDNarena"
+TRAILER_MAGIC = b"FDNseal\0"
+SUMMARY_MAGIC = b"FDNsumm\0"
+INDEX_MAGIC = b"FDNindex"
+HEAD_MAGIC = b"FDNhead\0"
+
+# Block types: what a record holds. TREE and CATALOG blocks hold refs.
+DATA, TREE, CATALOG = 1, 2, 3
+
+MAC_SIZE = 32
+
+
+def mac(key, *parts):
+    h = hmac.new(key, digestmod=hashlib.sha256)
+    for p in parts:
+        h.update(p)
+    return h.digest()
+
+
+def arena_name(n):
+    return f"{n:08d}.arena"
+
+
+def summary_name(n):
+    return f"{n:08d}.sum"
+
+
+# Log addresses: arena number in the high 32 bits, byte offset in the low 32.
+def addr(arena, offset):
+    return (arena << 32) | offset
+
+
+def split(address):
+    return address >> 32, address & 0xFFFFFFFF
+
+
+# ---- arena header: 72 bytes at offset 0 of every arena file ----------------
+ARENA_HEADER = struct.Struct("<8sII16s16sQ")  # magic version arena uuid iv size
+ARENA_HEADER_SIZE = ARENA_HEADER.size + 16  # 56 + the header tag = 72
+
+
+@dataclass
+class ArenaHeader:
+    arena: int
+    uuid: bytes
+    iv: bytes
+    size: int
+
+    def pack(self, mac_key):
+        body = ARENA_HEADER.pack(ARENA_MAGIC, VERSION, self.arena, self.uuid, self.iv, self.size)
+        return body + mac(mac_key, b"arena header", body)[:16]
+
+    @classmethod
+    def unpack(cls, b, mac_key):
+        if len(b) < ARENA_HEADER_SIZE:
+            raise ValueError("arena header truncated")
+        body = b[: ARENA_HEADER.size]
+        magic, version, arena, uuid, iv, size = ARENA_HEADER.unpack(body)
+        if magic != ARENA_MAGIC:
+            raise ValueError("not an arena (bad magic)")
+        if version != VERSION:
+            raise ValueError(f"arena format version {version} is not supported (this is {VERSION})")
+        if not hmac.compare_digest(mac(mac_key, b"arena header", body)[:16], b[ARENA_HEADER.size:ARENA_HEADER_SIZE]):
+            raise ValueError("arena header MAC mismatch (wrong key or tampered header)")
+        return cls(arena, uuid, iv, size)
+
+
+# ---- arena trailer: written once when an arena is sealed -------------------
+TRAILER = struct.Struct("<8sIIQ32s32s")  # magic count reserved end arena_mac chain
+TRAILER_SIZE = TRAILER.size  # 88
+
+
+def arena_mac(mac_key, header_bytes, tags, count, end):
+    """MAC over an arena: its header, every record tag in order, count and end."""
+    return mac(mac_key, b"arena", header_bytes, tags, struct.pack("<IQ", count, end))
+
+
+def chain_mac(mac_key, prev_chain, arena, amac):
+    """MAC over the arenas: each sealed arena extends the chain of the one before."""
+    return mac(mac_key, b"chain", prev_chain, struct.pack("<I", arena), amac)
+
+
+ZERO_CHAIN = bytes(MAC_SIZE)
+
+
+@dataclass
+class Trailer:
+    count: int
+    end: int
+    amac: bytes
+    chain: bytes
+
+    def pack(self):
+        return TRAILER.pack(TRAILER_MAGIC, self.count, 0, self.end, self.amac, self.chain)
+
+    @classmethod
+    def unpack(cls, b):
+        if len(b) != TRAILER_SIZE:
+            raise ValueError("arena trailer truncated")
+        magic, count, _, end, amac, chain = TRAILER.unpack(b)
+        if magic != TRAILER_MAGIC:
+            raise ValueError("arena trailer missing (bad magic)")
+        return cls(count, end, amac, chain)
+
+
+# ---- head: the commit point, rewritten atomically at every sync ------------
+HEAD_STRUCT = struct.Struct("<8sIIQII32s")  # magic version open_arena end count reserved chain
+HEAD_SIZE = HEAD_STRUCT.size + MAC_SIZE
+
+
+@dataclass
+class Head:
+    arena: int  # the open arena; arenas below it are sealed
+    end: int  # committed end offset in the open arena
+    count: int  # records in the open arena up to end
+    chain: bytes  # chain MAC of the last sealed arena (ZERO_CHAIN if none)
+
+    def pack(self, mac_key):
+        body = HEAD_STRUCT.pack(HEAD_MAGIC, VERSION, self.arena, self.end, self.count, 0, self.chain)
+        return body + mac(mac_key, b"head", body)
+
+    @classmethod
+    def unpack(cls, b, mac_key):
+        if len(b) != HEAD_SIZE:
+            raise ValueError("head truncated")
+        body = b[: HEAD_STRUCT.size]
+        magic, version, arena, end, count, _, chain = HEAD_STRUCT.unpack(body)
+        if magic != HEAD_MAGIC or version != VERSION:
+            raise ValueError("bad head magic or version")
+        if not hmac.compare_digest(mac(mac_key, b"head", body), b[HEAD_STRUCT.size:]):
+            raise ValueError("head MAC mismatch")
+        return cls(arena, end, count, chain)
+
+
+# ---- summary: (key, addr, type) of every record of one sealed arena -------
+SUMMARY_HEADER = struct.Struct("<8sIIII32s")  # magic version arena count keylen arena_mac
+SUMMARY_HEADER_SIZE = 64
+
+
+def pack_summary(arena, keylen, amac, keys, addrs, types):
+    n = len(addrs)
+    head = SUMMARY_HEADER.pack(SUMMARY_MAGIC, VERSION, arena, n, keylen, amac)
+    head += bytes(SUMMARY_HEADER_SIZE - len(head))
+    body = bytes(keys) + struct.pack(f"<{n}Q", *addrs) + bytes(types)
+    return head + body + hashlib.sha256(head + body).digest()
+
+
+def unpack_summary(b):
+    """-> (arena, keylen, arena_mac, keys, addrs, types); ValueError if damaged."""
+    if len(b) < SUMMARY_HEADER_SIZE + 32 or b[:8] != SUMMARY_MAGIC:
+        raise ValueError("bad summary magic")
+    if hashlib.sha256(b[:-32]).digest() != b[-32:]:
+        raise ValueError("summary checksum mismatch")
+    _, version, arena, n, keylen, amac = SUMMARY_HEADER.unpack_from(b)
+    if version != VERSION:
+        raise ValueError("summary version")
+    o = SUMMARY_HEADER_SIZE
+    keys = b[o : o + n * keylen]
+    o += n * keylen
+    addrs = list(struct.unpack_from(f"<{n}Q", b, o))
+    o += 8 * n
+    types = b[o : o + n]
+    if len(types) != n or o + n + 32 != len(b):
+        raise ValueError("summary length mismatch")
+    return arena, keylen, amac, keys, addrs, types
+
+
+# ---- index header: one page before the buckets -----------------------------
+INDEX_HEADER = struct.Struct("<8sIIIIQQQQB16s")  # magic version keylen bucket_size reserved nbuckets nfile entries covered dirty uuid
+INDEX_HEADER_SIZE = 4096
+
+
+@dataclass
+class IndexHeader:
+    keylen: int
+    bucket_size: int
+    nbuckets: int  # home buckets (the hash range)
+    nfile: int  # buckets in the file: home buckets + overflow buckets
+    entries: int
+    covered: int  # every record below this log address is in the index
+    dirty: int  # 1 while a flush is rewriting buckets
+    uuid: bytes
+
+    def pack(self):
+        b = INDEX_HEADER.pack(INDEX_MAGIC, VERSION, self.keylen, self.bucket_size, 0,
+                              self.nbuckets, self.nfile, self.entries, self.covered, self.dirty, self.uuid)
+        return b + bytes(INDEX_HEADER_SIZE - len(b))
+
+    @classmethod
+    def unpack(cls, b):
+        if len(b) < INDEX_HEADER.size:
+            raise ValueError("index header truncated")
+        magic, version, keylen, bsize, _, nb, nfile, entries, covered, dirty, uuid = INDEX_HEADER.unpack_from(b)
+        if magic != INDEX_MAGIC or version != VERSION:
+            raise ValueError("bad index magic or version")
+        return cls(keylen, bsize, nb, nfile, entries, covered, dirty, uuid)
+
+
+# ---- config: JSON, written once by init -----------------------------------
+CONFIG_KEYS = ("format", "version", "uuid", "mode", "block_size", "arena_size",
+               "max_log_size", "encrypted", "key_check", "index_buckets", "bucket_size", "created")
+
+
+def pack_config(conf):
+    return (json.dumps({k: conf[k] for k in CONFIG_KEYS if k in conf}, indent=1) + "\n").encode()
+
+
+def unpack_config(b):
+    conf = json.loads(b)
+    if conf.get("format") != "foundation-store":
+        raise ValueError("not a Foundation store config")
+    if conf.get("version") != VERSION:
+        raise ValueError(f"store format version {conf.get('version')} is not supported by this Foundation (format {VERSION})")
+    return conf

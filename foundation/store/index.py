@@ -1,0 +1,192 @@
+"""The on-disk index: a hash table from block key to log address.
+
+Random seeks are what a USB disk cannot afford, so new entries never go to
+the index one by one: they wait in a write buffer and are merged in one
+sorted, sequential pass (Venti's icachewrite, paper §3.2). Buckets are
+chosen by a monotonic map of the key's top 64 bits, so sorted entries meet
+the buckets in file order; a full bucket spills into the next one (linear
+probing) and the file ends with overflow buckets instead of wrapping. The
+index is derived: it is rebuilt from the arenas whenever it is missing,
+stale or left dirty by a crash mid-flush.
+"""
+
+import math
+import os
+
+from foundation import native
+from foundation.errors import DerivedCorrupt
+from foundation.store import format as F
+from foundation.store.disk import fsync_dir
+
+BUCKET_SIZE = 4096
+FILL = 0.9  # sized for this load at the maximum log
+REGION = 4096  # buckets merged per read/write of a flush (16 MiB)
+
+
+class IndexFull(Exception):
+    """The index overflowed its last bucket; it must be rebuilt larger."""
+
+
+def plan(max_entries, keylen, bucket_size=BUCKET_SIZE):
+    """Buckets for an index that is FILL full at `max_entries`: (home, in file)."""
+    cap = (bucket_size - 4) // (keylen + 8)
+    n = max(1, math.ceil(max_entries / (cap * FILL))) + 16
+    # Every bucket is a home bucket; a run that spills past the last one
+    # (rare below 90 % load with buckets of 100+ entries) grows the index.
+    return n, n
+
+
+class Index:
+    def __init__(self, path, disk, fd, header):
+        self.path, self.disk, self.fd, self.h = path, disk, fd, header
+        self.entsize = header.keylen + 8
+        self.cap = (header.bucket_size - 4) // self.entsize
+
+    @classmethod
+    def create(cls, path, disk, keylen, home, nfile, uuid, covered=0, bucket_size=BUCKET_SIZE):
+        h = F.IndexHeader(keylen, bucket_size, home, nfile, 0, covered, 0, uuid)
+        tmp = path + ".new"
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        # A sparse file: empty buckets are zeros and cost no disk space.
+        os.ftruncate(fd, F.INDEX_HEADER_SIZE + nfile * bucket_size)
+        disk.pwrite(fd, "index", 0, h.pack())
+        return cls(tmp, disk, fd, h)
+
+    def install(self, path):
+        """Make a freshly created index the store's index (atomic rename)."""
+        self.disk.fsync(self.fd, "index")
+        os.replace(self.path, path)
+        fsync_dir(os.path.dirname(path))
+        self.path = path
+
+    @classmethod
+    def open(cls, path, disk, keylen, uuid, writable):
+        try:
+            fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
+        except FileNotFoundError:
+            raise DerivedCorrupt("the index is missing") from None
+        try:
+            h = F.IndexHeader.unpack(os.pread(fd, F.INDEX_HEADER_SIZE, 0))
+            if h.keylen != keylen or h.uuid != uuid:
+                raise ValueError("index belongs to another store or mode")
+            if h.dirty:
+                raise ValueError("a flush was interrupted")
+            if os.fstat(fd).st_size < F.INDEX_HEADER_SIZE + h.nfile * h.bucket_size:
+                raise ValueError("index file is truncated")
+        except ValueError as e:
+            os.close(fd)
+            raise DerivedCorrupt(f"the index is damaged ({e})") from None
+        return cls(path, disk, fd, h)
+
+    def close(self):
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def _off(self, bucket):
+        return F.INDEX_HEADER_SIZE + bucket * self.h.bucket_size
+
+    def reread_header(self):
+        self.h = F.IndexHeader.unpack(os.pread(self.fd, F.INDEX_HEADER_SIZE, 0))
+
+    # ---- lookup: one seek and one bucket read, more only on overflow ---------
+
+    def lookup(self, key):
+        h = self.h
+        b = native.bucket_home(key, h.nbuckets)
+        found = []
+        while b < h.nfile:
+            n = min(4, h.nfile - b)
+            region = self.disk.pread(self.fd, "index", self._off(b), n * h.bucket_size)
+            addrs, more = native.lookup(region, b, n, h.bucket_size, h.keylen, key, h.nbuckets)
+            found += addrs
+            if not more:
+                break
+            b += n
+        return found
+
+    # ---- writes ----------------------------------------------------------------
+
+    def _header(self, dirty, covered=None):
+        self.h.dirty = dirty
+        if covered is not None:
+            self.h.covered = covered
+        self.disk.pwrite(self.fd, "index", 0, self.h.pack())
+
+    def flush(self, entries, covered):
+        """Merge sorted entries (bytes, entsize each) in one sequential pass.
+        Raises IndexFull if the last bucket overflows (the caller grows the index)."""
+        h = self.h
+        n = len(entries) // self.entsize
+        if n:
+            self._header(1)
+            self.disk.fsync(self.fd, "index")
+            self._merge(entries)
+            h.entries += n
+        self._header(0, covered)
+        self.disk.fsync(self.fd, "index")
+
+    def _merge(self, entries):
+        h, es = self.h, self.entsize
+        mv = memoryview(entries)
+        n = len(entries) // es
+        i = 0
+        spill = b""
+        while i < n or spill:
+            # The first region starts at the home of the next entry (or where the spill goes).
+            if spill:
+                first = nxt
+            else:
+                first = native.bucket_home(bytes(mv[i * es:i * es + es]), h.nbuckets)
+            if first >= h.nfile:
+                raise IndexFull()
+            count = min(REGION, h.nfile - first)
+            stop = first + count
+            # Entries whose home lies in this region.
+            j = self._first_home_at_or_after(mv, i, n, stop)
+            batch = spill + bytes(mv[i * es:j * es])
+            region = bytearray(self.disk.pread(self.fd, "index", self._off(first), count * h.bucket_size))
+            spill = native.merge(region, first, count, h.bucket_size, h.keylen, batch, h.nbuckets)
+            self.disk.pwrite(self.fd, "index", self._off(first), region)
+            i = j
+            nxt = stop
+            if spill and stop >= h.nfile:
+                raise IndexFull()
+
+    def _first_home_at_or_after(self, mv, lo, hi, bucket):
+        es, nb = self.entsize, self.h.nbuckets
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if native.bucket_home(bytes(mv[mid * es:mid * es + es]), nb) < bucket:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    def entries(self):
+        """Every entry, read in one sequential pass (for growing and for the Bloom filter)."""
+        h = self.h
+        out = bytearray()
+        for first in range(0, h.nfile, REGION):
+            count = min(REGION, h.nfile - first)
+            region = self.disk.pread(self.fd, "index", self._off(first), count * h.bucket_size)
+            for k in range(count):
+                o = k * h.bucket_size
+                c = int.from_bytes(region[o:o + 4], "little")
+                out += region[o + 4:o + 4 + c * self.entsize]
+        return out
+
+    def insert(self, entries):
+        """Venti's path: each entry read-modify-writes its home bucket at once."""
+        h, es = self.h, self.entsize
+        for i in range(0, len(entries), es):
+            spill = bytes(entries[i:i + es])
+            b = native.bucket_home(spill, h.nbuckets)
+            while spill:
+                if b >= h.nfile:
+                    raise IndexFull()
+                region = bytearray(self.disk.pread(self.fd, "index", self._off(b), h.bucket_size))
+                spill = native.merge(region, b, 1, h.bucket_size, h.keylen, spill, h.nbuckets)
+                self.disk.pwrite(self.fd, "index", self._off(b), region)
+                b += 1
+            h.entries += 1

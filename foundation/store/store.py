@@ -1,0 +1,748 @@
+"""The content-addressed store of paper §3 (Figure 4b and 4c), on one disk.
+
+A write is decided fresh or duplicate without touching the disk in the
+common cases: the in-memory index cache (write buffer + recently loaded
+arena summaries) answers duplicates of recent data, and the Bloom filter
+answers fresh data; only a Bloom "maybe" costs an index seek, after which
+the whole summary of the hit's arena is loaded, so the rest of a sequential
+run is answered from memory. Compare-by-hash names a block by its score;
+compare-by-value names it by its log address and checks every candidate
+byte for byte. The "venti" policy turns those tricks off, for benchmarks.
+"""
+
+import fcntl
+import json
+import logging
+import os
+import uuid as uuidlib
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+import pybloomfilter
+
+from foundation import native
+from foundation.crypto.keys import Keys, create_key_file, load_key_file
+from foundation.errors import (BadInput, DataCorrupt, DerivedCorrupt, KeyMissing, NotFound,
+                               StoreLocked, StoreMissing, StoreNotEmpty, UsageError, WrongKey)
+from foundation.store import format as F
+from foundation.store.arena import Log
+from foundation.store.disk import Disk, atomic_write, fsync_dir
+from foundation.store.index import Index, IndexFull, plan
+
+log = logging.getLogger(__name__)
+
+DATA, TREE, CATALOG = F.DATA, F.TREE, F.CATALOG
+BLOOM_ERROR = 0.001
+
+
+class BlockType:
+    DATA = F.DATA
+    TREE = F.TREE
+    CATALOG = F.CATALOG
+
+
+@dataclass
+class Tuning:
+    """Memory and policy knobs; none of them changes a byte on disk."""
+
+    index_cache_bytes: int = 64 << 20  # loaded arena summaries (LRU)
+    write_buffer_bytes: int = 128 << 20  # index entries waiting for a flush
+    block_cache_bytes: int = 32 << 20  # decoded blocks (LRU)
+    policy: str = "foundation"  # or "venti": no Bloom filter, summaries or write buffer
+    zlevel: int = 3
+    threads: int = field(default_factory=lambda: min(4, os.cpu_count() or 1))
+
+
+def default_key_path(store_uuid):
+    base = "/etc/foundation/keys" if os.geteuid() == 0 else os.path.expanduser("~/.config/foundation/keys")
+    return os.path.join(base, f"{store_uuid}.key")
+
+
+class LRU:
+    """A byte-bounded LRU map."""
+
+    def __init__(self, limit):
+        self.limit, self.size, self.d = limit, 0, OrderedDict()
+
+    def get(self, k):
+        e = self.d.get(k)
+        if e is None:
+            return None
+        self.d.move_to_end(k)
+        return e[0]
+
+    def put(self, k, v, size):
+        if k in self.d:
+            return
+        self.d[k] = (v, size)
+        self.size += size
+        while self.size > self.limit and len(self.d) > 1:
+            _, (_, s) = self.d.popitem(last=False)
+            self.size -= s
+
+    def clear(self):
+        self.d.clear()
+        self.size = 0
+
+    def __len__(self):
+        return len(self.d)
+
+
+class Store:
+    """Open with Store.open(); a context manager. See docs/design.md."""
+
+    # ---- creating ------------------------------------------------------------
+
+    @staticmethod
+    def create(path, mode="hash", block_size=4096, arena_size=16 << 20, max_log_size=256 << 30,
+               encrypt=True, key_file=None, passphrase=None):
+        """Make a new store in the empty directory `path`; returns the key file path (or None)."""
+        if mode not in ("hash", "value"):
+            raise BadInput(f"mode must be 'hash' or 'value', not {mode!r}")
+        if block_size < 512 or block_size > 65536 or block_size & (block_size - 1):
+            raise BadInput(f"block size must be a power of two from 512 to 65536, not {block_size}")
+        if arena_size < 64 * block_size or arena_size > (1 << 32) - 1:
+            raise BadInput(f"arena size must be at least 64 blocks ({64 * block_size}) and below 4 GiB, not {arena_size}")
+        if max_log_size < arena_size:
+            raise BadInput("the maximum log size must be at least one arena")
+        if not os.path.isdir(path):
+            raise StoreMissing(path)
+        if os.listdir(path):
+            raise StoreNotEmpty(path)
+        su = str(uuidlib.uuid4())
+        keys = Keys.unkeyed()
+        if encrypt:
+            key_file = key_file or default_key_path(su)
+            os.makedirs(os.path.dirname(os.path.abspath(key_file)), mode=0o700, exist_ok=True)
+            if os.path.realpath(os.path.dirname(os.path.abspath(key_file))).startswith(os.path.realpath(path) + os.sep):
+                raise BadInput("the key file must not be kept inside the store: the store disk may be stolen")
+            master = create_key_file(key_file, su, passphrase)
+            keys = Keys.derive(master, su)
+        keylen = 32 if mode == "hash" else 8
+        home, nfile = plan(max_log_size // block_size, keylen)
+        conf = dict(format="foundation-store", version=F.VERSION, uuid=su, mode=mode, block_size=block_size,
+                    arena_size=arena_size, max_log_size=max_log_size, encrypted=bool(encrypt),
+                    key_check=keys.check_value(), index_buckets=home, bucket_size=4096,
+                    created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+        os.makedirs(os.path.join(path, F.ARENAS))
+        os.makedirs(os.path.join(path, F.SUMMARIES))
+        disk = Disk(path)
+        lg = Log(path, disk, _codec(keys, 0), keys, conf, True)
+        lg.head = F.Head(0, F.ARENA_HEADER_SIZE, 0, F.ZERO_CHAIN)
+        lg.open = lg._create_arena(0)
+        lg.write_head()
+        lg.close()
+        Index.create(os.path.join(path, F.INDEX), disk, keylen, home, nfile, lg.uuid).install(
+            os.path.join(path, F.INDEX))
+        # The config goes last: a directory without it is not yet a store.
+        atomic_write(os.path.join(path, F.CONFIG), F.pack_config(conf))
+        return key_file if encrypt else None
+
+    # ---- opening -------------------------------------------------------------
+
+    @classmethod
+    def open(cls, path, key_file=None, passphrase=None, writable=False, tuning=None, master=None):
+        s = cls.__new__(cls)
+        s._init(path, key_file, passphrase, writable, tuning or Tuning(), master)
+        return s
+
+    def _init(self, path, key_file, passphrase, writable, tuning, master):
+        self.path, self.writable, self.tuning = path, writable, tuning
+        self.lockfd = None
+        self.index = self.bloom = None
+        self.log = None
+        if not os.path.isdir(path):
+            raise StoreMissing(path)
+        try:
+            with open(os.path.join(path, F.CONFIG), "rb") as f:
+                conf = F.unpack_config(f.read())
+        except FileNotFoundError:
+            raise StoreMissing(f"{path} (no {F.CONFIG}: not a Foundation store, or the backup disk is not mounted)") from None
+        except (ValueError, KeyError) as e:
+            raise DataCorrupt(f"store config {os.path.join(path, F.CONFIG)} is unreadable ({e})") from None
+        self.conf = conf
+        self.uuid = conf["uuid"]
+        self.mode = conf["mode"]
+        self.block_size = conf["block_size"]
+        self.arena_size = conf["arena_size"]
+        self.ref_size = 32 if self.mode == "hash" else 8
+        self.keylen = self.ref_size
+        self.null_ref = bytes(self.ref_size)
+        self.zero_block = bytes(self.block_size)
+        self.keys = self._keys(key_file, passphrase, master)
+        if writable:
+            self._lock()
+        self.disk = Disk(path)
+        self.codec = _codec(self.keys, tuning.zlevel)
+        self.venti = tuning.policy == "venti"
+        self.blocks = LRU(tuning.block_cache_bytes)
+        self.summaries = OrderedDict()  # arena -> native.Table (the index cache)
+        self.summary_entries = 0
+        self.counters = self._load_counters()
+        self.repaired = []
+        self._recent = []  # summaries loaded by the current write batch
+        try:
+            self._open_structures()
+        except BaseException:
+            self.close()
+            raise
+
+    def _keys(self, key_file, passphrase, master):
+        conf = self.conf
+        if not conf["encrypted"]:
+            keys = Keys.unkeyed()
+        else:
+            if master is None:
+                if not key_file:
+                    key_file = default_key_path(self.uuid)
+                    if not os.path.exists(key_file):
+                        raise KeyMissing(f"store {self.path} is encrypted: pass --key-file (or set FOUNDATION_KEY_FILE) to the key file made by `foundation init`")
+                if passphrase is None:
+                    passphrase = _ask_passphrase
+                master = load_key_file(key_file, self.uuid, passphrase)
+            keys = Keys.derive(master, self.uuid)
+        if keys.check_value() != conf["key_check"]:
+            raise WrongKey(f"wrong key for store {self.path}: the key does not match the store's key check")
+        return keys
+
+    def _lock(self):
+        p = os.path.join(self.path, F.LOCK)
+        fd = os.open(p, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise StoreLocked(self.path, pid) from None
+        # flock dies with its process, so a crashed writer never leaves a stale lock.
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self.lockfd = fd
+
+    def _open_structures(self):
+        self.log = Log(self.path, self.disk, self.codec, self.keys, self.conf, self.writable)
+        self.log.on_seal = self._sealed
+        self.log.load()
+        self.repaired += self.log.repaired
+        uuidb = self.log.uuid
+        ipath = os.path.join(self.path, F.INDEX)
+        try:
+            self.index = Index.open(ipath, self.disk, self.keylen, uuidb, self.writable)
+            if self.index.h.covered > self.log.end_addr:
+                raise DerivedCorrupt("the index is ahead of the log")
+        except DerivedCorrupt as e:
+            if self.index:
+                self.index.close()
+                self.index = None
+            if not self.writable:
+                raise
+            log.warning("%s; rebuilding it from the arenas", e)
+            self.repaired.append(f"rebuilt the index ({e})")
+            from foundation.store.rebuild import rebuild_index
+            rebuild_index(self)
+        # The write buffer: entries of records not yet merged into the index.
+        self.wbuf = native.Table(self.keylen, 1024)
+        self.pending = bytearray()
+        self._catch_up(self.index.h.covered)
+        if self.writable and not self.venti:
+            self._open_bloom()
+
+    def _catch_up(self, covered):
+        """Put every record at or after `covered` into the write buffer."""
+        ca, _ = F.split(covered)
+        for n in range(ca, self.log.open.n):
+            keys, addrs, _ = self._summary_arrays(n)
+            self._buffer(keys, addrs, covered)
+        oa = self.log.open
+        self._buffer(oa.keys, oa.addrs, covered)
+
+    def _buffer(self, keys, addrs, covered=0):
+        kl = self.keylen
+        ks, ads = bytearray(), []
+        for i, a in enumerate(addrs):
+            if a >= covered:
+                ks += keys[i * kl:(i + 1) * kl]
+                ads.append(a)
+        if ads:
+            self.wbuf.add(bytes(ks), ads)
+            for i, a in enumerate(ads):
+                self.pending += ks[i * kl:(i + 1) * kl] + a.to_bytes(8, "little")
+            if self.bloom is not None:
+                self.bloom.update(bytes(ks[i * kl:(i + 1) * kl]) for i in range(len(ads)))
+
+    def _open_bloom(self):
+        p = os.path.join(self.path, F.BLOOM)
+        sp = os.path.join(self.path, F.BLOOM_STATE)
+        try:
+            with open(sp) as f:
+                st = json.load(f)
+            if st.get("covered") != self.index.h.covered:
+                raise ValueError("stale")
+            self.bloom = pybloomfilter.BloomFilter.open(p)
+        except (OSError, ValueError):
+            self.repaired.append("rebuilt the Bloom filter")
+            from foundation.store.rebuild import rebuild_bloom
+            rebuild_bloom(self)
+        # Entries not yet in the index are in the write buffer; add them too.
+        kl = self.keylen
+        es = kl + 8
+        self.bloom.update(bytes(self.pending[i:i + kl]) for i in range(0, len(self.pending), es))
+
+    def bloom_capacity(self):
+        return max(1024, self.conf["max_log_size"] // self.block_size)
+
+    def _sealed(self, oa):
+        pass
+
+    # ---- closing ---------------------------------------------------------------
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close(clean=exc[0] is None)
+
+    def close(self, clean=True):
+        try:
+            if self.writable and clean and self.log is not None and self.index is not None:
+                self.sync()
+                self.flush()
+        finally:
+            if self.index:
+                self.index.close()
+                self.index = None
+            if self.bloom is not None:
+                self.bloom.close()
+                self.bloom = None
+            if self.log:
+                self.log.close()
+                self.log = None
+            if self.lockfd is not None:
+                os.close(self.lockfd)
+                self.lockfd = None
+
+    def sync(self):
+        """The commit point: everything written so far survives a crash."""
+        self._need_writable()
+        self.log.sync()
+        atomic_write(os.path.join(self.path, F.COUNTERS), json.dumps(self.counters).encode(), sync=False)
+
+    def flush(self):
+        """Merge the write buffer into the on-disk index in one sorted pass."""
+        self._need_writable()
+        if self.log.end_addr == self.index.h.covered and not self.pending:
+            return
+        # The index may only cover committed records: a cut tail must never
+        # leave an index entry behind that names a block we no longer have.
+        self.log.sync()
+        entries = self.pending
+        native.sort_entries(entries, self.keylen + 8, self.keylen)
+        covered = self.log.end_addr
+        try:
+            self.index.flush(bytes(entries), covered)
+        except IndexFull:
+            from foundation.store.rebuild import grow_index
+            grow_index(self, bytes(entries), covered)
+        if self.bloom is not None:
+            self.bloom.sync()
+            atomic_write(os.path.join(self.path, F.BLOOM_STATE), json.dumps({"covered": covered}).encode())
+        self.pending = bytearray()
+        self.wbuf = native.Table(self.keylen, 1024)
+
+    def _need_writable(self):
+        if not self.writable:
+            raise UsageError("the store was opened read-only")
+
+    # ---- the index cache -------------------------------------------------------
+
+    def _summary_arrays(self, n):
+        """(keys, addrs, types) of sealed arena n, from its summary file or a scan."""
+        p = os.path.join(self.path, F.SUMMARIES, F.summary_name(n))
+        try:
+            with open(p, "rb") as f:
+                b = f.read()
+            self.disk.count_read("summary", p, 0, len(b))
+            arena, keylen, _amac, keys, addrs, types = F.unpack_summary(b)
+            if arena != n or keylen != self.keylen:
+                raise ValueError("summary of another arena")
+            return keys, addrs, types
+        except (OSError, ValueError) as e:
+            from foundation.store.rebuild import rebuild_summary
+            if not isinstance(e, FileNotFoundError):
+                log.warning("summary of arena %d is damaged (%s); rebuilding it", n, e)
+            return rebuild_summary(self, n, write=self.writable)
+
+    def _load_summary(self, n):
+        """Load arena n's whole summary into the index cache (paper §3.2)."""
+        t = self.summaries.get(n)
+        if t is not None:
+            self.summaries.move_to_end(n)
+            return t
+        if n == self.log.open.n:
+            return None  # the open arena's entries are in the write buffer
+        keys, addrs, _ = self._summary_arrays(n)
+        t = native.Table(self.keylen, len(addrs) + 1)
+        t.add(bytes(keys), addrs)
+        self.summaries[n] = t
+        self.summary_entries += len(addrs)
+        limit = self.tuning.index_cache_bytes // (self.keylen + 24)
+        while self.summary_entries > limit and len(self.summaries) > 1:
+            _, old = self.summaries.popitem(last=False)
+            self.summary_entries -= len(old)
+        return t
+
+    def _tables(self):
+        return [self.wbuf] + list(reversed(self.summaries.values()))
+
+    def _index_lookup(self, key):
+        """Addresses the on-disk index has for key (Bloom already said maybe)."""
+        addrs = self.index.lookup(key)
+        if not addrs and not self.writable and self.index.h.covered < self.log.end_addr:
+            self.index.reread_header()
+        return addrs
+
+    def _locate(self, score):
+        """Log address of the block with this score (compare-by-hash), or None."""
+        tables = self._tables()
+        addrs, which = native.tables_lookup(tables, score, None)
+        if which[0] >= 0:
+            return addrs[0]
+        for a in self._index_lookup(score):
+            if self.venti:
+                return a
+            t = self._load_summary(F.split(a)[0])
+            if t is None or a in t.find(score):
+                return a
+        return None
+
+    # ---- writing ---------------------------------------------------------------
+
+    def write(self, data, btype=DATA):
+        """Store one block (at most block_size bytes); returns its ref."""
+        if not 0 < len(data) <= self.block_size:
+            raise BadInput(f"a block must hold 1 to {self.block_size} bytes, not {len(data)}")
+        return self._write(data, len(data), btype)
+
+    def write_blocks(self, buf, btype=DATA):
+        """Store len(buf)//block_size whole blocks; returns their refs concatenated."""
+        bs = self.block_size
+        if len(buf) % bs:
+            raise BadInput(f"write_blocks needs whole blocks of {bs} bytes, got {len(buf)} bytes")
+        if not buf:
+            return b""
+        return self._write(buf, bs, btype)
+
+    def _write(self, buf, bs, btype):
+        self._need_writable()
+        n = len(buf) // bs
+        zero = native.zero_flags(buf, bs) if btype == DATA and bs == self.block_size else bytes(n)
+        c = self.counters
+        c["offered_blocks"] += n
+        c["offered_bytes"] += len(buf)
+        if self.mode == "hash":
+            keys = native.scores(buf, bs, btype, key=self.keys.score, skip=zero, threads=self.tuning.threads)
+            return self._write_hash(buf, bs, btype, zero, keys, n)
+        weak = native.weak_hashes(buf, bs, btype, self.keys.weak_seed, skip=zero)
+        return self._write_value(buf, bs, btype, zero, weak, n)
+
+    def _write_hash(self, buf, bs, btype, zero, keys, n):
+        addrs, which = native.tables_lookup(self._tables(), keys, zero)
+        fresh, seen = [], set()
+        zeros = dups = 0
+        for i in range(n):
+            if zero[i]:
+                zeros += 1
+                continue
+            if which[i] >= 0:
+                dups += 1
+                continue
+            k = keys[i * 32:(i + 1) * 32]
+            if k in seen or self._exists(k):
+                dups += 1
+                continue
+            seen.add(k)
+            fresh.append(i)
+        self._count(zeros, dups)
+        if fresh:
+            fkeys = keys if len(fresh) == n else b"".join(keys[i * 32:(i + 1) * 32] for i in fresh)
+            self._append(buf, bs, btype, fresh, fkeys)
+        if not zeros:
+            return bytes(keys)
+        return b"".join(bytes(32) if zero[i] else keys[i * 32:(i + 1) * 32] for i in range(n))
+
+    def _exists(self, score):
+        """A duplicate check that missed the index cache: Bloom, then index."""
+        for t in self._recent:
+            if t.find(score):
+                return True
+        if self.bloom is not None and score not in self.bloom:
+            return False
+        for a in self._index_lookup(score):
+            if self.venti:
+                self.wbuf_add_cached(score, a)
+                return True
+            n = F.split(a)[0]
+            t = self._load_summary(n)
+            if t is None or a in t.find(score):
+                if t is not None:
+                    self._recent = [t] + self._recent[:3]
+                return True
+        return False
+
+    def wbuf_add_cached(self, key, a):
+        """Venti's index cache: remember one looked-up entry."""
+        t = self.summaries.get(-1)
+        if t is None or len(t) > self.tuning.index_cache_bytes // (self.keylen + 24):
+            t = self.summaries[-1] = native.Table(self.keylen, 1024)
+        t.add(key, [a])
+
+    def _write_value(self, buf, bs, btype, zero, weak, n):
+        refs = bytearray(n * 8)
+        fresh = []
+        batch = {}  # weak hash -> indexes of fresh blocks in this batch
+        later = []
+        zeros = dups = 0
+        mv = memoryview(buf)
+        tables = self._tables()
+        _, which = native.tables_lookup(tables, weak, zero)
+        for i in range(n):
+            if zero[i]:
+                zeros += 1
+                continue
+            w = weak[i * 8:(i + 1) * 8]
+            block = mv[i * bs:(i + 1) * bs]
+            a = None
+            if which[i] >= 0:
+                a = self._match(block, btype, (c for t in tables for c in t.find(w)))
+            if a is None:
+                for j in batch.get(w, ()):
+                    if native.equal(mv[j * bs:(j + 1) * bs], block):
+                        a = -1 - j
+                        break
+            if a is None:
+                a = self._match_disk(block, btype, w)
+            if a is None:
+                batch.setdefault(w, []).append(i)
+                fresh.append(i)
+                continue
+            dups += 1
+            if a >= 0:
+                refs[i * 8:(i + 1) * 8] = a.to_bytes(8, "big")
+            else:
+                later.append((i, -1 - a))  # a duplicate of a fresh block of this batch
+        self._count(zeros, dups)
+        if fresh:
+            keys = b"".join(weak[i * 8:(i + 1) * 8] + bytes(24) for i in fresh)
+            addrs = self._append(buf, bs, btype, fresh, keys)
+            for i, a in zip(fresh, addrs):
+                refs[i * 8:(i + 1) * 8] = a.to_bytes(8, "big")
+        for i, j in later:
+            refs[i * 8:(i + 1) * 8] = refs[j * 8:(j + 1) * 8]
+        return bytes(refs)
+
+    def _match(self, block, btype, candidates):
+        """The first candidate address whose block equals `block`, compared byte for byte."""
+        for a in candidates:
+            try:
+                t, data = self._read_addr(a)
+            except DataCorrupt as e:
+                log.warning("skipping damaged dedup candidate: %s", e)
+                continue
+            if t == btype and native.equal(data, block):
+                return a
+        return None
+
+    def _match_disk(self, block, btype, w):
+        for t in self._recent:
+            a = self._match(block, btype, t.find(w))
+            if a is not None:
+                return a
+        if self.bloom is not None and w not in self.bloom:
+            return None
+        for a in self._index_lookup(w):
+            if self._match(block, btype, [a]) is not None:
+                if not self.venti:
+                    t = self._load_summary(F.split(a)[0])
+                    if t is not None:
+                        self._recent = [t] + self._recent[:3]
+                else:
+                    self.wbuf_add_cached(w, a)
+                return a
+        return None
+
+    def _count(self, zeros, dups):
+        self.counters["zero_blocks"] += zeros
+        self.counters["dup_blocks"] += dups
+
+    def _append(self, buf, bs, btype, fresh, fkeys):
+        """Append the fresh blocks (fkeys: their 32-byte key fields) to the log
+        and index them; returns their addresses."""
+        if len(fresh) * bs == len(buf) or len(fresh) == 1 and bs == len(buf):
+            data = buf
+        else:
+            mv = memoryview(buf)
+            data = b"".join(mv[i * bs:(i + 1) * bs] for i in fresh)
+        addrs = self.log.append(btype, data, bs, fkeys, self.tuning.threads)
+        kl = self.keylen
+        ks = b"".join(fkeys[i * 32:i * 32 + kl] for i in range(len(addrs)))
+        self.counters["records"] += len(addrs)
+        self.counters["raw_bytes"] += len(data)
+        if self.venti:
+            # Venti: every new entry goes straight into its on-disk bucket.
+            self.index.insert(b"".join(ks[i * kl:(i + 1) * kl] + a.to_bytes(8, "little")
+                                       for i, a in enumerate(addrs)))
+            self.wbuf_add_cached_many(ks, addrs)
+            return addrs
+        self.wbuf.add(ks, addrs)
+        for i, a in enumerate(addrs):
+            self.pending += ks[i * kl:(i + 1) * kl]
+            self.pending += a.to_bytes(8, "little")
+        if self.bloom is not None:
+            self.bloom.update(ks[i * kl:(i + 1) * kl] for i in range(len(addrs)))
+        if len(self.pending) >= self.tuning.write_buffer_bytes:
+            self.flush()
+        return addrs
+
+    def wbuf_add_cached_many(self, ks, addrs):
+        kl = self.keylen
+        for i, a in enumerate(addrs):
+            self.wbuf_add_cached(ks[i * kl:(i + 1) * kl], a)
+
+    # ---- reading ---------------------------------------------------------------
+
+    def _read_addr(self, a):
+        """(btype, data) of the record at log address a, through the block cache."""
+        v = self.blocks.get(a)
+        if v is not None:
+            return v
+        btype, _key, data = self.log.read(a)
+        v = (btype, data)
+        self.blocks.put(a, v, len(data) + 64)
+        return v
+
+    def read(self, ref):
+        """The block named by ref; exactly what was written, or DataCorrupt."""
+        if ref == self.null_ref:
+            return self.zero_block
+        return self.read_blocks(ref)[0]
+
+    def read_blocks(self, refs):
+        """The blocks named by the concatenated refs, read sorted by log address."""
+        rs = self.ref_size
+        n = len(refs) // rs
+        if len(refs) != n * rs:
+            raise BadInput(f"refs must be a multiple of {rs} bytes")
+        out = [None] * n
+        need = {}  # address -> [positions]
+        want = {}  # address -> expected key (hash mode)
+        for i in range(n):
+            r = bytes(refs[i * rs:(i + 1) * rs])
+            if r == self.null_ref:
+                out[i] = self.zero_block
+                continue
+            v = self.blocks.get(r)
+            if v is not None:
+                out[i] = v[1]
+                continue
+            if self.mode == "hash":
+                a = self._locate(r)
+                if a is None:
+                    raise NotFound(f"block {r.hex()} is not in the store")
+                want[a] = r
+            else:
+                a = int.from_bytes(r, "big")
+            need.setdefault(a, []).append(i)
+        if need:
+            got = self.log.read_many(need.keys())
+            for a, pos in need.items():
+                btype, key, data = got[a]
+                if self.mode == "hash":
+                    r = want[a]
+                    if key != r:
+                        raise DerivedCorrupt(f"the index names arena {a >> 32} offset {a & 0xFFFFFFFF} for a block it does not hold")
+                else:
+                    r = a.to_bytes(8, "big")
+                self.blocks.put(r, (btype, data), len(data) + 64)
+                for i in pos:
+                    out[i] = data
+        return out
+
+    def latest(self, btype):
+        """The ref of the newest record of this type in the log, or None."""
+        oa = self.log.open
+        for i in range(oa.count - 1, -1, -1):
+            if oa.types[i] == btype:
+                return self._ref(oa.keys, i, oa.addrs[i])
+        for n in range(oa.n - 1, -1, -1):
+            keys, addrs, types = self._summary_arrays(n)
+            for i in range(len(addrs) - 1, -1, -1):
+                if types[i] == btype:
+                    return self._ref(keys, i, addrs[i])
+        return None
+
+    def _ref(self, keys, i, a):
+        if self.mode == "hash":
+            return bytes(keys[i * 32:(i + 1) * 32])
+        return a.to_bytes(8, "big")
+
+    def refresh(self):
+        """For a reader: see what a writer committed since we opened. True if anything changed."""
+        if self.writable:
+            return False
+        try:
+            with open(os.path.join(self.path, F.HEAD), "rb") as f:
+                b = f.read()
+        except OSError:
+            return False
+        old = self.log.head
+        h = F.Head.unpack(b, self.keys.mac)
+        if (h.arena, h.end) == (old.arena, old.end):
+            return False
+        self.log.close()
+        self.log = Log(self.path, self.disk, self.codec, self.keys, self.conf, False)
+        self.log.load()
+        self.index.reread_header()
+        self.wbuf = native.Table(self.keylen, 1024)
+        self.pending = bytearray()
+        self._catch_up(self.index.h.covered)
+        return True
+
+    # ---- accounting --------------------------------------------------------------
+
+    def _load_counters(self):
+        c = dict(offered_blocks=0, offered_bytes=0, zero_blocks=0, dup_blocks=0, records=0, raw_bytes=0)
+        try:
+            with open(os.path.join(self.path, F.COUNTERS)) as f:
+                c.update(json.load(f))
+        except (OSError, ValueError):
+            pass
+        return c
+
+    def log_bytes(self):
+        """Bytes of the log on disk (all arenas)."""
+        total = 0
+        d = os.path.join(self.path, F.ARENAS)
+        for name in os.listdir(d):
+            if name.endswith(".arena"):
+                total += os.path.getsize(os.path.join(d, name))
+        return total
+
+    def stats(self):
+        from foundation.store.verify import stats
+        return stats(self)
+
+
+def _codec(keys, zlevel):
+    return native.Codec(keys.enc, keys.mac, zlevel)
+
+
+def _ask_passphrase():
+    p = os.environ.get("FOUNDATION_PASSPHRASE")
+    if p:
+        return p
+    import sys
+    if sys.stdin.isatty():
+        import getpass
+        return getpass.getpass("Passphrase for the store key: ")
+    return None

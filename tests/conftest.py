@@ -1,0 +1,59 @@
+import os
+import random
+
+import pytest
+
+from foundation.store import Store, Tuning
+
+BS = 4096
+
+
+def blocks(n, seed=0, compressible=0.5, bs=BS):
+    """n deterministic blocks: a mix of text-like (compressible) and random bytes."""
+    rnd = random.Random(seed)
+    out = bytearray()
+    words = [b"foundation", b"archive", b"virtual", b"machine", b"snapshot", b"block ", b"\n", b"disk "]
+    for _ in range(n):
+        if rnd.random() < compressible:
+            b = bytearray()
+            while len(b) < bs:
+                b += rnd.choice(words)
+            out += b[:bs]
+        else:
+            out += rnd.randbytes(bs)
+    return bytes(out)
+
+
+@pytest.fixture
+def make_store(tmp_path):
+    """make_store(mode="hash", encrypt=False, **create_kw) -> (path, open(**kw))."""
+    count = [0]
+
+    def make(mode="hash", encrypt=False, arena_size=256 << 10, max_log_size=64 << 20, **kw):
+        count[0] += 1
+        path = tmp_path / f"store{count[0]}"
+        path.mkdir()
+        key_file = str(tmp_path / f"key{count[0]}") if encrypt else None
+        Store.create(str(path), mode=mode, arena_size=arena_size, max_log_size=max_log_size,
+                     encrypt=encrypt, key_file=key_file, **kw)
+
+        def opener(writable=True, **okw):
+            okw.setdefault("tuning", Tuning(write_buffer_bytes=64 << 10, index_cache_bytes=1 << 20,
+                                            block_cache_bytes=1 << 20))
+            return Store.open(str(path), key_file=key_file, writable=writable, **okw)
+
+        opener.path = str(path)
+        opener.key_file = key_file
+        return opener
+
+    return make
+
+
+@pytest.fixture(params=["hash", "value"])
+def mode(request):
+    return request.param
+
+
+def arena_files(path):
+    d = os.path.join(path, "arenas")
+    return [os.path.join(d, x) for x in sorted(os.listdir(d))]

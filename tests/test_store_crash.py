@@ -1,0 +1,147 @@
+"""Crashes and full disks: kill -9 anywhere keeps everything up to the last sync."""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from foundation.errors import StoreFull
+from foundation.store import Store, Tuning
+from foundation.store.verify import verify
+from tests.conftest import BS, arena_files, blocks
+
+WRITER = textwrap.dedent("""
+    import json, os, sys
+    sys.path.insert(0, {root!r})
+    from foundation.store import Store, Tuning
+    from tests.conftest import blocks
+    path, journal, mode = sys.argv[1], sys.argv[2], sys.argv[3]
+    t = Tuning(write_buffer_bytes=32 << 10, index_cache_bytes=1 << 20, block_cache_bytes=1 << 20)
+    s = Store.open(path, writable=True, tuning=t)
+    seed = int(sys.argv[4])
+    while True:
+        n = 1 + seed % 37
+        refs = s.write_blocks(blocks(n, seed=seed))
+        if seed % 3 == 0:
+            s.sync()
+            with open(journal, "a") as f:      # only synced batches are promised
+                f.write(json.dumps([seed, n, refs.hex()]) + "\\n")
+                f.flush(); os.fsync(f.fileno())
+        seed += 1
+""")
+
+
+@pytest.mark.parametrize("mode", ["hash", "value"])
+def test_kill_9_keeps_everything_synced(make_store, tmp_path, mode):
+    op = make_store(mode)
+    script = tmp_path / "writer.py"
+    script.write_text(WRITER.format(root=os.path.dirname(os.path.dirname(__file__))))
+    journal = tmp_path / "journal"
+    rnd = random.Random(1)
+    seed = 0
+    for round_ in range(6):
+        p = subprocess.Popen([sys.executable, str(script), op.path, str(journal), mode, str(seed)])
+        time.sleep(0.6 + rnd.random() * 0.8)
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        seed += 100000
+        with op() as s:  # opens, repairs the tail, and keeps every synced batch
+            for line in open(journal):
+                sd, n, refs = json.loads(line)
+                assert b"".join(s.read_blocks(bytes.fromhex(refs))) == blocks(n, seed=sd)
+            damage, _ = verify(s)
+            assert damage == []
+    assert sum(1 for _ in open(journal)) > 6
+
+
+def test_torn_tail_is_cut(make_store, mode):
+    op = make_store(mode)
+    with op() as s:
+        refs = s.write_blocks(blocks(20, seed=1))
+    last = arena_files(op.path)[-1]
+    size = os.path.getsize(last)
+    with open(last, "ab") as f:  # half a record after the committed end
+        f.write(b"FDNr" + os.urandom(100))
+    with op() as s:
+        assert any("torn tail" in r for r in s.repaired)
+        assert os.path.getsize(last) == size
+        assert b"".join(s.read_blocks(refs)) == blocks(20, seed=1)
+        more = s.write_blocks(blocks(5, seed=2))
+    with op(writable=False) as s:
+        assert b"".join(s.read_blocks(more)) == blocks(5, seed=2)
+        assert verify(s)[0] == []
+
+
+def test_damaged_committed_record_is_refused_loudly(make_store):
+    op = make_store("hash")
+    with op() as s:
+        s.write_blocks(blocks(3, seed=3, compressible=0))
+    last = arena_files(op.path)[-1]
+    with open(last, "r+b") as f:
+        f.seek(72 + 64 + 10)
+        f.write(b"\xff\xfe")
+    from foundation.errors import DataCorrupt
+    with pytest.raises(DataCorrupt, match="committed record"):
+        op()
+
+
+@pytest.fixture
+def tiny_fs(tmp_path):
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True)
+    if r.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)])
+
+
+def test_full_disk(tiny_fs, tmp_path):
+    path = tiny_fs / "store"
+    path.mkdir()
+    Store.create(str(path), arena_size=256 << 10, max_log_size=1 << 20, encrypt=False)
+    t = Tuning(write_buffer_bytes=16 << 10)
+    saved = []
+    with pytest.raises(StoreFull):
+        s = Store.open(str(path), writable=True, tuning=t)
+        try:
+            for seed in range(10000):
+                refs = s.write_blocks(blocks(8, seed=seed, compressible=0))
+                s.sync()
+                saved.append((seed, refs))
+        finally:
+            try:
+                s.close(clean=False)
+            except StoreFull:
+                pass
+    assert saved
+    # Free some room, as the user would, and find every synced block intact.
+    for f in os.listdir(path / "summaries"):
+        os.unlink(path / "summaries" / f)
+    with Store.open(str(path), writable=False) as s:
+        for seed, refs in saved:
+            assert b"".join(s.read_blocks(refs)) == blocks(8, seed=seed, compressible=0)
+        assert verify(s)[0] == []
+
+
+def test_lock_heals_after_kill(make_store, tmp_path):
+    op = make_store("hash")
+    p = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sys, time; sys.path.insert(0, {os.path.dirname(os.path.dirname(__file__))!r})
+        from foundation.store import Store
+        s = Store.open({op.path!r}, writable=True); print("locked", flush=True); time.sleep(60)
+    """)], stdout=subprocess.PIPE)
+    assert p.stdout.readline().strip() == b"locked"
+    from foundation.errors import StoreLocked
+    with pytest.raises(StoreLocked):
+        op()
+    p.kill()
+    p.wait()
+    with op() as s:
+        assert s.write(b"after the crash")
