@@ -41,11 +41,21 @@ class OpenArena:
         return len(self.addrs)
 
     def add(self, entries):
+        """Add scanned records: [(off, btype, key, stored, raw, tag)]."""
         for off, btype, key, _stored, _raw, tag in entries:
             self.tags += tag
             self.keys += key
             self.addrs.append(F.addr(self.n, off))
             self.types.append(btype)
+
+    def add_packed(self, recs, rel, offs, btype, keys, keylen):
+        """Add k freshly packed records: rel are their offsets in recs, keys their 32-byte key fields."""
+        k = len(offs)
+        self.tags += b"".join(recs[o + 48:o + 64] for o in rel)
+        self.keys += keys[:k * 32] if keylen == 32 else b"".join(keys[j * 32:j * 32 + keylen] for j in range(k))
+        base = self.n << 32
+        self.addrs += [base | o for o in offs]
+        self.types += bytes([btype]) * k
 
 
 class Log:
@@ -269,13 +279,10 @@ class Log:
                 continue
             used = ends[k - 1] - oa.end
             self.disk.pwrite(oa.fd, "arena", oa.end, memoryview(recs)[:used])
-            entries = []
-            for j in range(k):
-                o = offs[j] - oa.end
-                entries.append((offs[j], btype, keys[(i + j) * 32:(i + j) * 32 + self.keylen], 0, 0,
-                                bytes(recs[o + 48:o + 64])))
-                addrs.append(F.addr(oa.n, offs[j]))
-            oa.add(entries)
+            first = len(oa.addrs)
+            oa.add_packed(recs, [o - oa.end for o in offs[:k]], offs[:k], btype, keys[i * 32:(i + k) * 32],
+                          self.keylen)
+            addrs += oa.addrs[first:]
             oa.end += used
             i += k
         return addrs

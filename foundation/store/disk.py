@@ -33,13 +33,16 @@ class Disk:
     def __init__(self, root):
         self.root = root
         self.io = defaultdict(Counter)
-        self._pos = None  # (file id, offset) where the last I/O ended
+        self._pos = None  # (file id, start, end) of the last I/O
 
     def _count(self, what, fid, off, n, write):
         c = self.io[what]
-        if self._pos != (fid, off):
+        p = self._pos
+        # Starting anywhere inside the previous transfer costs no seek: the
+        # drive's track buffer (or the span we just read) holds it.
+        if p is None or p[0] != fid or not p[1] <= off <= p[2]:
             c.seeks += 1
-        self._pos = (fid, off + n)
+        self._pos = (fid, off, off + n)
         if write:
             c.writes += 1
             c.bytes_written += n

@@ -128,9 +128,7 @@ def rebuild(store, progress=None):
     records += store.log.open.count
     rebuild_index(store)
     rebuild_bloom(store)
-    store.pending = bytearray()
-    from foundation import native
-    store.wbuf = native.Table(store.keylen, 1024)
+    store._reset_buffer()
     store.summaries.clear()
     store.summary_entries = 0
     store.counters["records"] = records

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Set up everything Foundation needs on a fresh Debian 12 machine, as root:
+# the Debian packages (compiler headers for the C core, QEMU, libvirt, FUSE,
+# file-system tools for the tests), the Python package with its C core
+# built by cffi, and a running libvirtd. Idempotent; safe to run again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+say() { echo "setup.sh: $*" >&2; }
+
+if [ "$(id -u)" != 0 ]; then
+    say "run as root (sudo $0): it installs Debian packages and starts libvirtd"
+    exit 1
+fi
+
+PKGS=(gcc make pkg-config libssl-dev libzstd-dev
+      qemu-utils qemu-system-x86 libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients libvirt-dev
+      fuse3 libfuse3-dev e2fsprogs dosfstools mtools fdisk parted ntfs-3g)
+missing=()
+for p in "${PKGS[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    say "installing Debian packages: ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+PY=${PYTHON:-python3}
+say "installing the foundation package and its C core ($($PY --version))"
+$PY -m pip install -q --disable-pip-version-check -e ".[vm,fuse,replica,test]" 2>&1 | grep -v "Running pip as the 'root' user" >&2 || true
+$PY -c "from foundation import native; assert native.backend == 'native', native.backend" || {
+    say "the C core did not build; see the pip output above"; exit 1; }
+
+if [ -x scripts/libvirt.sh ]; then
+    scripts/libvirt.sh || say "warning: libvirtd did not start; VM tests will be skipped"
+fi
+say "ready"

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Set up everything (scripts/setup.sh) and run the whole test suite:
+# first with the C core, then the store's tests again on the pure-Python
+# reference of every native function, so both stay equivalent.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+PY=${PYTHON:-python3}
+FOUNDATION_NATIVE=0 $PY -m pytest -q -p no:cacheprovider tests/test_native.py tests/test_store.py tests/test_store_crash.py
+exec $PY -m pytest -q -p no:cacheprovider "$@"
