@@ -1,0 +1,166 @@
+/*
+ * core.c: what every hot path shares: the OpenSSL algorithms, fetched once
+ * per process, the HMAC key state, and the one way work is split.
+ *
+ * Parallel work is a contiguous range of blocks per thread, threads started
+ * per call and joined before returning: a batch of thousands of blocks
+ * amortises a thread start, and no state outlives the call but the
+ * contexts a codec pools. Results never depend on the number of threads.
+ */
+#include <pthread.h>
+#include "internal.h"
+
+EVP_MD *fdn_sha256;
+EVP_CIPHER *fdn_aes_ctr;
+
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+
+static void fetch(void)
+{
+	fdn_sha256 = EVP_MD_fetch(NULL, "SHA256", NULL);
+	fdn_aes_ctr = EVP_CIPHER_fetch(NULL, "AES-256-CTR", NULL);
+}
+
+int fdn_api_version(void)
+{
+	return FDN_API_VERSION;
+}
+
+int fdn_init(void)
+{
+	pthread_once(&once, fetch);
+	return fdn_sha256 && fdn_aes_ctr ? FDN_OK : FDN_ECRYPTO;
+}
+
+int fdn_nblocks(size_t len, size_t bs, size_t *n)
+{
+	if (bs == len) {
+		*n = 1;
+		return FDN_OK;
+	}
+	if (bs == 0 || len % bs != 0)
+		return FDN_EARG;
+	*n = len / bs;
+	return FDN_OK;
+}
+
+typedef struct {
+	fdn_job fn;
+	void *arg;
+	size_t lo, hi;
+	int rc;
+	int started;
+	pthread_t tid;
+} part;
+
+static void *run(void *p)
+{
+	part *w = p;
+	w->rc = w->fn(w->arg, w->lo, w->hi);
+	return NULL;
+}
+
+/* Run fn over [0, n) in at most threads contiguous parts of at least grain
+ * items; part 0 runs in the calling thread. Returns the first failure in
+ * part order, so the error reported does not depend on timing. */
+int fdn_parallel(int threads, size_t n, size_t grain, fdn_job fn, void *arg)
+{
+	part parts[FDN_MAX_THREADS];
+	size_t k, i;
+	int rc = FDN_OK;
+
+	if (grain == 0)
+		grain = 1;
+	k = threads < 1 ? 1 : (size_t)threads;
+	if (k > FDN_MAX_THREADS)
+		k = FDN_MAX_THREADS;
+	if (k > (n + grain - 1) / grain)
+		k = (n + grain - 1) / grain;
+	if (k <= 1)
+		return fn(arg, 0, n);
+	for (i = 0; i < k; i++) {
+		parts[i] = (part){ fn, arg, n * i / k, n * (i + 1) / k, 0, 0, 0 };
+		if (i > 0)
+			parts[i].started = pthread_create(&parts[i].tid, NULL, run, &parts[i]) == 0;
+	}
+	run(&parts[0]);
+	for (i = 1; i < k; i++) {
+		if (parts[i].started)
+			pthread_join(parts[i].tid, NULL);
+		else
+			run(&parts[i]);	/* no thread to be had: do it here */
+	}
+	for (i = 0; i < k; i++)
+		if (parts[i].rc != FDN_OK) {
+			rc = parts[i].rc;
+			break;
+		}
+	return rc;
+}
+
+enum { SHA256_BLOCK = 64 };
+
+int fdn_hkey_init(fdn_hkey *k, const uint8_t *key, size_t len)
+{
+	uint8_t pad[SHA256_BLOCK], hashed[FDN_SCORE_SIZE];
+	unsigned int hl;
+	size_t i;
+	int ok;
+
+	k->in = k->out = NULL;
+	if (fdn_init() != FDN_OK)
+		return FDN_ECRYPTO;
+	if (len > SHA256_BLOCK) {
+		if (!EVP_Digest(key, len, hashed, &hl, fdn_sha256, NULL))
+			return FDN_ECRYPTO;
+		key = hashed;
+		len = hl;
+	}
+	k->in = EVP_MD_CTX_new();
+	k->out = EVP_MD_CTX_new();
+	if (k->in == NULL || k->out == NULL) {
+		fdn_hkey_free(k);
+		return FDN_ENOMEM;
+	}
+	memset(pad, 0x36, sizeof pad);
+	for (i = 0; i < len; i++)
+		pad[i] ^= key[i];
+	ok = EVP_DigestInit_ex2(k->in, fdn_sha256, NULL) &&
+		EVP_DigestUpdate(k->in, pad, sizeof pad);
+	memset(pad, 0x5c, sizeof pad);
+	for (i = 0; i < len; i++)
+		pad[i] ^= key[i];
+	ok = ok && EVP_DigestInit_ex2(k->out, fdn_sha256, NULL) &&
+		EVP_DigestUpdate(k->out, pad, sizeof pad);
+	OPENSSL_cleanse(pad, sizeof pad);
+	OPENSSL_cleanse(hashed, sizeof hashed);
+	if (!ok) {
+		fdn_hkey_free(k);
+		return FDN_ECRYPTO;
+	}
+	return FDN_OK;
+}
+
+void fdn_hkey_free(fdn_hkey *k)
+{
+	EVP_MD_CTX_free(k->in);
+	EVP_MD_CTX_free(k->out);
+	k->in = k->out = NULL;
+}
+
+/* Start a message: c continues from the key's inner state. */
+int fdn_hmac_begin(const fdn_hkey *k, EVP_MD_CTX *c)
+{
+	return EVP_MD_CTX_copy_ex(c, k->in) ? FDN_OK : FDN_ECRYPTO;
+}
+
+/* Finish a message begun with fdn_hmac_begin and fed with EVP_DigestUpdate. */
+int fdn_hmac_end(const fdn_hkey *k, EVP_MD_CTX *c, uint8_t out[FDN_SCORE_SIZE])
+{
+	uint8_t inner[FDN_SCORE_SIZE];
+
+	if (!EVP_DigestFinal_ex(c, inner, NULL) || !EVP_MD_CTX_copy_ex(c, k->out) ||
+	    !EVP_DigestUpdate(c, inner, sizeof inner) || !EVP_DigestFinal_ex(c, out, NULL))
+		return FDN_ECRYPTO;
+	return FDN_OK;
+}

@@ -1,0 +1,125 @@
+/*
+ * foundation.h: the whole interface of the C core, written for cffi.
+ *
+ * C owns only the tight loops over buffers that Python hands it; Python
+ * owns files, the meaning of the bytes, and the allocation of every output.
+ * So every function takes the length of every buffer it touches, checks it,
+ * and returns a negative FDN_E* code rather than write out of bounds.
+ *
+ * foundation/native/build.py feeds this file to ffibuilder.cdef() after
+ * dropping the lines that start with '#': constants are enums, not macros.
+ * The byte layouts are drawn in foundation/native/reference.py and
+ * docs/format.md; internal.h holds the field offsets.
+ */
+#ifndef FDN_FOUNDATION_H
+#define FDN_FOUNDATION_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum {
+	FDN_API_VERSION = 1,	/* bump on any change visible to foundation/native */
+	FDN_SCORE_SIZE = 32,	/* SHA-256, and the record's key field */
+	FDN_WEAK_SIZE = 8,	/* weak hash, u64 big-endian */
+	FDN_HEADER_SIZE = 64,	/* record header, see internal.h */
+	FDN_TAG_SIZE = 16,	/* truncated HMAC-SHA256 in the header */
+	FDN_KEY_SIZE = 32,	/* AES-256 key */
+	FDN_IV_SIZE = 16,	/* AES-CTR initial counter block of an arena */
+	FDN_MAX_THREADS = 64
+};
+
+enum {
+	FDN_OK = 0,
+	FDN_EARG = -1,		/* a size or argument is out of range */
+	FDN_ENOMEM = -2,
+	FDN_ECRYPTO = -3,	/* OpenSSL failed */
+	FDN_EZSTD = -4,		/* zstd failed to set up */
+	FDN_ESPACE = -5,	/* an output buffer is too small: call again with more */
+	/* a record is bad; the names are RecordError.kind in Python */
+	FDN_EMAGIC = -10,	/* not a record header: magic, codec or reserved */
+	FDN_ELENGTH = -11,	/* impossible stored/raw lengths */
+	FDN_ETAG = -12,		/* the HMAC tag does not match: damaged or forged */
+	FDN_EDECOMPRESS = -13,	/* authentic, yet the payload does not decode to R bytes */
+	FDN_ETRUNCATED = -14,	/* the buffer ends inside the record */
+	FDN_EBUCKET = -20	/* an index bucket's count exceeds its capacity */
+};
+
+int fdn_api_version(void);
+
+/*
+ * Blocks. A buffer of len bytes holds n = len / bs blocks (len % bs == 0),
+ * or exactly one block when bs == len (a short or empty last block).
+ */
+int fdn_zero_flags(const uint8_t *buf, size_t len, size_t bs,
+	uint8_t *out, size_t outlen);
+int fdn_scores(const uint8_t *buf, size_t len, size_t bs, int btype,
+	const uint8_t *key, size_t keylen, int keyed,
+	const uint8_t *skip, size_t nskip,
+	uint8_t *out, size_t outlen, int threads);
+int fdn_weak_hashes(const uint8_t *buf, size_t len, size_t bs, int btype,
+	uint64_t seed, const uint8_t *skip, size_t nskip,
+	uint8_t *out, size_t outlen);
+int fdn_equal(const uint8_t *a, size_t alen, const uint8_t *b, size_t blen);
+
+/*
+ * Records. A codec holds the keys and a pool of reusable OpenSSL and zstd
+ * contexts; it is safe to use from several threads at once.
+ */
+typedef struct fdn_codec fdn_codec;
+
+typedef struct {
+	uint64_t off;		/* arena offset of the record */
+	uint32_t slen;		/* stored payload length S */
+	uint32_t rlen;		/* raw block length R */
+	uint8_t btype;
+	uint8_t codec;		/* 0 raw, 1 zstd */
+	uint8_t key[32];
+} fdn_entry;
+
+fdn_codec *fdn_codec_new(const uint8_t *enckey, size_t enclen,
+	const uint8_t *mackey, size_t maclen, int zlevel);
+void fdn_codec_free(fdn_codec *c);
+int64_t fdn_pack(fdn_codec *c, uint32_t arena, const uint8_t *iv,
+	uint64_t offset, int btype, const uint8_t *buf, size_t len, size_t bs,
+	const uint8_t *keys, size_t keyslen, uint8_t *out, size_t outcap,
+	uint64_t *offs, size_t noffs, int threads);
+int64_t fdn_unpack(fdn_codec *c, uint32_t arena, const uint8_t *iv,
+	uint64_t offset, const uint8_t *rec, size_t reclen, fdn_entry *e,
+	uint8_t *out, size_t outcap);
+int64_t fdn_scan(fdn_codec *c, uint32_t arena, const uint8_t *buf,
+	size_t len, uint64_t base, int verify, fdn_entry *ents, size_t nents,
+	uint64_t *end, int *err);
+
+/*
+ * Index buckets: u32le count, then count entries of keylen + 8 bytes
+ * (key, u64le addr). Regions are whole buckets [first, first + nregion).
+ */
+uint64_t fdn_bucket_home(const uint8_t *key, size_t keylen, uint64_t nbuckets);
+int64_t fdn_bucket_find(const uint8_t *bucket, size_t bsize, size_t keylen,
+	const uint8_t *key, uint64_t *out, size_t outcap);
+int fdn_sort_entries(uint8_t *ents, size_t len, size_t entsize, size_t keylen);
+int64_t fdn_merge(uint8_t *region, size_t rlen, uint64_t first,
+	uint64_t nregion, size_t bsize, size_t keylen, const uint8_t *ents,
+	size_t elen, uint64_t nbuckets, uint8_t *spill, size_t spillcap);
+int64_t fdn_lookup(const uint8_t *region, size_t rlen, uint64_t first,
+	uint64_t nregion, size_t bsize, size_t keylen, const uint8_t *key,
+	uint64_t nbuckets, uint64_t *out, size_t outcap, int *more);
+
+/*
+ * Summary table: an in-memory multimap key -> addrs, insertion ordered.
+ */
+typedef struct fdn_table fdn_table;
+
+fdn_table *fdn_table_new(size_t keylen, size_t hint);
+void fdn_table_free(fdn_table *t);
+int fdn_table_add(fdn_table *t, const uint8_t *keys, size_t klen,
+	const uint64_t *addrs, size_t n);
+int64_t fdn_table_find(fdn_table *t, const uint8_t *key, size_t keylen,
+	uint64_t *out, size_t outcap);
+uint64_t fdn_table_len(fdn_table *t);
+void fdn_table_clear(fdn_table *t);
+int fdn_tables_lookup(fdn_table **ts, size_t nt, const uint8_t *keys,
+	size_t klen, const uint8_t *skip, size_t nskip, uint64_t *addrs,
+	int32_t *which, size_t n);
+
+#endif

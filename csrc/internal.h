@@ -1,0 +1,92 @@
+/*
+ * internal.h: what the C files share and Python never sees.
+ *
+ * The record header's field offsets are derived from the field sizes, so
+ * the layout is written down once. Hashing goes through OpenSSL EVP with
+ * algorithms fetched once per process and contexts reused per thread.
+ */
+#ifndef FDN_INTERNAL_H
+#define FDN_INTERNAL_H
+
+#include <string.h>
+#include <openssl/evp.h>
+#include "foundation.h"
+
+enum {
+	FDN_U8 = 1, FDN_U16 = 2, FDN_U32 = 4,
+	FDN_MAGIC_SIZE = 4,
+	/* record header, all integers little-endian */
+	FDN_H_MAGIC = 0,
+	FDN_H_BTYPE = FDN_H_MAGIC + FDN_MAGIC_SIZE,
+	FDN_H_CODEC = FDN_H_BTYPE + FDN_U8,
+	FDN_H_RESERVED = FDN_H_CODEC + FDN_U8,
+	FDN_H_SLEN = FDN_H_RESERVED + FDN_U16,
+	FDN_H_RLEN = FDN_H_SLEN + FDN_U32,
+	FDN_H_KEY = FDN_H_RLEN + FDN_U32,
+	FDN_H_TAG = FDN_H_KEY + FDN_SCORE_SIZE,
+	FDN_H_END = FDN_H_TAG + FDN_TAG_SIZE,
+	FDN_CODEC_RAW = 0,
+	FDN_CODEC_ZSTD = 1
+};
+_Static_assert((int)FDN_H_END == (int)FDN_HEADER_SIZE, "header fields must sum to FDN_HEADER_SIZE");
+
+#define FDN_MAGIC "FDNr"
+#define FDN_ARENA_MAX ((uint64_t)1 << 32)	/* arena offsets are u32 */
+
+static inline uint32_t fdn_get32(const uint8_t *p)
+{
+	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static inline void fdn_put32(uint8_t *p, uint32_t v)
+{
+	p[0] = v; p[1] = v >> 8; p[2] = v >> 16; p[3] = v >> 24;
+}
+
+static inline uint64_t fdn_get64(const uint8_t *p)
+{
+	return (uint64_t)fdn_get32(p) | (uint64_t)fdn_get32(p + 4) << 32;
+}
+
+static inline void fdn_put64(uint8_t *p, uint64_t v)
+{
+	fdn_put32(p, (uint32_t)v);
+	fdn_put32(p + 4, (uint32_t)(v >> 32));
+}
+
+static inline uint64_t fdn_get64be(const uint8_t *p)
+{
+	uint64_t v = 0;
+	for (int i = 0; i < 8; i++)
+		v = v << 8 | p[i];
+	return v;
+}
+
+static inline void fdn_put64be(uint8_t *p, uint64_t v)
+{
+	for (int i = 7; i >= 0; i--, v >>= 8)
+		p[i] = (uint8_t)v;
+}
+
+/* core.c */
+int fdn_init(void);
+extern EVP_MD *fdn_sha256;
+extern EVP_CIPHER *fdn_aes_ctr;
+int fdn_nblocks(size_t len, size_t bs, size_t *n);
+
+typedef int (*fdn_job)(void *arg, size_t lo, size_t hi);
+int fdn_parallel(int threads, size_t n, size_t grain, fdn_job fn, void *arg);
+
+/* An HMAC-SHA256 key with ipad and opad already absorbed: keyed once, then
+ * each message costs a context copy instead of two extra compressions. */
+typedef struct {
+	EVP_MD_CTX *in;
+	EVP_MD_CTX *out;
+} fdn_hkey;
+
+int fdn_hkey_init(fdn_hkey *k, const uint8_t *key, size_t len);
+void fdn_hkey_free(fdn_hkey *k);
+int fdn_hmac_begin(const fdn_hkey *k, EVP_MD_CTX *c);
+int fdn_hmac_end(const fdn_hkey *k, EVP_MD_CTX *c, uint8_t out[FDN_SCORE_SIZE]);
+
+#endif

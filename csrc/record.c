@@ -1,0 +1,467 @@
+/*
+ * record.c: a block as it lies in an arena. Encrypt-then-MAC, with the tag
+ * over the arena number and offset too, so a record is authentic only where
+ * it was written; AES-CTR keyed by arena position, so any record decrypts
+ * alone. A record is checked completely before one byte of it is believed.
+ *
+ * Packing a batch compresses each block into a fixed slot, compacts the
+ * records in order, then encrypts and tags them in place: the bytes depend
+ * only on the blocks, never on how many threads did the work.
+ */
+#include <pthread.h>
+#include <stdlib.h>
+#include <zstd.h>
+#include <zstd_errors.h>
+#include "internal.h"
+
+enum {
+	POOL = FDN_MAX_THREADS,	/* idle work contexts a codec keeps */
+	GRAIN = 32,		/* fewest blocks worth a thread of their own */
+	AES_BLOCK = 16,
+	CHUNK = 1 << 30		/* EVP lengths are int */
+};
+
+/* What one thread needs to pack or unpack: made once, reused across calls. */
+typedef struct {
+	EVP_MD_CTX *md;
+	EVP_CIPHER_CTX *aes;	/* keyed once; only the counter changes */
+	ZSTD_CCtx *zc;
+	ZSTD_DCtx *zd;
+	uint8_t *tmp;		/* decrypted payload awaiting decompression */
+	size_t tmpcap;
+} work;
+
+struct fdn_codec {
+	int enc;
+	uint8_t enckey[FDN_KEY_SIZE];
+	fdn_hkey mac;
+	int zlevel;
+	pthread_mutex_t lock;
+	work *idle[POOL];
+	int nidle;
+};
+
+static void work_free(work *w)
+{
+	if (w == NULL)
+		return;
+	EVP_MD_CTX_free(w->md);
+	EVP_CIPHER_CTX_free(w->aes);
+	ZSTD_freeCCtx(w->zc);
+	ZSTD_freeDCtx(w->zd);
+	free(w->tmp);
+	free(w);
+}
+
+static work *work_get(fdn_codec *c)
+{
+	work *w = NULL;
+
+	pthread_mutex_lock(&c->lock);
+	if (c->nidle > 0)
+		w = c->idle[--c->nidle];
+	pthread_mutex_unlock(&c->lock);
+	if (w)
+		return w;
+	if ((w = calloc(1, sizeof *w)) == NULL || (w->md = EVP_MD_CTX_new()) == NULL)
+		goto fail;
+	if (c->enc && ((w->aes = EVP_CIPHER_CTX_new()) == NULL ||
+	    !EVP_EncryptInit_ex2(w->aes, fdn_aes_ctr, c->enckey, NULL, NULL)))
+		goto fail;
+	return w;
+fail:
+	work_free(w);
+	return NULL;
+}
+
+static void work_put(fdn_codec *c, work *w)
+{
+	if (w == NULL)
+		return;
+	pthread_mutex_lock(&c->lock);
+	if (c->nidle < POOL) {
+		c->idle[c->nidle++] = w;
+		w = NULL;
+	}
+	pthread_mutex_unlock(&c->lock);
+	work_free(w);
+}
+
+fdn_codec *fdn_codec_new(const uint8_t *enckey, size_t enclen,
+	const uint8_t *mackey, size_t maclen, int zlevel)
+{
+	fdn_codec *c;
+
+	if ((enckey != NULL && enclen != FDN_KEY_SIZE) || (mackey == NULL && maclen != 0) ||
+	    (zlevel != 0 && (zlevel < ZSTD_minCLevel() || zlevel > ZSTD_maxCLevel())) ||
+	    fdn_init() != FDN_OK)
+		return NULL;
+	if ((c = calloc(1, sizeof *c)) == NULL)
+		return NULL;
+	if (fdn_hkey_init(&c->mac, mackey, maclen) != FDN_OK) {
+		free(c);
+		return NULL;
+	}
+	c->enc = enckey != NULL;
+	if (c->enc)
+		memcpy(c->enckey, enckey, FDN_KEY_SIZE);
+	c->zlevel = zlevel;
+	pthread_mutex_init(&c->lock, NULL);
+	return c;
+}
+
+void fdn_codec_free(fdn_codec *c)
+{
+	if (c == NULL)
+		return;
+	while (c->nidle > 0)
+		work_free(c->idle[--c->nidle]);
+	fdn_hkey_free(&c->mac);
+	OPENSSL_cleanse(c->enckey, sizeof c->enckey);
+	pthread_mutex_destroy(&c->lock);
+	free(c);
+}
+
+/* counter block for arena position pos: (iv + pos / 16) mod 2^128, big-endian */
+static void counter(uint8_t out[AES_BLOCK], const uint8_t iv[AES_BLOCK], uint64_t blk)
+{
+	unsigned carry = 0;
+
+	for (int i = AES_BLOCK - 1; i >= 0; i--) {
+		unsigned s = iv[i] + (unsigned)(blk & 0xff) + carry;
+		out[i] = (uint8_t)s;
+		carry = s >> 8;
+		blk >>= 8;
+	}
+}
+
+/* XOR len bytes with the arena keystream from arena position pos. */
+static int ctr(work *w, const uint8_t *iv, uint64_t pos, uint8_t *dst,
+	const uint8_t *src, size_t len)
+{
+	static const uint8_t zero[AES_BLOCK];
+	uint8_t cb[AES_BLOCK], junk[AES_BLOCK];
+	int outl;
+
+	counter(cb, iv, pos / AES_BLOCK);
+	if (!EVP_EncryptInit_ex2(w->aes, NULL, NULL, cb, NULL))
+		return FDN_ECRYPTO;
+	if (pos % AES_BLOCK && !EVP_EncryptUpdate(w->aes, junk, &outl, zero, (int)(pos % AES_BLOCK)))
+		return FDN_ECRYPTO;
+	while (len > 0) {
+		int k = len > CHUNK ? CHUNK : (int)len;
+		if (!EVP_EncryptUpdate(w->aes, dst, &outl, src, k))
+			return FDN_ECRYPTO;
+		dst += k;
+		src += k;
+		len -= k;
+	}
+	return FDN_OK;
+}
+
+/* HMAC(mac, u32le(arena) || u32le(off) || header[0:48] || payload) */
+static int tag(fdn_codec *c, work *w, uint32_t arena, uint64_t off,
+	const uint8_t *h, const uint8_t *payload, size_t len, uint8_t out[FDN_SCORE_SIZE])
+{
+	uint8_t where[2 * FDN_U32];
+	int rc;
+
+	fdn_put32(where, arena);
+	fdn_put32(where + FDN_U32, (uint32_t)off);
+	if ((rc = fdn_hmac_begin(&c->mac, w->md)) != FDN_OK)
+		return rc;
+	if (!EVP_DigestUpdate(w->md, where, sizeof where) ||
+	    !EVP_DigestUpdate(w->md, h, FDN_H_TAG) ||
+	    (len > 0 && !EVP_DigestUpdate(w->md, payload, len)))
+		return FDN_ECRYPTO;
+	return fdn_hmac_end(&c->mac, w->md, out);
+}
+
+/*
+ * Check the record at arena offset off, whose bytes are p[0, avail). The
+ * order of the checks is part of the format (reference.py follows it):
+ * magic, header fields, lengths, completeness, then the tag.
+ */
+static int check(fdn_codec *c, work *w, uint32_t arena, uint64_t off,
+	const uint8_t *p, size_t avail, int verify, fdn_entry *e)
+{
+	uint8_t t[FDN_SCORE_SIZE];
+	uint32_t S, R;
+	int rc;
+
+	if (avail < FDN_MAGIC_SIZE)
+		return FDN_ETRUNCATED;
+	if (memcmp(p + FDN_H_MAGIC, FDN_MAGIC, FDN_MAGIC_SIZE) != 0)
+		return FDN_EMAGIC;
+	if (avail < FDN_HEADER_SIZE)
+		return FDN_ETRUNCATED;
+	if (p[FDN_H_CODEC] > FDN_CODEC_ZSTD || p[FDN_H_RESERVED] || p[FDN_H_RESERVED + 1])
+		return FDN_EMAGIC;
+	S = fdn_get32(p + FDN_H_SLEN);
+	R = fdn_get32(p + FDN_H_RLEN);
+	if (p[FDN_H_CODEC] == FDN_CODEC_RAW ? S != R : S >= R)
+		return FDN_ELENGTH;
+	if (off + FDN_HEADER_SIZE + S > FDN_ARENA_MAX)
+		return FDN_ELENGTH;
+	if (avail - FDN_HEADER_SIZE < S)
+		return FDN_ETRUNCATED;
+	if (verify) {
+		if ((rc = tag(c, w, arena, off, p, p + FDN_HEADER_SIZE, S, t)) != FDN_OK)
+			return rc;
+		if (CRYPTO_memcmp(t, p + FDN_H_TAG, FDN_TAG_SIZE) != 0)
+			return FDN_ETAG;
+	}
+	e->off = off;
+	e->slen = S;
+	e->rlen = R;
+	e->btype = p[FDN_H_BTYPE];
+	e->codec = p[FDN_H_CODEC];
+	memcpy(e->key, p + FDN_H_KEY, FDN_SCORE_SIZE);
+	return FDN_OK;
+}
+
+typedef struct {
+	fdn_codec *c;
+	uint32_t arena;
+	const uint8_t *iv;
+	uint64_t offset;	/* arena offset of out[0] */
+	uint8_t btype;
+	const uint8_t *buf;
+	size_t blen;
+	const uint8_t *keys;
+	uint8_t *out;
+	uint64_t *pos;		/* each record's position in out, then in the arena */
+	uint32_t *slen;
+	uint8_t *codec;
+} packjob;
+
+/* Put block i's payload, compressed if that is smaller, at dst. */
+static int fill(packjob *j, work *w, size_t i, uint8_t *dst)
+{
+	const uint8_t *src = j->buf + i * j->blen;
+	size_t r;
+
+	if (j->c->zlevel != 0 && j->blen > 1) {
+		if (w->zc == NULL && (w->zc = ZSTD_createCCtx()) == NULL)
+			return FDN_ENOMEM;
+		r = ZSTD_compressCCtx(w->zc, dst, j->blen - 1, src, j->blen, j->c->zlevel);
+		if (!ZSTD_isError(r)) {
+			j->codec[i] = FDN_CODEC_ZSTD;
+			j->slen[i] = (uint32_t)r;
+			return FDN_OK;
+		}
+		if (ZSTD_getErrorCode(r) != ZSTD_error_dstSize_tooSmall)
+			return FDN_EZSTD;
+	}
+	memcpy(dst, src, j->blen);
+	j->codec[i] = FDN_CODEC_RAW;
+	j->slen[i] = (uint32_t)j->blen;
+	return FDN_OK;
+}
+
+/* Write block i's header around its payload at out + pos, encrypt, tag. */
+static int seal(packjob *j, work *w, size_t i, uint64_t pos)
+{
+	uint8_t *h = j->out + pos, t[FDN_SCORE_SIZE];
+	uint64_t off = j->offset + pos;
+	uint32_t S = j->slen[i];
+	int rc;
+
+	memcpy(h + FDN_H_MAGIC, FDN_MAGIC, FDN_MAGIC_SIZE);
+	h[FDN_H_BTYPE] = j->btype;
+	h[FDN_H_CODEC] = j->codec[i];
+	h[FDN_H_RESERVED] = h[FDN_H_RESERVED + 1] = 0;
+	fdn_put32(h + FDN_H_SLEN, S);
+	fdn_put32(h + FDN_H_RLEN, (uint32_t)j->blen);
+	memcpy(h + FDN_H_KEY, j->keys + i * FDN_SCORE_SIZE, FDN_SCORE_SIZE);
+	if (j->c->enc && (rc = ctr(w, j->iv, off + FDN_HEADER_SIZE, h + FDN_HEADER_SIZE,
+	    h + FDN_HEADER_SIZE, S)) != FDN_OK)
+		return rc;
+	if ((rc = tag(j->c, w, j->arena, off, h, h + FDN_HEADER_SIZE, S, t)) != FDN_OK)
+		return rc;
+	memcpy(h + FDN_H_TAG, t, FDN_TAG_SIZE);
+	j->pos[i] = off;
+	return FDN_OK;
+}
+
+static size_t slot(packjob *j, size_t i)
+{
+	return i * (FDN_HEADER_SIZE + j->blen);
+}
+
+static int fill_range(void *arg, size_t lo, size_t hi)
+{
+	packjob *j = arg;
+	work *w = work_get(j->c);
+	int rc = w ? FDN_OK : FDN_ENOMEM;
+
+	for (size_t i = lo; i < hi && rc == FDN_OK; i++)
+		rc = fill(j, w, i, j->out + slot(j, i) + FDN_HEADER_SIZE);
+	work_put(j->c, w);
+	return rc;
+}
+
+static int seal_range(void *arg, size_t lo, size_t hi)
+{
+	packjob *j = arg;
+	work *w = work_get(j->c);
+	int rc = w ? FDN_OK : FDN_ENOMEM;
+
+	for (size_t i = lo; i < hi && rc == FDN_OK; i++)
+		rc = seal(j, w, i, j->pos[i]);
+	work_put(j->c, w);
+	return rc;
+}
+
+int64_t fdn_pack(fdn_codec *c, uint32_t arena, const uint8_t *iv,
+	uint64_t offset, int btype, const uint8_t *buf, size_t len, size_t bs,
+	const uint8_t *keys, size_t keyslen, uint8_t *out, size_t outcap,
+	uint64_t *offs, size_t noffs, int threads)
+{
+	packjob j = { c, arena, iv, offset, (uint8_t)btype, buf, bs == len ? len : bs,
+		keys, out, offs, NULL, NULL };
+	uint64_t pos = 0;
+	size_t n, i;
+	work *w;
+	int rc;
+
+	if (fdn_nblocks(len, bs, &n) != FDN_OK || btype < 0 || btype > 255 ||
+	    keyslen != n * FDN_SCORE_SIZE || noffs != n || j.blen > UINT32_MAX ||
+	    (c->enc && iv == NULL) || offset > FDN_ARENA_MAX ||
+	    n > (FDN_ARENA_MAX - offset) / (FDN_HEADER_SIZE + j.blen) ||
+	    outcap < n * (FDN_HEADER_SIZE + j.blen))
+		return FDN_EARG;
+	j.slen = malloc(n * sizeof *j.slen + 1);
+	j.codec = malloc(n + 1);
+	if (j.slen == NULL || j.codec == NULL) {
+		rc = FDN_ENOMEM;
+		goto out;
+	}
+	if (threads <= 1 || n < 2 * GRAIN) {
+		/* one pass: each record goes straight where it belongs */
+		if ((w = work_get(c)) == NULL) {
+			rc = FDN_ENOMEM;
+			goto out;
+		}
+		for (i = 0, rc = FDN_OK; i < n && rc == FDN_OK; i++) {
+			if ((rc = fill(&j, w, i, out + pos + FDN_HEADER_SIZE)) != FDN_OK ||
+			    (rc = seal(&j, w, i, pos)) != FDN_OK)
+				break;
+			pos += FDN_HEADER_SIZE + j.slen[i];
+		}
+		work_put(c, w);
+		goto out;
+	}
+	if ((rc = fdn_parallel(threads, n, GRAIN, fill_range, &j)) != FDN_OK)
+		goto out;
+	for (i = 0; i < n; i++) {
+		/* compact: every record moves down or stays, in order */
+		uint8_t *src = out + slot(&j, i) + FDN_HEADER_SIZE;
+		if (out + pos + FDN_HEADER_SIZE != src)
+			memmove(out + pos + FDN_HEADER_SIZE, src, j.slen[i]);
+		offs[i] = pos;
+		pos += FDN_HEADER_SIZE + j.slen[i];
+	}
+	rc = fdn_parallel(threads, n, GRAIN, seal_range, &j);
+out:
+	free(j.slen);
+	free(j.codec);
+	return rc == FDN_OK ? (int64_t)pos : rc;
+}
+
+static int decode(fdn_codec *c, work *w, const uint8_t *iv, const fdn_entry *e,
+	const uint8_t *payload, uint8_t *out)
+{
+	const uint8_t *src = payload;
+	size_t r;
+	int rc;
+
+	if (e->codec == FDN_CODEC_RAW) {
+		if (c->enc)
+			return ctr(w, iv, e->off + FDN_HEADER_SIZE, out, payload, e->slen);
+		memcpy(out, payload, e->slen);
+		return FDN_OK;
+	}
+	if (c->enc) {
+		if (w->tmpcap < e->slen) {
+			free(w->tmp);
+			w->tmpcap = 0;
+			if ((w->tmp = malloc(e->slen)) == NULL)
+				return FDN_ENOMEM;
+			w->tmpcap = e->slen;
+		}
+		if ((rc = ctr(w, iv, e->off + FDN_HEADER_SIZE, w->tmp, payload, e->slen)) != FDN_OK)
+			return rc;
+		src = w->tmp;
+	}
+	if (w->zd == NULL && (w->zd = ZSTD_createDCtx()) == NULL)
+		return FDN_ENOMEM;
+	/* exactly one frame, declaring exactly R bytes, decoding to them */
+	if (ZSTD_getFrameContentSize(src, e->slen) != e->rlen ||
+	    ZSTD_findFrameCompressedSize(src, e->slen) != e->slen)
+		return FDN_EDECOMPRESS;
+	r = ZSTD_decompressDCtx(w->zd, out, e->rlen, src, e->slen);
+	return !ZSTD_isError(r) && r == e->rlen ? FDN_OK : FDN_EDECOMPRESS;
+}
+
+int64_t fdn_unpack(fdn_codec *c, uint32_t arena, const uint8_t *iv,
+	uint64_t offset, const uint8_t *rec, size_t reclen, fdn_entry *e,
+	uint8_t *out, size_t outcap)
+{
+	work *w;
+	int rc;
+
+	if (offset >= FDN_ARENA_MAX || (c->enc && iv == NULL))
+		return FDN_EARG;
+	if ((w = work_get(c)) == NULL)
+		return FDN_ENOMEM;
+	rc = check(c, w, arena, offset, rec, reclen, 1, e);
+	if (rc == FDN_OK && outcap < e->rlen)
+		rc = FDN_ESPACE;
+	if (rc == FDN_OK)
+		rc = decode(c, w, iv, e, rec + FDN_HEADER_SIZE, out);
+	work_put(c, w);
+	return rc == FDN_OK ? (int64_t)e->rlen : rc;
+}
+
+static int zero(const uint8_t *p, size_t n)
+{
+	return n == 0 || (p[0] == 0 && memcmp(p, p + 1, n - 1) == 0);
+}
+
+/*
+ * Parse records from buf (buf[0] at arena offset base) into ents. Stops at
+ * the end of buf or at zeros (*err = FDN_OK), when ents is full
+ * (FDN_ESPACE: call again from *end), or at a bad or incomplete record (its
+ * error). *end is the arena offset after the last good record.
+ */
+int64_t fdn_scan(fdn_codec *c, uint32_t arena, const uint8_t *buf,
+	size_t len, uint64_t base, int verify, fdn_entry *ents, size_t nents,
+	uint64_t *end, int *err)
+{
+	size_t pos = 0, count = 0;
+	work *w = NULL;
+	int rc = FDN_OK;
+
+	*end = base;
+	if (base > FDN_ARENA_MAX || len > FDN_ARENA_MAX - base)
+		return *err = FDN_EARG;
+	if (verify && (w = work_get(c)) == NULL)
+		return *err = FDN_ENOMEM;
+	while (pos < len) {
+		size_t avail = len - pos;
+		if (count == nents) {
+			rc = FDN_ESPACE;
+			break;
+		}
+		if (zero(buf + pos, avail < FDN_HEADER_SIZE ? avail : FDN_HEADER_SIZE))
+			break;
+		if ((rc = check(c, w, arena, base + pos, buf + pos, avail, verify, &ents[count])) != FDN_OK)
+			break;
+		pos += FDN_HEADER_SIZE + ents[count++].slen;
+	}
+	work_put(c, w);
+	*end = base + pos;
+	*err = rc;
+	return (int64_t)count;
+}

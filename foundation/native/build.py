@@ -1,0 +1,97 @@
+"""Build foundation._native, the C core, with cffi (API, out-of-line mode).
+
+The declarations are csrc/foundation.h itself, so the header Python sees
+and the header C compiles against cannot drift apart. setup.py names this
+file in `cffi_modules`; `pip install -e .` and `pip install .` build it.
+For quick iteration, build in place next to the sources (run the file, not
+the module: importing foundation.native needs the module already built):
+
+    python foundation/native/build.py
+
+Needs a C compiler and the OpenSSL 3 and zstd headers (Debian: gcc
+pkg-config libssl-dev libzstd-dev).
+"""
+
+import importlib.machinery
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+from cffi import FFI
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CSRC = os.path.join(ROOT, "csrc")
+SOURCES = ["core.c", "hash.c", "record.c", "bucket.c", "table.c"]
+LIBRARIES = ["libcrypto", "libzstd"]
+
+
+def cdef(header):
+    """The header without preprocessor lines: what cffi's parser accepts."""
+    with open(header) as f:
+        return "".join(line for line in f if not line.lstrip().startswith("#"))
+
+
+def pkgconfig(flag, default):
+    """Compiler or linker flags from pkg-config, or default without it."""
+    if shutil.which("pkg-config") is None:
+        return default
+    try:
+        out = subprocess.run(["pkg-config", flag, *LIBRARIES], check=True,
+                             capture_output=True, text=True).stdout
+    except subprocess.CalledProcessError:
+        return default
+    return out.split()
+
+
+def builder(paths):
+    """The FFI builder, naming files through paths (a path -> path function)."""
+    cflags = pkgconfig("--cflags-only-I", [])
+    ldflags = pkgconfig("--libs-only-L", [])
+    ffi = FFI()
+    ffi.cdef(cdef(os.path.join(CSRC, "foundation.h")))
+    ffi.set_source(
+        "foundation._native",
+        '#include "foundation.h"\n',
+        sources=[paths(os.path.join(CSRC, s)) for s in SOURCES],
+        depends=[paths(os.path.join(CSRC, h)) for h in ("foundation.h", "internal.h")],
+        include_dirs=[paths(CSRC)] + [f[2:] for f in cflags if f.startswith("-I")],
+        library_dirs=[f[2:] for f in ldflags if f.startswith("-L")],
+        libraries=["crypto", "zstd", "pthread"],
+        extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter",
+                            "-pthread", "-fvisibility=hidden"],
+        extra_link_args=["-pthread"],
+    )
+    return ffi
+
+
+def relative(path):
+    # setuptools wants sources relative to setup.py's directory, its working
+    # directory while it builds.
+    rel = os.path.relpath(path)
+    return path if rel.startswith("..") else rel
+
+
+ffibuilder = builder(relative)
+
+
+def main():
+    """Compile foundation/_native in place, through a scratch directory."""
+    with tempfile.TemporaryDirectory() as tmp:
+        # cffi compiles from inside tmp: name every file absolutely
+        so = builder(os.path.abspath).compile(tmpdir=tmp, verbose="-v" in sys.argv)
+        # One file, named as pip names it: a leftover with a more specific
+        # suffix (.cpython-311-...so) would shadow what pip builds later.
+        stem = os.path.join(ROOT, "foundation", "_native")
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+            if os.path.exists(stem + suffix):
+                os.remove(stem + suffix)
+        abi3 = ".abi3.so" in importlib.machinery.EXTENSION_SUFFIXES
+        dest = stem + ".abi3.so" if abi3 else os.path.join(os.path.dirname(stem), os.path.basename(so))
+        shutil.copyfile(so, dest)
+    print(dest)
+
+
+if __name__ == "__main__":
+    main()

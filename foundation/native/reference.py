@@ -1,0 +1,393 @@
+"""The reference backend: the specification of the C core, in Python.
+
+Every function here defines what its C twin in csrc/ must compute, byte for
+byte; tests/test_native.py holds the two to each other. Clarity wins over
+speed here: this backend is what a reader in 2050 checks a record against.
+
+Record, as it lies in an arena (all integers little-endian):
+
+    off  size  field
+    0    4     magic b"FDNr"
+    4    1     btype                block type
+    5    1     codec                0 raw, 1 zstd
+    6    2     reserved             0
+    8    4     S                    stored payload length
+    12   4     R                    raw block length
+    16   32    key                  score or weak hash; opaque here
+    48   16    tag                  HMAC-SHA256(mac_key, u32le(arena) || u32le(offset)
+                                      || header[0:48] || payload)[:16]
+    64   S     payload              the block; zstd-compressed (one frame with its
+                                      content size) when that is shorter than R;
+                                      then AES-256-CTR encrypted when there is an enc_key
+
+codec 0 means S == R, codec 1 means S < R. Arena position p (the record at
+offset o has its payload at p = o + 64 + j) is XORed with keystream byte p:
+counter block (iv + p // 16) mod 2**128, byte p % 16 within it. The tag
+covers the stored, encrypted bytes (encrypt-then-MAC) and where they lie,
+so a record moved to another arena or offset fails it.
+
+A record is judged in this order, which the C core follows: fewer than 4
+bytes -> truncated; magic -> magic; fewer than 64 bytes -> truncated; codec
+or reserved -> magic; S against R, and offset + 64 + S beyond 4 GiB ->
+length; fewer than 64 + S bytes -> truncated; tag -> tag; decoding ->
+decompress.
+
+Index bucket (bucket_size bytes): u32le count, then count entries of
+keylen + 8 bytes, key then u64le addr; the rest is zero. A key's home bucket
+is (u64 big-endian of its first 8 bytes, zero-padded) * nbuckets >> 64.
+"""
+
+import hashlib
+import hmac
+import struct
+
+import zstandard
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+from foundation.native import (
+    ARENA_LIMIT, HEADER_SIZE, RECORD_MAGIC, SCORE_SIZE, TAG_SIZE, WEAK_SIZE,
+    BucketError, RecordError, _addrs, _bad_bucket, _blocks, _byte, _codec_args,
+    _flags, _index_args, _lookup_count, _nbytes, _pack_args, _threads, _uint, _where,
+)
+
+name = "reference"
+
+HEAD = struct.Struct("<4sBBHII32s")  # the header up to the tag
+assert HEAD.size + TAG_SIZE == HEADER_SIZE
+RAW, ZSTD = 0, 1
+MASK = (1 << 64) - 1
+
+
+def zero_flags(buf, bs):
+    n, blen = _blocks(buf, bs)
+    data = bytes(buf)
+    zero = bytes(blen)
+    return bytes(data[i * blen:(i + 1) * blen] == zero for i in range(n))
+
+
+def scores(buf, bs, btype, key=None, skip=None, threads=1):
+    """SHA-256, or HMAC-SHA256 under key, of bytes([btype]) + block; skipped: zeros."""
+    n, blen = _blocks(buf, bs)
+    _byte(btype, "btype")
+    _flags(skip, n)
+    _threads(threads)
+    data, skip = bytes(buf), None if skip is None else bytes(skip)
+    keyed = None if key is None else hmac.new(bytes(key), digestmod=hashlib.sha256)
+    out = bytearray()
+    for i in range(n):
+        if skip and skip[i]:
+            out += bytes(SCORE_SIZE)
+            continue
+        h = hashlib.sha256() if keyed is None else keyed.copy()
+        h.update(bytes([btype]))
+        h.update(data[i * blen:(i + 1) * blen])
+        out += h.digest()
+    return bytes(out)
+
+
+M = 0x9E3779B97F4A7C15
+C1 = 0xFF51AFD7ED558CCD
+C2 = 0xC4CEB9FE1A85EC53
+
+
+def weak(block, btype, seed):
+    """The weak hash of one block: a 64-bit mix, fast in C, not collision-resistant."""
+    h = seed ^ ((btype + 1) * M & MASK) ^ len(block)
+    padded = block + bytes(-len(block) % 8)
+    for (w,) in struct.iter_unpack("<Q", padded):
+        h ^= w * C1 & MASK
+        h = ((h << 29 | h >> 35) & MASK) * M & MASK
+    h ^= h >> 33
+    h = h * C2 & MASK
+    h ^= h >> 29
+    return h
+
+
+def weak_hashes(buf, bs, btype, seed, skip=None):
+    n, blen = _blocks(buf, bs)
+    _byte(btype, "btype")
+    _uint(seed, 1 << 64, "seed")
+    _flags(skip, n)
+    data, skip = bytes(buf), None if skip is None else bytes(skip)
+    return b"".join(bytes(WEAK_SIZE) if skip and skip[i] else
+                    weak(data[i * blen:(i + 1) * blen], btype, seed).to_bytes(8, "big")
+                    for i in range(n))
+
+
+class Codec:
+    """Keys and compression level for records."""
+
+    def __init__(self, enc_key, mac_key, zlevel):
+        _codec_args(enc_key, mac_key, zlevel)
+        self.enc_key = None if enc_key is None else bytes(enc_key)
+        self.mac = hmac.new(bytes(mac_key), digestmod=hashlib.sha256)  # keyed once, copied per record
+        self.encrypted = enc_key is not None
+        self.zlevel = zlevel
+
+    def __repr__(self):
+        return f"<reference Codec encrypted={self.encrypted} zlevel={self.zlevel}>"
+
+
+def _codec(codec):
+    if not isinstance(codec, Codec):
+        raise TypeError(f"expected a reference Codec, not {type(codec).__name__}")
+    return codec
+
+
+def ctr(key, iv, pos, data):
+    """XOR data with the arena keystream starting at arena position pos."""
+    block, skip = divmod(pos, 16)
+    counter = ((int.from_bytes(iv, "big") + block) % (1 << 128)).to_bytes(16, "big")
+    enc = Cipher(algorithms.AES(key), modes.CTR(counter)).encryptor()
+    return (enc.update(bytes(skip) + data) + enc.finalize())[skip:]
+
+
+def tag(codec, arena, offset, head, payload):
+    m = codec.mac.copy()
+    m.update(struct.pack("<II", arena, offset))
+    m.update(head[:HEAD.size])
+    m.update(payload)
+    return m.digest()[:TAG_SIZE]
+
+
+def pack(codec, arena, iv, offset, btype, buf, bs, keys, threads=1):
+    n, blen = _pack_args(arena, iv, offset, btype, buf, bs, keys)
+    _threads(threads)
+    codec, data, keys, iv = _codec(codec), bytes(buf), bytes(keys), bytes(iv)
+    z = zstandard.ZstdCompressor(level=codec.zlevel, write_content_size=True) if codec.zlevel else None
+    out, offsets, pos = bytearray(), [], offset
+    for i in range(n):
+        block = data[i * blen:(i + 1) * blen]
+        payload, kind = block, RAW
+        if z is not None and blen > 1:
+            small = z.compress(block)
+            if len(small) < blen:
+                payload, kind = small, ZSTD
+        if codec.enc_key is not None:
+            payload = ctr(codec.enc_key, iv, pos + HEADER_SIZE, payload)
+        head = HEAD.pack(RECORD_MAGIC, btype, kind, 0, len(payload), blen,
+                         keys[i * SCORE_SIZE:(i + 1) * SCORE_SIZE])
+        out += head + tag(codec, arena, pos, head, payload) + payload
+        offsets.append(pos)
+        pos += HEADER_SIZE + len(payload)
+    return bytes(out), offsets
+
+
+def _check(codec, arena, offset, rec, verify):
+    """The header fields of the record at offset whose bytes rec begins with."""
+    if len(rec) < 4:
+        raise RecordError("truncated", offset)
+    if rec[:4] != RECORD_MAGIC:
+        raise RecordError("magic", offset)
+    if len(rec) < HEADER_SIZE:
+        raise RecordError("truncated", offset)
+    magic, btype, kind, reserved, S, R, key = HEAD.unpack_from(rec)
+    if kind not in (RAW, ZSTD) or reserved:
+        raise RecordError("magic", offset)
+    if (S != R if kind == RAW else S >= R) or offset + HEADER_SIZE + S > ARENA_LIMIT:
+        raise RecordError("length", offset)
+    if len(rec) - HEADER_SIZE < S:
+        raise RecordError("truncated", offset)
+    payload = rec[HEADER_SIZE:HEADER_SIZE + S]
+    if verify and not hmac.compare_digest(tag(codec, arena, offset, rec, payload),
+                                          bytes(rec[HEAD.size:HEADER_SIZE])):
+        raise RecordError("tag", offset)
+    return btype, kind, S, R, key, bytes(payload)
+
+
+def unpack(codec, arena, iv, offset, rec):
+    _where(arena, iv, offset)
+    codec = _codec(codec)
+    btype, kind, S, R, key, payload = _check(codec, arena, offset, bytes(rec), True)
+    if codec.enc_key is not None:
+        payload = ctr(codec.enc_key, bytes(iv), offset + HEADER_SIZE, payload)
+    if kind == ZSTD:
+        payload = _decompress(payload, R, offset)
+    return btype, key, payload
+
+
+def _decompress(payload, R, offset):
+    """Exactly one zstd frame, declaring exactly R bytes, decoding to them."""
+    try:
+        if zstandard.frame_content_size(payload) != R:
+            raise RecordError("decompress", offset)
+        d = zstandard.ZstdDecompressor().decompressobj()
+        data = d.decompress(payload)
+    except zstandard.ZstdError:
+        raise RecordError("decompress", offset) from None
+    if not d.eof or d.unused_data or len(data) != R:
+        raise RecordError("decompress", offset)
+    return data
+
+
+def scan(codec, arena, iv, buf, base, verify=True):
+    """Records from buf (buf[0] at arena offset base) until its end, zeros or a bad one.
+
+    iv is not used: scanning checks tags, which cover the encrypted bytes.
+    """
+    _where(arena, iv, base)
+    codec = _codec(codec)
+    data = memoryview(bytes(buf))
+    if base + len(data) > ARENA_LIMIT:
+        raise ValueError("the buffer runs past the 4 GiB arena limit")
+    entries, pos = [], 0
+    while pos < len(data):
+        if not any(data[pos:pos + HEADER_SIZE]):
+            break  # unwritten space
+        try:
+            btype, _, S, R, key, _ = _check(codec, arena, base + pos, data[pos:], verify)
+        except RecordError as e:
+            return entries, base + pos, e
+        entries.append((base + pos, btype, key, S, R))
+        pos += HEADER_SIZE + S
+    return entries, base + pos, None
+
+
+def bucket_home(key, nbuckets):
+    _uint(nbuckets, 1 << 64, "nbuckets")
+    top = bytes(key)[:8].ljust(8, b"\0")
+    return int.from_bytes(top, "big") * nbuckets >> 64
+
+
+def _entries(bucket, keylen):
+    """The (key, addr) entries of one bucket, as bytes."""
+    count = int.from_bytes(bucket[:4], "little")
+    es = keylen + 8
+    return [bucket[4 + i * es:4 + (i + 1) * es] for i in range(count)]
+
+
+def bucket_find(bucket, keylen, key):
+    bucket, key = bytes(bucket), bytes(key)
+    if not isinstance(keylen, int) or keylen < 1 or len(key) != keylen or len(bucket) < 4:
+        raise ValueError("bucket_find needs a bucket of at least 4 bytes and a key of keylen bytes")
+    cap = (len(bucket) - 4) // (keylen + 8)
+    count = int.from_bytes(bucket[:4], "little")
+    if count > cap:
+        raise BucketError(None, count, cap)
+    return [int.from_bytes(e[keylen:], "little") for e in _entries(bucket, keylen) if e[:keylen] == key]
+
+
+def sort_entries(entries, entsize, keylen):
+    """Sort in place by key bytes, then addr as a number, then any bytes after it."""
+    if not isinstance(keylen, int) or keylen < 1 or not isinstance(entsize, int) \
+            or entsize < keylen + 8 or _nbytes(entries) % entsize:
+        raise ValueError("sort_entries needs whole entries of entsize >= keylen + 8 bytes")
+    mv = memoryview(entries).cast("B")
+    if mv.readonly:
+        raise TypeError("sort_entries needs a writable buffer")
+    data = bytes(mv)
+    ents = [data[i:i + entsize] for i in range(0, len(data), entsize)]
+    ents.sort(key=lambda e: (e[:keylen], int.from_bytes(e[keylen:keylen + 8], "little"), e[keylen + 8:]))
+    mv[:] = b"".join(ents)
+
+
+def merge(region, first, nregion, bucket_size, keylen, entries, nbuckets):
+    """Insert sorted entries into the region's buckets; return those that did not fit."""
+    cap = _index_args(region, first, nregion, bucket_size, keylen, nbuckets)
+    es = keylen + 8
+    if _nbytes(entries) % es:
+        raise ValueError(f"entries must be whole entries of {es} bytes")
+    mv = memoryview(region).cast("B")
+    if mv.readonly:
+        raise TypeError("merge needs a writable region")
+    bad = _bad_bucket(region, first, first, first + nregion, bucket_size, cap)
+    if bad:
+        raise bad
+    data, end, spill = bytes(entries), first + nregion, bytearray()
+    for i in range(0, len(data), es):
+        e = data[i:i + es]
+        b = max(bucket_home(e[:keylen], nbuckets), first)  # below first: a carried spill
+        while b < end:
+            at = (b - first) * bucket_size
+            bucket = bytes(mv[at:at + bucket_size])
+            count = int.from_bytes(bucket[:4], "little")
+            if e in _entries(bucket, keylen):
+                break  # already there: merging twice changes nothing
+            if count < cap:
+                mv[at + 4 + count * es:at + 4 + (count + 1) * es] = e
+                mv[at:at + 4] = (count + 1).to_bytes(4, "little")
+                break
+            b += 1  # full: probe the next bucket
+        if b >= end:
+            spill += e
+    return bytes(spill)
+
+
+def lookup(region, first, nregion, bucket_size, keylen, key, nbuckets):
+    """Addrs for key from its home bucket through the full buckets after it."""
+    cap = _index_args(region, first, nregion, bucket_size, keylen, nbuckets)
+    key = bytes(key)
+    if len(key) != keylen:
+        raise ValueError(f"key must be keylen ({keylen}) bytes")
+    home = max(bucket_home(key, nbuckets), first)  # below first: continuing a search
+    if home >= first + nregion:
+        raise ValueError(f"the key's home bucket {home} is past the region")
+    mv, found = memoryview(region).cast("B"), []
+    for b in range(home, first + nregion):
+        at = (b - first) * bucket_size
+        bucket = bytes(mv[at:at + bucket_size])
+        if int.from_bytes(bucket[:4], "little") > cap:
+            raise _bad_bucket(region, first, home, first + nregion, bucket_size, cap)
+        found += bucket_find(bucket, keylen, key)
+        if len(_entries(bucket, keylen)) < cap:
+            return found, False
+    return found, first + nregion < nbuckets
+
+
+class Table:
+    """The index cache: a multimap key -> addrs in insertion order."""
+
+    def __init__(self, keylen, capacity_hint=0):
+        if not isinstance(keylen, int) or keylen < 1:
+            raise ValueError(f"keylen must be positive, not {keylen!r}")
+        _uint(capacity_hint, 1 << 31, "capacity_hint")
+        self.keylen = keylen
+        self._map = {}
+        self._n = 0
+
+    def add(self, keys, addrs):
+        addrs = _addrs(addrs)
+        keys = bytes(keys)
+        if len(keys) != len(addrs) * self.keylen:
+            raise ValueError(f"keys must be {self.keylen} bytes per addr ({len(addrs)} addrs)")
+        for i, a in enumerate(addrs):
+            self._map.setdefault(keys[i * self.keylen:(i + 1) * self.keylen], []).append(a)
+        self._n += len(addrs)
+
+    def find(self, key):
+        if _nbytes(key) != self.keylen:
+            raise ValueError(f"key must be {self.keylen} bytes")
+        return list(self._map.get(bytes(key), ()))
+
+    def __len__(self):
+        return self._n
+
+    def clear(self):
+        self._map.clear()
+        self._n = 0
+
+
+def tables_lookup(tables, keys, skip, keylen=None):
+    """For each key not skipped, its first addr in the first table that has it."""
+    tables = list(tables)
+    for t in tables:
+        if not isinstance(t, Table):
+            raise TypeError("tables_lookup needs reference Tables")
+    n = _lookup_count(tables, keys, skip, keylen)
+    keys = bytes(keys)
+    kl = len(keys) // n if n else 0
+    addrs, which = [0] * n, [-1] * n
+    for i in range(n):
+        if skip is not None and skip[i]:
+            continue
+        key = keys[i * kl:(i + 1) * kl]
+        for k, t in enumerate(tables):
+            hit = t._map.get(key)
+            if hit:
+                addrs[i], which[i] = hit[0], k
+                break
+    return addrs, which
+
+
+def equal(a, b):
+    return bytes(a) == bytes(b)

@@ -1,0 +1,758 @@
+"""The C core against its reference: every test runs on both backends.
+
+`impl` is each backend in turn; `other` is the opposite one, so records
+packed by one are unpacked by the other. Known answers come from hashlib,
+hmac and cryptography directly, never from either backend.
+"""
+
+import array
+import hashlib
+import hmac
+import os
+import random
+import struct
+import subprocess
+import sys
+
+import pytest
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+import foundation.native as N
+from foundation.native import BucketError, RecordError
+
+IMPLS = {"native": N.native_impl, "reference": N.reference_impl}
+H = N.HEADER_SIZE
+
+
+@pytest.fixture(params=sorted(IMPLS))
+def impl(request):
+    if IMPLS[request.param] is None:
+        pytest.skip("foundation._native is not built")
+    return IMPLS[request.param]
+
+
+@pytest.fixture
+def other(impl):
+    o = IMPLS["reference" if impl.name == "native" else "native"]
+    if o is None:
+        pytest.skip("foundation._native is not built")
+    return o
+
+
+WORDS = b"the of and backup arena block index bloom summary score venti foundation disk".split()
+
+
+def text(rng, size):
+    out = bytearray()
+    while len(out) < size:
+        out += rng.choice(WORDS) + b" "
+    return bytes(out[:size])
+
+
+def mixed(n, bs, seed=1):
+    """n blocks: text, random, zero and half-zero in turn."""
+    rng = random.Random(seed)
+    out = bytearray()
+    for i in range(n):
+        kind = i % 4
+        if kind == 0:
+            out += text(rng, bs)
+        elif kind == 1:
+            out += rng.randbytes(bs)
+        elif kind == 2:
+            out += bytes(bs)
+        else:
+            out += rng.randbytes(bs // 2) + bytes(bs - bs // 2)
+    return bytes(out)
+
+
+def keys_for(n, seed=2):
+    return random.Random(seed).randbytes(32 * n)
+
+
+IV = bytes.fromhex("00112233445566778899aabbccddeeff")
+ENC = bytes(range(32))
+MAC = b"mac key"
+
+
+# ---- backend choice ------------------------------------------------------------------
+
+def test_backend_and_api():
+    forced = os.environ.get("FOUNDATION_NATIVE") == "0"
+    assert N.backend == ("reference" if forced else "native")
+    assert N.API_VERSION == 1
+    assert (N.HEADER_SIZE, N.TAG_SIZE, N.KEY_SIZE, N.RECORD_MAGIC) == (64, 16, 32, b"FDNr")
+    for name in N.API:
+        assert N.get(name) is getattr(N, name)
+        for b in IMPLS.values():
+            if b is not None:
+                assert hasattr(b, name), (b.name, name)
+    with pytest.raises(AttributeError):
+        N.get("nonexistent")
+
+
+def _python(code, **env):
+    e = dict(os.environ, **env)
+    return subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True)
+
+
+def test_env_forces_reference():
+    r = _python("import foundation.native as n; print(n.backend)", FOUNDATION_NATIVE="0")
+    assert r.returncode == 0 and r.stdout.strip() == "reference", r.stderr
+
+
+def test_missing_module_fails_loudly():
+    code = "import sys; sys.modules['foundation._native'] = None; import foundation.native"
+    r = _python(code, FOUNDATION_NATIVE="1")
+    assert r.returncode != 0 and "not built" in r.stderr
+    r = _python(code + "; print(foundation.native.backend)", FOUNDATION_NATIVE="0")
+    assert r.returncode == 0 and r.stdout.strip() == "reference", r.stderr
+
+
+def test_stale_module_fails_loudly():
+    code = ("import sys, types; m = types.ModuleType('foundation._native');"
+            "m.lib = types.SimpleNamespace(fdn_api_version=lambda: 999); m.ffi = None;"
+            "sys.modules['foundation._native'] = m; import foundation.native")
+    r = _python(code, FOUNDATION_NATIVE="1")
+    assert r.returncode != 0 and "stale" in r.stderr and "999" in r.stderr
+
+
+# ---- blocks --------------------------------------------------------------------------
+
+def test_zero_flags(impl):
+    buf = bytes(8) + b"\0\0\0\1" + bytes(4) + b"\1" + bytes(7)
+    assert impl.zero_flags(buf, 4) == bytes([1, 1, 0, 1, 0, 1])
+    assert impl.zero_flags(bytearray(buf), 8) == bytes([1, 0, 0])
+    assert impl.zero_flags(memoryview(buf), len(buf)) == b"\0"
+    assert impl.zero_flags(b"", 4) == b""
+    assert impl.zero_flags(b"", 0) == b"\1"  # one empty block
+    with pytest.raises(ValueError):
+        impl.zero_flags(buf, 5)
+    with pytest.raises(ValueError):
+        impl.zero_flags(buf, 0)
+
+
+@pytest.mark.parametrize("key", [None, b"", b"k", b"x" * 64, b"y" * 65, bytes(range(200))])
+def test_scores_known_answers(impl, key):
+    bs = 96
+    buf = mixed(9, bs)
+    got = impl.scores(buf, bs, 3, key=key)
+    for i in range(9):
+        msg = b"\3" + buf[i * bs:(i + 1) * bs]
+        want = hashlib.sha256(msg).digest() if key is None else hmac.new(key, msg, "sha256").digest()
+        assert got[i * 32:(i + 1) * 32] == want
+
+
+def test_scores_short_skip_threads(impl):
+    short = b"a short last block"
+    assert impl.scores(short, len(short), 1) == hashlib.sha256(b"\1" + short).digest()
+    assert impl.scores(b"", 0, 2) == hashlib.sha256(b"\2").digest()
+    buf = mixed(300, 512)
+    skip = bytes(i % 3 == 0 for i in range(300))
+    one = impl.scores(buf, 512, 1, key=b"key", skip=skip)
+    for i in range(300):
+        s = one[i * 32:(i + 1) * 32]
+        assert (s == bytes(32)) == bool(skip[i])
+    assert impl.scores(memoryview(buf), 512, 1, key=b"key", skip=skip, threads=2) == one
+    assert impl.scores(bytearray(buf), 512, 1, key=b"key", skip=skip, threads=7) == one
+    with pytest.raises(ValueError):
+        impl.scores(buf, 512, 256)
+    with pytest.raises(ValueError):
+        impl.scores(buf, 512, 1, skip=b"\0")
+    with pytest.raises(ValueError):
+        impl.scores(buf, 512, 1, threads=0)
+
+
+def weak_spec(block, btype, seed):
+    """The weak hash exactly as the brief states it, word by word."""
+    M, mask = 0x9E3779B97F4A7C15, (1 << 64) - 1
+    h = seed ^ ((btype + 1) * M % (1 << 64)) ^ len(block)
+    padded = block + bytes((8 - len(block) % 8) % 8)
+    for i in range(0, len(padded), 8):
+        w = int.from_bytes(padded[i:i + 8], "little")
+        h ^= (w * 0xFF51AFD7ED558CCD) & mask
+        h = (((h << 29) | (h >> 35)) & mask) * M & mask
+    h ^= h >> 33
+    h = h * 0xC4CEB9FE1A85EC53 & mask
+    h ^= h >> 29
+    return h
+
+
+def test_weak_known_values(impl):
+    assert impl.weak_hashes(b"", 0, 0, 0) == weak_spec(b"", 0, 0).to_bytes(8, "big")
+    assert impl.weak_hashes(b"abc", 3, 1, 7).hex() == "%016x" % weak_spec(b"abc", 1, 7)
+    # pinned, so that a change to the function itself is noticed
+    for block, btype, seed, want in WEAK_PINNED:
+        assert weak_spec(block, btype, seed) == want
+        assert impl.weak_hashes(block, len(block), btype, seed) == want.to_bytes(8, "big")
+    rng = random.Random(5)
+    for size in list(range(0, 40)) + [63, 64, 65, 511, 4096, 4099]:
+        block = rng.randbytes(size)
+        seed, btype = rng.getrandbits(64), rng.randrange(256)
+        assert impl.weak_hashes(block, size, btype, seed) == weak_spec(block, btype, seed).to_bytes(8, "big")
+
+
+WEAK_PINNED = [
+    (b"foundation", 1, 42, 0xDB0992CDA297D660),
+    (b"", 0, 0, 0x877E2015A156CDA7),
+    (bytes(range(13)), 255, (1 << 64) - 1, 0x12202C491A6319B0),
+]
+
+
+def test_weak_many(impl, other):
+    rng = random.Random(6)
+    for bs in (1, 7, 8, 13, 512):
+        buf = rng.randbytes(bs * 20)
+        skip = bytes(rng.random() < 0.3 for _ in range(20))
+        a = impl.weak_hashes(buf, bs, 2, 99, skip=skip)
+        assert a == other.weak_hashes(buf, bs, 2, 99, skip=skip)
+        for i in range(20):
+            want = 0 if skip[i] else weak_spec(buf[i * bs:(i + 1) * bs], 2, 99)
+            assert a[i * 8:(i + 1) * 8] == want.to_bytes(8, "big")
+    with pytest.raises(ValueError):
+        impl.weak_hashes(b"x" * 8, 8, 1, 1 << 64)
+
+
+def test_equal(impl):
+    assert impl.equal(b"abc", bytearray(b"abc"))
+    assert impl.equal(b"", b"")
+    assert not impl.equal(b"abc", b"abd")
+    assert not impl.equal(b"abc", b"ab")
+    big = os.urandom(1 << 16)
+    assert impl.equal(big, memoryview(bytearray(big)))
+
+
+# ---- records -------------------------------------------------------------------------
+
+def codecs(impl, zlevel):
+    return {"plain": impl.Codec(None, MAC, zlevel), "enc": impl.Codec(ENC, MAC, zlevel)}
+
+
+@pytest.mark.parametrize("zlevel", [0, 3, -1, 19])
+@pytest.mark.parametrize("enc", ["plain", "enc"])
+def test_pack_unpack_round_trip(impl, other, zlevel, enc):
+    bs, n = 1024, 12
+    buf = mixed(n, bs)
+    keys = keys_for(n)
+    mine, theirs = codecs(impl, zlevel)[enc], codecs(other, zlevel)[enc]
+    for offset in (0, 5, 4096 + 3):
+        recs, offs = impl.pack(mine, 7, IV, offset, 1, buf, bs, keys)
+        assert offs[0] == offset and len(offs) == n
+        assert offset + len(recs) == offs[-1] + H + int.from_bytes(recs[offs[-1] - offset + 8:][:4], "little")
+        for i, off in enumerate(offs):
+            rec = recs[off - offset:]
+            for c, u in ((mine, impl.unpack), (theirs, other.unpack)):
+                btype, key, data = u(c, 7, IV, off, rec)
+                assert (btype, key, data) == (1, keys[i * 32:(i + 1) * 32], buf[i * bs:(i + 1) * bs])
+        if zlevel:
+            # text and zero blocks compress; random ones stay raw
+            codec_bytes = [recs[o - offset + 5] for o in offs]
+            assert codec_bytes[0] == 1 and codec_bytes[1] == 0 and codec_bytes[2] == 1
+        # what the other backend packs, this one unpacks
+        recs2, offs2 = other.pack(theirs, 7, IV, offset, 1, buf, bs, keys)
+        for i, off in enumerate(offs2):
+            assert impl.unpack(mine, 7, IV, off, recs2[off - offset:])[2] == buf[i * bs:(i + 1) * bs]
+        if zlevel == 0:
+            assert (recs, offs) == (recs2, offs2)  # byte for byte
+
+
+def test_pack_short_and_empty(impl, other):
+    for enc in (None, ENC):
+        c, oc = impl.Codec(enc, MAC, 3), other.Codec(enc, MAC, 3)
+        for block in (b"", b"x", b"short block" * 3, b"a" * 100):
+            recs, offs = impl.pack(c, 0, IV, 100, 2, block, len(block), bytes(32))
+            assert offs == [100]
+            assert other.unpack(oc, 0, IV, 100, recs) == (2, bytes(32), block)
+            assert impl.unpack(c, 0, IV, 100, recs + b"trailing") == (2, bytes(32), block)
+    recs, offs = impl.pack(c, 0, IV, 0, 2, b"", 4096, b"")
+    assert (recs, offs) == (b"", [])
+    for big in (text(random.Random(8), 300_000), os.urandom(100_000)):  # past the scratch buffer
+        recs, offs = impl.pack(c, 0, IV, 9, 2, big, len(big), bytes(32))
+        assert impl.unpack(c, 0, IV, 9, recs)[2] == big
+        assert other.unpack(oc, 0, IV, 9, recs)[2] == big
+
+
+def test_concurrent_use(impl):
+    """One codec and one table shared by Python threads (the C core drops the GIL)."""
+    import threading
+    c = impl.Codec(ENC, MAC, 3)
+    t = impl.Table(32)
+    bs, n = 1024, 200
+    buf, keys = mixed(n, bs, seed=21), keys_for(n)
+    want = impl.pack(c, 3, IV, 0, 1, buf, bs, keys)
+    errors = []
+
+    def work(k):
+        try:
+            for r in range(5):
+                got = impl.pack(c, 3, IV, 0, 1, buf, bs, keys, threads=2)
+                assert got == want
+                recs, offs = got
+                for i in range(0, n, 17):
+                    assert impl.unpack(c, 3, IV, offs[i], recs[offs[i]:])[2] == buf[i * bs:(i + 1) * bs]
+                assert len(impl.scan(c, 3, IV, recs, 0)[0]) == n
+                t.add(keys, [k * 1000 + i for i in range(n)])
+                assert impl.tables_lookup([t], keys, None)[1] == [0] * n
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, errors[0]
+    assert len(t) == 4 * 5 * n
+    assert sorted(t.find(keys[:32])) == sorted(k * 1000 for k in range(4) for _ in range(5))
+
+
+def test_ctr_and_tag_follow_the_spec(impl):
+    """Check the bytes with AES-ECB and hmac directly: the format, not the code."""
+    c = impl.Codec(ENC, MAC, 0)
+    iv = (2 ** 128 - 3).to_bytes(16, "big")  # the counter wraps inside the payload
+    bs, offset, arena = 100, 21, 3
+    buf = mixed(3, bs)
+    recs, offs = impl.pack(c, arena, iv, offset, 5, buf, bs, keys_for(3))
+    ecb = Cipher(algorithms.AES(ENC), modes.ECB()).encryptor()
+    for i, off in enumerate(offs):
+        rec = recs[off - offset:off - offset + H + bs]
+        head, payload = rec[:H], rec[H:]
+        magic, btype, codec, res, S, R = struct.unpack("<4sBBHII", head[:16])
+        assert (magic, btype, codec, res, S, R) == (b"FDNr", 5, 0, 0, bs, bs)
+        ks = bytearray()
+        for p in range(off + H, off + H + bs):
+            blk = ((int.from_bytes(iv, "big") + p // 16) % 2 ** 128).to_bytes(16, "big")
+            ks.append(ecb.update(blk)[p % 16])
+        assert bytes(a ^ b for a, b in zip(payload, ks)) == buf[i * bs:(i + 1) * bs]
+        want = hmac.new(MAC, struct.pack("<II", arena, off) + head[:48] + payload, "sha256").digest()[:16]
+        assert head[48:64] == want
+
+
+def test_pack_threads_identical(impl):
+    bs, n = 4096, 300
+    buf = mixed(n, bs, seed=9)
+    keys = keys_for(n)
+    for enc in (None, ENC):
+        c = impl.Codec(enc, MAC, 3)
+        one = impl.pack(c, 1, IV, 77, 1, buf, bs, keys, threads=1)
+        for t in (2, 3, 8):
+            assert impl.pack(c, 1, IV, 77, 1, buf, bs, keys, threads=t) == one
+
+
+def test_pack_arguments(impl, other):
+    c = impl.Codec(None, MAC, 0)
+    buf = bytes(64)
+    for bad in [dict(iv=b"short"), dict(offset=-1), dict(offset=1 << 32), dict(btype=256),
+                dict(keys=b"x"), dict(bs=7), dict(arena=1 << 32), dict(offset=(1 << 32) - 100)]:
+        args = dict(codec=c, arena=0, iv=IV, offset=0, btype=1, buf=buf, bs=32, keys=bytes(64))
+        args.update(bad)
+        with pytest.raises(ValueError):
+            impl.pack(**args)
+    with pytest.raises(TypeError):
+        impl.pack(other.Codec(None, MAC, 0), 0, IV, 0, 1, buf, 32, bytes(64))
+    with pytest.raises(ValueError):
+        impl.Codec(b"short", MAC, 0)
+    with pytest.raises(ValueError):
+        impl.Codec(None, MAC, 23)
+
+
+def one_record(impl, enc=ENC, zlevel=0, block=None, offset=40, arena=2):
+    c = impl.Codec(enc, MAC, zlevel)
+    block = block if block is not None else text(random.Random(3), 48)
+    recs, _ = impl.pack(c, arena, IV, offset, 1, block, len(block), keys_for(1))
+    return c, recs
+
+
+@pytest.mark.parametrize("zlevel", [0, 3])
+def test_every_bit_flip_is_caught(impl, other, zlevel):
+    c, rec = one_record(impl, zlevel=zlevel)
+    oc = other.Codec(ENC, MAC, zlevel)
+    for bit in range(len(rec) * 8):
+        bad = bytearray(rec)
+        bad[bit // 8] ^= 1 << bit % 8
+        kinds = []
+        for codec, u in ((c, impl.unpack), (oc, other.unpack)):
+            with pytest.raises(RecordError) as e:
+                u(codec, 2, IV, 40, bytes(bad))
+            assert e.value.offset == 40
+            kinds.append(e.value.kind)
+        assert kinds[0] == kinds[1], bit
+        byte = bit // 8
+        if byte < 4:
+            assert kinds[0] == "magic"
+        elif byte == 4 or byte >= 16:
+            assert kinds[0] == "tag"  # btype, key, tag, payload
+        elif byte in (6, 7):
+            assert kinds[0] == "magic"  # reserved
+        elif zlevel == 0:
+            assert kinds[0] in {5: ("magic", "length")}.get(byte, ("length",))
+        else:  # a compressed record's S may shrink (tag) or outgrow the buffer
+            assert kinds[0] in ("magic", "length", "tag", "truncated")
+
+
+def test_wrong_key_place_and_truncation(impl, other):
+    c, rec = one_record(impl)
+    assert impl.unpack(c, 2, IV, 40, rec)[0] == 1
+    # (not MAC + b"\0": HMAC pads short keys with zeros, so that key is the same key)
+    for codec in (impl.Codec(ENC, b"other mac", 0), impl.Codec(ENC, MAC[:-1], 0)):
+        with pytest.raises(RecordError) as e:
+            impl.unpack(codec, 2, IV, 40, rec)
+        assert e.value.kind == "tag"
+    for arena, off in ((3, 40), (2, 41)):  # a record is authentic only where it was written
+        with pytest.raises(RecordError) as e:
+            impl.unpack(c, arena, IV, off, rec)
+        assert e.value.kind == "tag"
+    # a wrong enc key decrypts to garbage the tag cannot see: raw data differs
+    assert impl.unpack(impl.Codec(bytes(32), MAC, 0), 2, IV, 40, rec)[2] != impl.unpack(c, 2, IV, 40, rec)[2]
+    for cut in range(len(rec)):
+        for u, codec in ((impl.unpack, c), (other.unpack, other.Codec(ENC, MAC, 0))):
+            with pytest.raises(RecordError) as e:
+                u(codec, 2, IV, 40, rec[:cut])
+            assert e.value.kind == "truncated", cut
+    assert isinstance(e.value, ValueError)
+
+
+def test_forged_records(impl, other):
+    """Authentic (correctly tagged) records that still must not decode."""
+    mac = impl.Codec(None, MAC, 0)
+
+    def forge(codec, S, R, payload, off=0):
+        head = struct.pack("<4sBBHII32s", b"FDNr", 1, codec, 0, S, R, bytes(32))
+        t = hmac.new(MAC, struct.pack("<II", 0, off) + head + payload, "sha256").digest()[:16]
+        return head + t + payload
+
+    import zstandard
+    frame = zstandard.ZstdCompressor(level=3).compress(b"z" * 1000)
+    ok = forge(1, len(frame), 1000, frame)
+    for u in (impl.unpack, other.unpack):
+        codec = mac if u is impl.unpack else other.Codec(None, MAC, 0)
+        assert u(codec, 0, IV, 0, ok)[2] == b"z" * 1000
+        cases = {
+            "decompress": [forge(1, len(frame), 999, frame),  # declared size disagrees
+                           forge(1, 10, 1000, b"not zstd!!"),
+                           forge(1, len(frame) + 4, 2000, frame + b"\0\0\0\0"),  # trailing bytes
+                           forge(1, len(frame) - 1, 1000, frame[:-1])],
+            "length": [forge(0, 5, 6, b"12345"), forge(1, 6, 6, b"123456"), forge(1, 0, 0, b"")],
+            "magic": [forge(2, 5, 5, b"12345"), b"FDNx" + ok[4:], ok[:6] + b"\1\0" + ok[8:]],
+        }
+        for kind, recs in cases.items():
+            for rec in recs:
+                with pytest.raises(RecordError) as e:
+                    u(codec, 0, IV, 0, rec)
+                assert e.value.kind == kind
+
+
+def arena_bytes(impl, codec, batches, base=0, arena=4):
+    """Records of several pack calls laid end to end from base."""
+    out, offs, pos = bytearray(), [], base
+    for i, (buf, bs) in enumerate(batches):
+        n = len(buf) // bs if bs != len(buf) else 1
+        recs, o = impl.pack(codec, arena, IV, pos, i + 1, buf, bs, keys_for(n, seed=i))
+        out += recs
+        offs += o
+        pos += len(recs)
+    return bytes(out), offs
+
+
+@pytest.mark.parametrize("enc", [None, ENC])
+def test_scan(impl, other, enc):
+    c = impl.Codec(enc, MAC, 3)
+    base = 128
+    data, offs = arena_bytes(impl, c, [(mixed(8, 256), 256), (b"tail", 4), (mixed(3, 64, 4), 64)], base)
+    end = base + len(data)
+    for scanner, codec in ((impl.scan, c), (other.scan, other.Codec(enc, MAC, 3))):
+        ents, e_end, err = scanner(codec, 4, IV, data, base)
+        assert [e[0] for e in ents] == offs and e_end == end and err is None
+        assert ents[8][1:] == (2, keys_for(1, seed=1), 4, 4)
+        # zero padding, whole or partial header, is unwritten space
+        for pad in (1, 3, 63, 64, 65, 5000):
+            assert scanner(codec, 4, IV, data + bytes(pad), base) == (ents, end, None)
+        # a torn tail: the last record incomplete
+        cut = data[:offs[-1] - base + 70]
+        ents2, e_end, err = scanner(codec, 4, IV, cut, base)
+        assert ents2 == ents[:-1] and e_end == offs[-1] and err.kind == "truncated" and err.offset == offs[-1]
+        for n in (1, 3, 10):  # cut inside the header too
+            ents2, e_end, err = scanner(codec, 4, IV, data[:offs[5] - base + n], base)
+            assert (len(ents2), e_end, err.kind) == (5, offs[5], "truncated")
+        # a corrupt record in the middle: complete, but its tag fails
+        bad = bytearray(data)
+        bad[offs[4] - base + H + 2] ^= 0x40
+        ents2, e_end, err = scanner(codec, 4, IV, bytes(bad), base)
+        assert ents2 == ents[:4] and e_end == offs[4] and (err.kind, err.offset) == ("tag", offs[4])
+        # verify=False does not read tags...
+        assert scanner(codec, 4, IV, bytes(bad), base, verify=False) == (ents, end, None)
+        # ...nor does it need the mac key
+        assert scanner(impl.Codec(enc, b"?", 3) if scanner is impl.scan else other.Codec(enc, b"?", 3),
+                       4, IV, data, base, verify=False) == (ents, end, None)
+        # garbage where a header should be
+        bad = bytearray(data)
+        bad[offs[2] - base:offs[2] - base + 4] = b"XXXX"
+        _, e_end, err = scanner(codec, 4, IV, bytes(bad), base)
+        assert (e_end, err.kind) == (offs[2], "magic")
+        bad = bytearray(data)
+        bad[offs[2] - base + 8] ^= 1  # S no longer fits R
+        _, e_end, err = scanner(codec, 4, IV, bytes(bad), base)
+        assert (e_end, err.kind) in ((offs[2], "length"), (offs[2], "tag"))
+        assert scanner(codec, 4, IV, b"", base) == ([], base, None)
+        assert scanner(codec, 4, IV, b"FD", base)[2].kind == "truncated"
+
+
+def test_scan_many_records(impl, other):
+    c = impl.Codec(None, MAC, 0)
+    n = 5128  # more than one batch of the native scan
+    data, offs = arena_bytes(impl, c, [(bytes(range(256)) * 20 + b"x" * 8, 1)])
+    assert len(offs) == n
+    for scanner, codec in ((impl.scan, c), (other.scan, other.Codec(None, MAC, 0))):
+        ents, end, err = scanner(codec, 4, IV, memoryview(data), 0)
+        assert [e[0] for e in ents] == offs and end == len(data) and err is None
+
+
+# ---- index buckets ---------------------------------------------------------------------
+
+def test_bucket_home(impl):
+    rng = random.Random(11)
+    keys = sorted(rng.randbytes(32) for _ in range(2000))
+    for nb in (1, 7, 1000, 1 << 40, (1 << 64) - 1):
+        homes = [impl.bucket_home(k, nb) for k in keys]
+        assert homes == sorted(homes) and all(0 <= h < nb for h in homes)
+        for k, h in zip(keys[:50], homes):
+            assert h == int.from_bytes(k[:8], "big") * nb >> 64
+    assert impl.bucket_home(b"\xff" * 8, 10) == 9
+    assert impl.bucket_home(b"\x80", 10) == 5  # short keys are zero-padded
+    assert impl.bucket_home(b"\x80" + bytes(7), 10) == 5
+
+
+def entries(rng, n, keylen, dup_every=0):
+    out, model = bytearray(), []
+    for i in range(n):
+        key = model[i - 1][0] if dup_every and i % dup_every == 0 and model else rng.randbytes(keylen)
+        addr = rng.getrandbits(64)
+        out += key + addr.to_bytes(8, "little")
+        model.append((key, addr))
+    return out, model
+
+
+@pytest.mark.parametrize("n", [0, 1, 100, 5000])
+@pytest.mark.parametrize("keylen", [1, 8, 32])
+def test_sort_entries(impl, n, keylen):
+    rng = random.Random(n + keylen)
+    ents, model = entries(rng, n, keylen, dup_every=7)
+    ents = bytearray(ents)
+    impl.sort_entries(ents, keylen + 8, keylen)
+    want = b"".join(k + a.to_bytes(8, "little") for k, a in sorted(model))
+    assert bytes(ents) == want
+    # extra bytes after the addr order ties
+    ents = bytearray(b"k" * keylen + bytes(8) + b"\2" + b"k" * keylen + bytes(8) + b"\1")
+    impl.sort_entries(memoryview(ents), keylen + 9, keylen)
+    assert ents[keylen + 8] == 1
+    with pytest.raises((TypeError, ValueError)):
+        impl.sort_entries(bytes(24), 24, 16)
+    with pytest.raises(ValueError):
+        impl.sort_entries(bytearray(25), 24, 16)
+
+
+def make_bucket(keylen, items, bucket_size):
+    es = keylen + 8
+    b = len(items).to_bytes(4, "little") + b"".join(k + a.to_bytes(8, "little") for k, a in items)
+    assert len(b) <= bucket_size
+    return b + bytes(bucket_size - len(b)), es
+
+
+def test_bucket_find(impl):
+    k1, k2 = b"A" * 16, b"B" * 16
+    b, _ = make_bucket(16, [(k1, 1), (k2, 2), (k1, 3)], 100)
+    assert impl.bucket_find(b, 16, k1) == [1, 3]
+    assert impl.bucket_find(bytearray(b), 16, k2) == [2]
+    assert impl.bucket_find(b, 16, b"C" * 16) == []
+    bad = (5).to_bytes(4, "little") + b[4:]  # cap is 4
+    with pytest.raises(BucketError):
+        impl.bucket_find(bad, 16, k1)
+    with pytest.raises(ValueError):
+        impl.bucket_find(b, 16, b"short")
+
+
+def index_merge(impl, nbuckets, bucket_size, keylen, sorted_entries, region_size, index=None):
+    """Flush sorted entries into an index region by region, as the store does."""
+    es = keylen + 8
+    index = bytearray(nbuckets * bucket_size) if index is None else index
+    spill, pos = b"", 0
+    data = bytes(sorted_entries)
+    for first in range(0, nbuckets, region_size):
+        nregion = min(region_size, nbuckets - first)
+        end = first + nregion
+        batch = bytearray(spill)
+        while pos < len(data) and impl.bucket_home(data[pos:pos + keylen], nbuckets) < end:
+            batch += data[pos:pos + es]
+            pos += es
+        region = bytearray(index[first * bucket_size:end * bucket_size])
+        spill = impl.merge(region, first, nregion, bucket_size, keylen, batch, nbuckets)
+        index[first * bucket_size:end * bucket_size] = region
+    return index, spill
+
+
+def index_lookup(impl, index, nbuckets, bucket_size, keylen, key, region_size):
+    home = impl.bucket_home(key, nbuckets)
+    first, found = home, []
+    while True:
+        nregion = min(region_size, nbuckets - first)
+        region = index[first * bucket_size:(first + nregion) * bucket_size]
+        addrs, more = impl.lookup(region, first, nregion, bucket_size, keylen, key, nbuckets)
+        found += addrs
+        if not more:
+            return found
+        first += nregion
+
+
+@pytest.mark.parametrize("keylen,bucket_size,n,nbuckets", [
+    (8, 4 + 3 * 16, 200, 100),  # cap 3: long overflow chains
+    (32, 4 + 5 * 40 + 7, 400, 97),
+    (8, 4 + 2 * 16, 150, 80),  # nearly full
+])
+def test_merge_lookup_model(impl, other, keylen, bucket_size, n, nbuckets):
+    rng = random.Random(n)
+    ents, model = entries(rng, n, keylen, dup_every=9)
+    # clustered keys make chains cross region boundaries
+    for i in range(0, n, 5):
+        k, a = model[i]
+        k = b"\x40" + k[1:]
+        model[i] = (k, a)
+    ents = b"".join(k + a.to_bytes(8, "little") for k, a in model)
+    sorted_ents = bytearray(ents)
+    impl.sort_entries(sorted_ents, keylen + 8, keylen)
+    for region_size in (1, 7, nbuckets):
+        index, spill = index_merge(impl, nbuckets, bucket_size, keylen, sorted_ents, region_size)
+        index2, spill2 = index_merge(other, nbuckets, bucket_size, keylen, sorted_ents, region_size)
+        assert (index, spill) == (index2, spill2)  # byte for byte
+        cap = (bucket_size - 4) // (keylen + 8)
+        stored = n - len(spill) // (keylen + 8)
+        assert stored == sum(int.from_bytes(index[b * bucket_size:][:4], "little") for b in range(nbuckets))
+        assert all(int.from_bytes(index[b * bucket_size:][:4], "little") <= cap for b in range(nbuckets))
+        spilled = {(bytes(spill[i:i + keylen]), int.from_bytes(spill[i + keylen:i + keylen + 8], "little"))
+                   for i in range(0, len(spill), keylen + 8)}
+        want = {}
+        for k, a in model:
+            if (k, a) not in spilled:
+                want.setdefault(k, []).append(a)
+        for k in list(want)[:80] + [rng.randbytes(keylen)]:
+            got = index_lookup(impl, index, nbuckets, bucket_size, keylen, k, region_size)
+            assert sorted(got) == sorted(want.get(k, [])), k.hex()
+            assert got == index_lookup(other, index, nbuckets, bucket_size, keylen, k, region_size)
+        # merging the same entries again changes nothing
+        again = bytearray(index)
+        for flush in (impl, other):
+            assert index_merge(flush, nbuckets, bucket_size, keylen, sorted_ents, region_size,
+                               again) == (index, spill)
+
+
+def test_merge_spill_and_errors(impl):
+    keylen, bs, nb = 8, 4 + 2 * 16, 10
+    key = b"\xf0" + bytes(7)  # home 9 of 10: the last bucket
+    ents = b"".join(key + a.to_bytes(8, "little") for a in range(4))
+    region = bytearray(2 * bs)
+    spill = impl.merge(region, 8, 2, bs, keylen, ents, nb)
+    assert spill == ents[32:]  # two fit in bucket 9, two spill: the index is full there
+    assert impl.lookup(region, 8, 2, bs, keylen, key, nb) == ([0, 1], False)  # last bucket: no more
+    # entries homed past the region come back untouched
+    region = bytearray(2 * bs)
+    assert impl.merge(region, 0, 2, bs, keylen, ents, nb) == ents and region == bytearray(2 * bs)
+    with pytest.raises(ValueError):
+        impl.lookup(region, 0, 2, bs, keylen, key, nb)
+    # a full bucket at the region's end: the search goes on
+    region = bytearray(2 * bs)
+    k0 = bytes(8)
+    impl.merge(region, 0, 2, bs, keylen, b"".join(k0 + a.to_bytes(8, "little") for a in range(4)), nb)
+    assert impl.lookup(region, 0, 2, bs, keylen, k0, nb) == ([0, 1, 2, 3], True)
+    # a damaged bucket is refused before anything changes
+    bad = bytearray(region)
+    bad[bs:bs + 4] = (3).to_bytes(4, "little")
+    before = bytes(bad)
+    with pytest.raises(BucketError) as e:
+        impl.merge(bad, 0, 2, bs, keylen, ents, nb)
+    assert (e.value.bucket, e.value.count, e.value.cap) == (1, 3, 2) and bytes(bad) == before
+    with pytest.raises(BucketError) as e:
+        impl.lookup(bad, 0, 2, bs, keylen, k0, nb)
+    assert e.value.bucket == 1
+    for args in [(region, 0, 3, bs, keylen, b"", nb),  # region too small
+                 (region, 9, 2, bs, keylen, b"", nb),  # past the index
+                 (region, 0, 2, 10, keylen, b"", nb),  # bucket holds nothing
+                 (region, 0, 2, bs, keylen, b"x", nb)]:  # not whole entries
+        with pytest.raises(ValueError):
+            impl.merge(*args)
+    with pytest.raises(TypeError):
+        impl.merge(bytes(region), 0, 2, bs, keylen, b"", nb)
+
+
+# ---- summary tables ---------------------------------------------------------------------
+
+def test_table_multimap(impl):
+    t = impl.Table(4, 0)
+    assert len(t) == 0 and t.find(b"aaaa") == []
+    t.add(b"aaaabbbbaaaa", [1, 2, 3])
+    t.add(b"aaaa", array.array("Q", [4]))
+    t.add(bytearray(b"cccc"), (5,))
+    assert t.find(b"aaaa") == [1, 3, 4] and t.find(memoryview(b"bbbb")) == [2] and len(t) == 5
+    t.add(b"", [])
+    t.clear()
+    assert len(t) == 0 and t.find(b"aaaa") == []
+    t.add(b"aaaa", [9])
+    assert t.find(b"aaaa") == [9]
+    with pytest.raises(ValueError):
+        t.add(b"aaa", [1])
+    with pytest.raises(ValueError):
+        t.add(b"aaaa", [-1])
+    with pytest.raises(ValueError):
+        t.add(b"aaaa", [1 << 64])
+    with pytest.raises(ValueError):
+        t.find(b"aa")
+
+
+def test_table_growth_vs_dict(impl):
+    rng = random.Random(13)
+    t = impl.Table(32, 10)
+    model = {}
+    keys = [rng.randbytes(32) for _ in range(3000)]
+    for r in range(5):
+        chunk = [rng.choice(keys) for _ in range(2000)]
+        addrs = [rng.getrandbits(64) for _ in chunk]
+        t.add(b"".join(chunk), addrs)
+        for k, a in zip(chunk, addrs):
+            model.setdefault(k, []).append(a)
+    assert len(t) == 10000
+    for k in keys[:500] + [rng.randbytes(32) for _ in range(50)]:
+        assert t.find(k) == model.get(k, [])
+
+
+def test_tables_lookup(impl, other):
+    a, b, c = impl.Table(8), impl.Table(8), impl.Table(8)
+    a.add(b"K1______", [1])
+    b.add(b"K1______K2______K2______", [10, 20, 21])
+    c.add(b"K3______", [30])
+    keys = b"K1______K2______K3______K4______K1______"
+    assert impl.tables_lookup([a, b, c], keys, None) == ([1, 20, 30, 0, 1], [0, 1, 2, -1, 0])
+    assert impl.tables_lookup([c, b, a], keys, None) == ([10, 20, 30, 0, 10], [1, 1, 0, -1, 1])
+    assert impl.tables_lookup([a, b, c], keys, b"\1\0\0\0\1") == ([0, 20, 30, 0, 0], [-1, 1, 2, -1, -1])
+    assert impl.tables_lookup([b, b], keys, None)[1] == [0, 0, -1, -1, 0]
+    assert impl.tables_lookup([], keys, None, keylen=8) == ([0] * 5, [-1] * 5)
+    with pytest.raises(ValueError):
+        impl.tables_lookup([], keys, None)
+    with pytest.raises(ValueError):
+        impl.tables_lookup([a], keys + b"x", None)
+    with pytest.raises(ValueError):
+        impl.tables_lookup([a, impl.Table(4)], keys, None)
+    with pytest.raises(ValueError):
+        impl.tables_lookup([a], keys, b"\0")
+    with pytest.raises(TypeError):
+        impl.tables_lookup([other.Table(8)], keys, None)
+
+
+def test_tables_lookup_random(impl, other):
+    rng = random.Random(17)
+    keys = [rng.randbytes(32) for _ in range(400)]
+    mine, theirs = [impl.Table(32) for _ in range(3)], [other.Table(32) for _ in range(3)]
+    for i, k in enumerate(keys[:300]):
+        j = rng.randrange(3)
+        mine[j].add(k, [i])
+        theirs[j].add(k, [i])
+    q = b"".join(rng.choice(keys) for _ in range(1000))
+    skip = bytes(rng.random() < 0.1 for _ in range(1000))
+    assert impl.tables_lookup(mine, q, skip) == other.tables_lookup(theirs, q, skip)
