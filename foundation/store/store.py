@@ -520,7 +520,10 @@ class Store:
         zeros = dups = 0
         mv = memoryview(buf)
         tables = self._tables()
-        _, which = native.tables_lookup(tables, weak, zero)
+        first, which = native.tables_lookup(tables, weak, zero)
+        # Compare every block with its first candidate, read in one sorted
+        # batch: a sequential duplicate run costs one span read per arena.
+        known = self._read_addrs({first[i] for i in range(n) if which[i] >= 0})
         for i in range(n):
             if zero[i]:
                 zeros += 1
@@ -529,7 +532,11 @@ class Store:
             block = mv[i * bs:(i + 1) * bs]
             a = None
             if which[i] >= 0:
-                a = self._match(block, btype, (c for t in tables for c in t.find(w)))
+                v = known.get(first[i])
+                if v is not None and v[0] == btype and native.equal(v[1], block):
+                    a = first[i]
+                else:
+                    a = self._match(block, btype, (c for t in tables for c in t.find(w)))
             if a is None:
                 for j in batch.get(w, ()):
                     if native.equal(mv[j * bs:(j + 1) * bs], block):
@@ -633,13 +640,33 @@ class Store:
 
     def _read_addr(self, a):
         """(btype, data) of the record at log address a, through the block cache."""
-        v = self.blocks.get(a)
+        r = a.to_bytes(8, "big")
+        v = self.blocks.get(r)
         if v is not None:
             return v
         btype, _key, data = self.log.read(a)
         v = (btype, data)
-        self.blocks.put(a, v, len(data) + 64)
+        self.blocks.put(r, v, len(data) + 64)
         return v
+
+    def _read_addrs(self, addrs):
+        """{address: (btype, data)} for many addresses; damaged ones are left out."""
+        out, need = {}, []
+        for a in addrs:
+            v = self.blocks.get(a.to_bytes(8, "big"))
+            if v is not None:
+                out[a] = v
+            else:
+                need.append(a)
+        if need:
+            try:
+                got = self.log.read_many(need)
+            except DataCorrupt:
+                return out  # the slow path reads them one by one and skips the damage
+            for a, (btype, _key, data) in got.items():
+                out[a] = (btype, data)
+                self.blocks.put(a.to_bytes(8, "big"), out[a], len(data) + 64)
+        return out
 
     def read(self, ref):
         """The block named by ref; exactly what was written, or DataCorrupt."""
