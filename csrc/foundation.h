@@ -86,6 +86,20 @@ int64_t fdn_pack(fdn_codec *c, uint32_t arena, const uint8_t *iv,
 int64_t fdn_unpack(fdn_codec *c, uint32_t arena, const uint8_t *iv,
 	uint64_t offset, const uint8_t *rec, size_t reclen, fdn_entry *e,
 	uint8_t *out, size_t outcap);
+/*
+ * A batch of records, all inside buf (buf[0] at arena offset base), at the
+ * arena offsets offs[0, n), in any order, repeats allowed. Decodes the
+ * first k records whose data fit in out together (returns k >= 1 when n >
+ * 0): record i's data is out[pos[i], pos[i + 1]) (pos has room for n + 1;
+ * errs, btypes and keys for n, keys 32 bytes each). A bad record is no
+ * failure of the call: its FDN_E* code goes to errs[i] (0 when good) and it
+ * takes no room in out; FDN_ESPACE there means the record does not fit in
+ * out alone (decode it with fdn_unpack, which checks its tag first).
+ */
+int64_t fdn_unpack_many(fdn_codec *c, uint32_t arena, const uint8_t *iv,
+	const uint8_t *buf, size_t len, uint64_t base, const uint64_t *offs,
+	size_t n, uint8_t *out, size_t outcap, uint64_t *pos, int32_t *errs,
+	uint8_t *btypes, uint8_t *keys, size_t keyslen, int threads);
 int64_t fdn_scan(fdn_codec *c, uint32_t arena, const uint8_t *buf,
 	size_t len, uint64_t base, int verify, fdn_entry *ents, size_t nents,
 	uint64_t *end, int *err);

@@ -7,6 +7,10 @@
  * Packing a batch compresses each block into a fixed slot, compacts the
  * records in order, then encrypts and tags them in place: the bytes depend
  * only on the blocks, never on how many threads did the work.
+ *
+ * Unpacking a batch lays the output out from the headers, then checks and
+ * decodes each record in one go, while it is in cache; a length that is
+ * damaged or too big to plan for goes back to Python, to fdn_unpack.
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -17,6 +21,7 @@
 enum {
 	POOL = FDN_MAX_THREADS,	/* idle work contexts a codec keeps */
 	GRAIN = 32,		/* fewest blocks worth a thread of their own */
+	STEAL = 8,		/* records a thread takes at a time in a batch unpack */
 	AES_BLOCK = 16,
 	CHUNK = 1 << 30		/* EVP lengths are int */
 };
@@ -422,6 +427,129 @@ int64_t fdn_unpack(fdn_codec *c, uint32_t arena, const uint8_t *iv,
 		rc = decode(c, w, iv, e, rec + FDN_HEADER_SIZE, out);
 	work_put(c, w);
 	return rc == FDN_OK ? (int64_t)e->rlen : rc;
+}
+
+/* A record that must not be believed, as opposed to a failure of the call. */
+static int bad_record(int rc)
+{
+	return rc == FDN_EMAGIC || rc == FDN_ELENGTH || rc == FDN_ETAG ||
+		rc == FDN_EDECOMPRESS || rc == FDN_ETRUNCATED;
+}
+
+typedef struct {
+	fdn_codec *c;
+	uint32_t arena;
+	const uint8_t *iv;
+	const uint8_t *buf;	/* buf[0] is at arena offset base */
+	size_t len;
+	uint64_t base;
+	const uint64_t *offs;
+	uint8_t *out;
+	const uint64_t *pos;
+	int32_t *errs;
+	uint8_t *btypes;
+	uint8_t *keys;
+	size_t n;
+	size_t next;		/* the first record no thread has taken */
+} manyjob;
+
+/* Check and decode record i; a bad record is no failure, only its errs[i]. */
+static int many_one(manyjob *j, work *w, size_t i)
+{
+	size_t at = (size_t)(j->offs[i] - j->base);
+	uint8_t *key = j->keys + i * FDN_SCORE_SIZE;
+	fdn_entry e;
+	int rc;
+
+	memset(key, 0, FDN_SCORE_SIZE);
+	j->btypes[i] = 0;
+	if (j->errs[i] != FDN_OK)
+		return FDN_OK;	/* FDN_ESPACE: too big to plan for */
+	rc = check(j->c, w, j->arena, j->offs[i], j->buf + at, j->len - at, 1, &e);
+	if (rc == FDN_OK && e.rlen != j->pos[i + 1] - j->pos[i])
+		rc = FDN_ESPACE;	/* the header changed since it was planned */
+	if (rc == FDN_OK)
+		rc = decode(j->c, w, j->iv, &e, j->buf + at + FDN_HEADER_SIZE, j->out + j->pos[i]);
+	if (rc == FDN_OK) {
+		j->btypes[i] = e.btype;
+		memcpy(key, e.key, FDN_SCORE_SIZE);
+	} else if (bad_record(rc) || rc == FDN_ESPACE) {
+		j->errs[i] = rc;
+		rc = FDN_OK;
+	}
+	return rc;
+}
+
+/*
+ * Check and decode records, each while it is in cache. The threads take
+ * STEAL records at a time rather than a fixed share each, so a thread whose
+ * core is busy with other work holds up no one: the others take more.
+ * Every record has its place in out, so the bytes do not depend on who
+ * decoded what.
+ */
+static int many_range(void *arg, size_t lo, size_t hi)
+{
+	manyjob *j = arg;
+	work *w = work_get(j->c);
+	int rc = FDN_OK;
+
+	(void)lo, (void)hi;	/* fdn_parallel only starts the threads */
+	if (w == NULL)
+		return FDN_ENOMEM;
+	while (rc == FDN_OK) {
+		size_t i = __atomic_fetch_add(&j->next, STEAL, __ATOMIC_RELAXED), end;
+		if (i >= j->n)
+			break;
+		end = j->n - i > STEAL ? i + STEAL : j->n;
+		for (; i < end && rc == FDN_OK; i++)
+			rc = many_one(j, w, i);
+	}
+	work_put(j->c, w);
+	return rc;
+}
+
+int64_t fdn_unpack_many(fdn_codec *c, uint32_t arena, const uint8_t *iv,
+	const uint8_t *buf, size_t len, uint64_t base, const uint64_t *offs,
+	size_t n, uint8_t *out, size_t outcap, uint64_t *pos, int32_t *errs,
+	uint8_t *btypes, uint8_t *keys, size_t keyslen, int threads)
+{
+	manyjob j = { c, arena, iv, buf, len, base, offs, out, pos, errs, btypes, keys, 0, 0 };
+	uint64_t total = 0;
+	size_t k;
+	fdn_entry e;
+	int rc;
+
+	if ((c->enc && iv == NULL) || base > FDN_ARENA_MAX || len > FDN_ARENA_MAX - base ||
+	    n > SIZE_MAX / FDN_SCORE_SIZE || keyslen != n * FDN_SCORE_SIZE)
+		return FDN_EARG;
+	/*
+	 * Plan from the headers alone, unverified: a record that claims more
+	 * than fits in out by itself is left for fdn_unpack, which checks its
+	 * tag before room is made for it; so a damaged length costs no memory.
+	 */
+	for (k = 0; k < n; k++) {
+		size_t at;
+		uint64_t r = 0;
+		if (offs[k] < base || offs[k] - base >= len)
+			return FDN_EARG;
+		at = (size_t)(offs[k] - base);
+		errs[k] = FDN_OK;
+		if (check(c, NULL, arena, offs[k], buf + at, len - at, 0, &e) == FDN_OK)
+			r = e.rlen;	/* a bad header takes no room: the check finds it again */
+		if (r > outcap - total) {
+			if (k > 0)
+				break;	/* the rest in another call */
+			errs[k] = FDN_ESPACE;
+			r = 0;
+		}
+		pos[k] = total;
+		total += r;
+	}
+	pos[k] = total;
+	j.n = k;
+	if ((rc = fdn_parallel(threads, k, GRAIN, many_range, &j)) != FDN_OK)
+		return rc;
+	return (int64_t)k;
 }
 
 static int zero(const uint8_t *p, size_t n)

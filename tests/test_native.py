@@ -115,6 +115,9 @@ def test_stale_module_fails_loudly():
             "sys.modules['foundation._native'] = m; import foundation.native")
     r = _python(code, FOUNDATION_NATIVE="1")
     assert r.returncode != 0 and "stale" in r.stderr and "999" in r.stderr
+    # the right version, built before unpack_many
+    r = _python(code.replace("999", "1"), FOUNDATION_NATIVE="1")
+    assert r.returncode != 0 and "stale" in r.stderr and "fdn_unpack_many" in r.stderr
 
 
 # ---- blocks --------------------------------------------------------------------------
@@ -290,6 +293,8 @@ def test_concurrent_use(impl):
                 recs, offs = got
                 for i in range(0, n, 17):
                     assert impl.unpack(c, 3, IV, offs[i], recs[offs[i]:])[2] == buf[i * bs:(i + 1) * bs]
+                got = impl.unpack_many(c, 3, IV, recs, 0, offs, threads=2)
+                assert b"".join(d for _, _, d in got) == buf
                 assert len(impl.scan(c, 3, IV, recs, 0)[0]) == n
                 t.add(keys, [k * 1000 + i for i in range(n)])
                 assert impl.tables_lookup([t], keys, None)[1] == [0] * n
@@ -495,6 +500,179 @@ def test_scan(impl, other, enc):
         assert (e_end, err.kind) in ((offs[2], "length"), (offs[2], "tag"))
         assert scanner(codec, 4, IV, b"", base) == ([], base, None)
         assert scanner(codec, 4, IV, b"FD", base)[2].kind == "truncated"
+
+
+# ---- unpack_many ------------------------------------------------------------------------
+
+def many_arena(impl, codec, base=300, arena=4):
+    """Records of several batches (4 KiB mixed, a short tail, an empty block, 512 B blocks)."""
+    batches = [(mixed(40, 4096, seed=31), 4096), (b"a short tail", 12), (b"", 0),
+               (mixed(300, 512, seed=32), 512)]
+    return arena_bytes(impl, codec, batches, base, arena)
+
+
+def many_order(offs, seed=33):
+    """offs shuffled, with repeats."""
+    rng = random.Random(seed)
+    order = offs[:] + rng.choices(offs, k=len(offs) // 3) + [offs[0], offs[0], offs[-1]]
+    rng.shuffle(order)
+    return order
+
+
+@pytest.mark.parametrize("zlevel", [0, 3])
+@pytest.mark.parametrize("enc", [None, ENC])
+def test_unpack_many_matches_unpack(impl, other, enc, zlevel):
+    c, oc = impl.Codec(enc, MAC, zlevel), other.Codec(enc, MAC, zlevel)
+    base = 300
+    data, offs = many_arena(impl, c, base)
+    if zlevel:  # both kinds of record are in the batch
+        assert {data[o - base + 5] for o in offs} == {0, 1}
+    order = many_order(offs)
+    want = [impl.unpack(c, 4, IV, o, data[o - base:]) for o in order]
+    got = impl.unpack_many(c, 4, IV, data, base, order)
+    assert got == want
+    assert all(type(k) is bytes and type(d) is bytes and type(b) is int for b, k, d in got)
+    assert other.unpack_many(oc, 4, IV, data, base, order) == want
+    for t in (2, 3, 64, 1000):
+        assert impl.unpack_many(c, 4, IV, data, base, order, threads=t) == want
+    # any buffer type, any sequence of offsets
+    assert impl.unpack_many(c, 4, IV, memoryview(bytearray(data)), base, tuple(order)) == want
+    assert impl.unpack_many(c, 4, IV, data, base, array.array("Q", order), threads=2) == want
+    assert impl.unpack_many(c, 4, IV, data, base, iter(order)) == want
+    assert impl.unpack_many(c, 4, IV, data, base, []) == []
+    # a sub-span holding some of the records
+    lo, hi = offs[10], offs[20]
+    assert impl.unpack_many(c, 4, IV, data[lo - base:hi - base], lo, offs[10:20]) == \
+        [impl.unpack(c, 4, IV, o, data[o - base:]) for o in offs[10:20]]
+
+
+def forge_at(off, codec, S, R, payload, arena=4):
+    """A record tagged (authentic) for its place, whatever it holds."""
+    head = struct.pack("<4sBBHII32s", b"FDNr", 9, codec, 0, S, R, bytes(32))
+    t = hmac.new(MAC, struct.pack("<II", arena, off) + head + payload, "sha256").digest()[:16]
+    return head + t + payload
+
+
+@pytest.mark.parametrize("enc", [None, ENC])
+def test_unpack_many_bad_records(impl, other, enc):
+    """Bad records come back as RecordError items; the others still decode."""
+    c, oc = impl.Codec(enc, MAC, 3), other.Codec(enc, MAC, 3)
+    base = 300
+    data, offs = many_arena(impl, c, base)
+    good = [impl.unpack(c, 4, IV, o, data[o - base:]) for o in offs]
+    bad = bytearray(data)
+    damage = {5: "tag", 20: "magic", 200: "length"}
+    bad[offs[5] - base + H + 100] ^= 1  # payload
+    bad[offs[20] - base + 1] ^= 0x20  # magic
+    bad[offs[200] - base + 5] = 0  # now raw, yet S < R
+    # authentic, yet not zstd: decompress (the C core finds it in its second pass)
+    junk = b"not a zstd frame"
+    rec = forge_at(len(bad) + base, 1, len(junk), 4096, junk)
+    bad += rec
+    offs2 = offs + [len(data) + base]
+    damage[len(offs)] = "decompress"
+    # the last record torn: truncated
+    bad += data[offs[-1] - base:][:H + 3]
+    damage[len(offs2)] = "truncated"
+    offs2.append(len(data) + len(rec) + base)
+    good += [None, None]
+    bad = bytes(bad)
+    order = many_order(list(range(len(offs2))), seed=34)
+    want = []
+    for i in order:
+        if i in damage:
+            with pytest.raises(RecordError) as e:
+                impl.unpack(c, 4, IV, offs2[i], bad[offs2[i] - base:])
+            assert (e.value.kind, e.value.offset) == (damage[i], offs2[i])
+            want.append((damage[i], offs2[i]))
+        else:
+            want.append(good[i])
+    for u, codec in ((impl.unpack_many, c), (other.unpack_many, oc)):
+        for t in (1, 2, 5):
+            got = u(codec, 4, IV, bad, base, [offs2[i] for i in order], threads=t)
+            assert [(g.kind, g.offset) if isinstance(g, RecordError) else g for g in got] == want
+            assert sum(isinstance(g, RecordError) for g in got) == sum(i in damage for i in order)
+    # every record bad: nothing to decode
+    got = impl.unpack_many(impl.Codec(enc, b"wrong", 3), 4, IV, data, base, offs, threads=2)
+    assert [(g.kind, g.offset) for g in got] == [("tag", o) for o in offs]
+    # a record needs its place: the wrong arena fails every tag
+    assert all(g.kind == "tag" for g in impl.unpack_many(c, 5, IV, data, base, offs[:50]))
+
+
+def test_unpack_many_threads_many_records(impl, other):
+    """Thousands of records over several threads, bad ones spread across the parts."""
+    c = impl.Codec(ENC, MAC, 3)
+    n, bs = 3000 if impl.name == "native" else 600, 256
+    data, offs = arena_bytes(impl, c, [(mixed(n, bs, seed=35), bs)], base=0)
+    data = bytearray(data)
+    for i in range(7, n, n // 9):
+        data[offs[i] + H] ^= 0x80
+    data = bytes(data)
+    one = impl.unpack_many(c, 4, IV, data, 0, offs)
+    flat = [(g.kind, g.offset) if isinstance(g, RecordError) else g for g in one]
+    assert [g[1] for g in flat if g[0] == "tag"] == [offs[i] for i in range(7, n, n // 9)]
+    for t in (2, 4, 7):
+        got = impl.unpack_many(c, 4, IV, data, 0, offs, threads=t)
+        assert [(g.kind, g.offset) if isinstance(g, RecordError) else g for g in got] == flat
+    oc = other.Codec(ENC, MAC, 3)
+    got = other.unpack_many(oc, 4, IV, data, 0, offs[:600], threads=2)
+    assert [(g.kind, g.offset) if isinstance(g, RecordError) else g for g in got] == flat[:600]
+
+
+@pytest.mark.parametrize("chunk", [1, 4096, 5000, 1 << 20])
+def test_unpack_many_chunks_and_big_records(impl, other, monkeypatch, chunk):
+    """Batches larger than one output chunk, records larger than a chunk, lengths forged huge."""
+    monkeypatch.setattr(N, "UNPACK_CHUNK", chunk)  # the native backend's output per call
+    c = impl.Codec(ENC, MAC, 3)
+    big = [text(random.Random(36), 300_000), os.urandom(70_000), bytes(1 << 21)]
+    batches = [(mixed(30, 4096, seed=37), 4096)] + [(b, len(b)) for b in big] + [(mixed(20, 1000), 1000)]
+    data, offs = arena_bytes(impl, c, batches, base=64)
+    data = bytearray(data)
+    huge = offs[3]  # a compressed 4 KiB text block now claims 2 GiB
+    assert data[huge - 64 + 5] == 1
+    data[huge - 64 + 15] |= 0x80
+    data = bytes(data)
+    order = many_order(offs, seed=38)
+    want = []
+    for o in order:
+        try:
+            want.append(impl.unpack(c, 4, IV, o, data[o - 64:]))
+        except RecordError as e:
+            want.append((e.kind, e.offset))
+    assert want.count(("tag", huge)) == order.count(huge) > 0
+    for u, codec in ((impl.unpack_many, c), (other.unpack_many, other.Codec(ENC, MAC, 3))):
+        for t in (1, 2):
+            got = u(codec, 4, IV, data, 64, order, threads=t)
+            assert [(g.kind, g.offset) if isinstance(g, RecordError) else g for g in got] == want
+    got = impl.unpack_many(c, 4, IV, data, 64, array.array("Q", order), threads=3)
+    assert [(g.kind, g.offset) if isinstance(g, RecordError) else g for g in got] == want
+
+
+def test_unpack_many_arguments(impl, other):
+    c = impl.Codec(None, MAC, 0)
+    base = 1000
+    recs, offs = impl.pack(c, 4, IV, base, 1, mixed(4, 64), 64, keys_for(4))
+    assert len(impl.unpack_many(c, 4, IV, recs, base, offs)) == 4
+    end = base + len(recs)
+    for bad in ([base - 1], [end], [0], [-1], [1 << 64], [1.5], ["x"], [None], [offs[0], end + 5]):
+        with pytest.raises(ValueError):
+            impl.unpack_many(c, 4, IV, recs, base, bad)
+    for args in [dict(iv=b"short"), dict(arena=1 << 32), dict(base=-1), dict(base=1 << 32),
+                 dict(base=(1 << 32) - 10), dict(threads=0)]:
+        kw = dict(codec=c, arena=4, iv=IV, buf=recs, base=base, offsets=offs)
+        kw.update(args)
+        with pytest.raises(ValueError):
+            impl.unpack_many(**kw)
+    with pytest.raises(TypeError):
+        impl.unpack_many(other.Codec(None, MAC, 0), 4, IV, recs, base, offs)
+    assert impl.unpack_many(c, 4, IV, b"", base, []) == []
+    with pytest.raises(ValueError):
+        impl.unpack_many(c, 4, IV, b"", base, [base])
+    # a record near the end of buf: truncated, not an argument error
+    cut = recs[:offs[3] - base + H + 10]
+    got = impl.unpack_many(c, 4, IV, cut, base, [offs[3], offs[1], end - 70])
+    assert [(g.kind, g.offset) for g in got[::2]] == [("truncated", offs[3]), ("magic", end - 70)]
+    assert got[1] == impl.unpack(c, 4, IV, offs[1], recs[offs[1] - base:])
 
 
 def test_scan_many_records(impl, other):

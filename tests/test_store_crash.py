@@ -145,3 +145,20 @@ def test_lock_heals_after_kill(make_store, tmp_path):
     p.wait()
     with op() as s:
         assert s.write(b"after the crash")
+
+
+def test_reader_steps_over_a_damaged_record_in_the_open_arena(make_store):
+    op = make_store("value")
+    data = blocks(3, seed=3, compressible=0)
+    with op() as s:
+        refs = s.write_blocks(data)
+    last = arena_files(op.path)[-1]
+    with open(last, "r+b") as f:
+        f.seek(72 + 64 + 10)
+        f.write(b"\xff\xfe")
+    from foundation.errors import DataCorrupt
+    with op(writable=False) as s:  # the mount must still start
+        assert s.log.damaged == [(0, 72)]
+        with pytest.raises(DataCorrupt, match="arena 0 offset 72"):
+            s.read(refs[:8])
+        assert b"".join(s.read_blocks(refs[8:])) == data[BS:]

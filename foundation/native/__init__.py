@@ -25,6 +25,7 @@ when bs == len(buf).
     Codec(enc_key, mac_key, zlevel)
     pack(codec, arena, iv, offset, btype, buf, bs, keys, threads=1) -> (records, offsets)
     unpack(codec, arena, iv, offset, rec) -> (btype, key32, data)   or RecordError
+    unpack_many(codec, arena, iv, buf, base, offsets, threads=1) -> [(btype, key32, data) | RecordError]
     scan(codec, arena, iv, buf, base, verify=True) -> (entries, end, error)
     bucket_home(key, nbuckets) -> int
     bucket_find(bucket, keylen, key) -> [addr]
@@ -34,6 +35,14 @@ when bs == len(buf).
     Table(keylen, capacity_hint=0): add(keys, addrs), find(key), len, clear()
     tables_lookup(tables, keys, skip, keylen=None) -> ([addr], [which])
     equal(a, b) -> bool
+
+unpack_many decodes a batch of records from one span of one arena: buf
+holds arena offsets [base, base + len(buf)), and every offset (any order,
+repeats allowed) must lie in that span, else ValueError. Item i is what
+unpack(codec, arena, iv, offsets[i], buf[offsets[i] - base:]) returns, or
+the RecordError it would raise: bad records are returned, never raised, so
+the caller can name the arena and decide. threads splits the work and never
+changes the result.
 """
 
 import array
@@ -53,8 +62,8 @@ ARENA_LIMIT = 1 << 32  # arena offsets are u32
 ZLEVEL_MIN, ZLEVEL_MAX = -(1 << 17), 22  # zstd's own bounds; 0 = never compress
 MAX_THREADS = 64
 
-API = ("zero_flags", "scores", "weak_hashes", "Codec", "pack", "unpack", "scan",
-       "bucket_home", "bucket_find", "sort_entries", "merge", "lookup", "Table",
+API = ("zero_flags", "scores", "weak_hashes", "Codec", "pack", "unpack", "unpack_many",
+       "scan", "bucket_home", "bucket_find", "sort_entries", "merge", "lookup", "Table",
        "tables_lookup", "equal")
 
 
@@ -161,6 +170,23 @@ def _pack_args(arena, iv, offset, btype, buf, bs, keys):
     return n, blen
 
 
+def _span(buf, base):
+    """The size of buf, a span of an arena from base."""
+    size = _nbytes(buf)
+    if base + size > ARENA_LIMIT:
+        raise ValueError("the buffer runs past the 4 GiB arena limit")
+    return size
+
+
+def _outside(offsets, base, size):
+    """ValueError for the first offset that is no record start inside buf, or None."""
+    for off in offsets:
+        if not isinstance(off, int) or not base <= off < base + size:
+            return ValueError(f"offset {off!r} is not inside the buffer "
+                              f"(arena offsets {base}..{base + size - 1})")
+    return None
+
+
 def _index_args(region, first, nregion, bucket_size, keylen, nbuckets):
     _uint(nbuckets, 1 << 64, "nbuckets")
     if nbuckets == 0:
@@ -217,6 +243,10 @@ from foundation.native import reference as reference_impl  # noqa: E402
 
 # ---- the C core behind thin wrappers ------------------------------------------------
 
+# C functions added within API_VERSION 1: a module built before them is stale too.
+_NEWEST = ("fdn_unpack_many",)
+
+
 def _load_native():
     """foundation._native, or None and why not."""
     try:
@@ -226,8 +256,10 @@ def _load_native():
                       "`pip install -e .` (needs gcc, pkg-config, libssl-dev, libzstd-dev), "
                       "or set FOUNDATION_NATIVE=0 to run on the slow pure-Python reference")
     version = _native.lib.fdn_api_version()
-    if version != API_VERSION:
-        return None, (f"the C core foundation._native is stale: API version {version}, "
+    missing = [f for f in _NEWEST if not hasattr(_native.lib, f)]
+    if version != API_VERSION or missing:
+        return None, (f"the C core foundation._native is stale: API version {version}"
+                      f"{', without ' + ', '.join(missing) if missing else ''}, "
                       f"this package needs {API_VERSION}. Rebuild it with `pip install -e .` "
                       "or `python foundation/native/build.py`")
     return _native, None
@@ -326,12 +358,73 @@ class _Native:
             _give(out)
 
     @staticmethod
+    def unpack_many(codec, arena, iv, buf, base, offsets, threads=1):
+        _where(arena, iv, base)
+        c = _codec(codec, _Native)
+        size = _span(buf, base)
+        threads = _threads(threads)
+        if isinstance(offsets, array.array) and offsets.itemsize == 8 and offsets.typecode in "QL":
+            offs = _ffi.from_buffer("uint64_t[]", offsets)
+        else:
+            if not isinstance(offsets, (list, tuple)):
+                offsets = list(offsets)
+            try:
+                offs = _ffi.new("uint64_t[]", offsets)
+            except (TypeError, OverflowError):
+                raise _outside(offsets, base, size) or ValueError("offsets must be integers") from None
+        n = len(offs)
+        if n == 0:
+            return []
+        b = _ro(buf)
+        pos = _alloc("uint64_t[]", n + 1)
+        errs = _alloc("int32_t[]", n)
+        btypes = _alloc("uint8_t[]", n)
+        keys = _alloc("uint8_t[]", n * SCORE_SIZE)
+        datas = []
+        done = 0
+        out = _take(UNPACK_CHUNK * threads)
+        try:
+            # one C call per chunk of records whose data fit in out, while it is in cache
+            cap = min(len(out), UNPACK_CHUNK * threads)
+            while done < n:
+                k = _lib.fdn_unpack_many(c, arena, _ro(iv), b, size, base, offs + done, n - done,
+                                         out, cap, pos, errs + done, btypes + done,
+                                         keys + done * SCORE_SIZE, (n - done) * SCORE_SIZE,
+                                         threads)
+                if k == _lib.FDN_EARG:
+                    raise _outside(offs, base, size) or ValueError("the C core refused its arguments")
+                if _ok(k) == 0:
+                    raise RuntimeError("the C core decoded no record")  # never: no endless loop
+                p = _ffi.unpack(pos, k + 1)
+                data = _ffi.buffer(out, p[k])
+                datas += map(data.__getitem__, map(slice, p, p[1:]))
+                done += k
+        finally:
+            _give(out)
+        # no Python code per record: slices of buffers, zipped
+        kb = _ffi.buffer(keys)
+        items = list(zip(_ffi.buffer(btypes)[:],
+                         map(kb.__getitem__, map(slice, range(0, n * SCORE_SIZE, SCORE_SIZE),
+                                                 range(SCORE_SIZE, (n + 1) * SCORE_SIZE, SCORE_SIZE))),
+                         datas))
+        if _ffi.buffer(errs)[:].count(0) != 4 * n:  # some record is bad, or too big to batch
+            mv = memoryview(buf).cast("B")
+            for i, rc in enumerate(_ffi.unpack(errs, n)):
+                if rc == _lib.FDN_ESPACE:  # its tag is checked before room is made for it
+                    off = offs[i]
+                    try:
+                        items[i] = _Native.unpack(codec, arena, iv, off, mv[off - base:])
+                    except RecordError as bad:
+                        items[i] = bad
+                elif rc:
+                    items[i] = RecordError(_KINDS[rc], offs[i])
+        return items
+
+    @staticmethod
     def scan(codec, arena, iv, buf, base, verify=True):
         _where(arena, iv, base)
         c = _codec(codec, _Native)
-        size = _nbytes(buf)
-        if base + size > ARENA_LIMIT:
-            raise ValueError("the buffer runs past the 4 GiB arena limit")
+        size = _span(buf, base)
         b = _ro(buf)
         cap = min(size // HEADER_SIZE + 1, 4096)
         ents = _ffi.new("fdn_entry[]", cap)
@@ -479,6 +572,7 @@ if _native is not None:
 
 _tls = threading.local()
 SCRATCH_MIN, SCRATCH_KEEP = 1 << 16, 1 << 25
+UNPACK_CHUNK = 1 << 20  # unpack_many's output per call and thread: small enough to stay in cache
 
 
 def _take(size):
@@ -565,6 +659,7 @@ weak_hashes = _impl.weak_hashes
 Codec = _impl.Codec
 pack = _impl.pack
 unpack = _impl.unpack
+unpack_many = _impl.unpack_many
 scan = _impl.scan
 bucket_home = _impl.bucket_home
 bucket_find = _impl.bucket_find

@@ -47,7 +47,8 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from foundation.native import (
     ARENA_LIMIT, HEADER_SIZE, RECORD_MAGIC, SCORE_SIZE, TAG_SIZE, WEAK_SIZE,
     BucketError, RecordError, _addrs, _bad_bucket, _blocks, _byte, _codec_args,
-    _flags, _index_args, _lookup_count, _nbytes, _pack_args, _threads, _uint, _where,
+    _flags, _index_args, _lookup_count, _nbytes, _outside, _pack_args, _span, _threads,
+    _uint, _where,
 )
 
 name = "reference"
@@ -197,13 +198,35 @@ def _check(codec, arena, offset, rec, verify):
 
 def unpack(codec, arena, iv, offset, rec):
     _where(arena, iv, offset)
-    codec = _codec(codec)
-    btype, kind, S, R, key, payload = _check(codec, arena, offset, bytes(rec), True)
+    return _unpack(_codec(codec), arena, bytes(iv), offset, bytes(rec))
+
+
+def _unpack(codec, arena, iv, offset, rec):
+    btype, kind, S, R, key, payload = _check(codec, arena, offset, rec, True)
     if codec.enc_key is not None:
-        payload = ctr(codec.enc_key, bytes(iv), offset + HEADER_SIZE, payload)
+        payload = ctr(codec.enc_key, iv, offset + HEADER_SIZE, payload)
     if kind == ZSTD:
         payload = _decompress(payload, R, offset)
     return btype, key, payload
+
+
+def unpack_many(codec, arena, iv, buf, base, offsets, threads=1):
+    """unpack of each record of buf named by its arena offset; a bad one's RecordError."""
+    _where(arena, iv, base)
+    codec = _codec(codec)
+    size = _span(buf, base)
+    _threads(threads)
+    offsets = list(offsets)
+    bad = _outside(offsets, base, size)
+    if bad:
+        raise bad
+    data, iv, out = memoryview(bytes(buf)), bytes(iv), []
+    for off in offsets:
+        try:
+            out.append(_unpack(codec, arena, iv, off, data[off - base:]))
+        except RecordError as e:
+            out.append(e)
+    return out
 
 
 def _decompress(payload, R, offset):
@@ -227,9 +250,8 @@ def scan(codec, arena, iv, buf, base, verify=True):
     """
     _where(arena, iv, base)
     codec = _codec(codec)
+    _span(buf, base)
     data = memoryview(bytes(buf))
-    if base + len(data) > ARENA_LIMIT:
-        raise ValueError("the buffer runs past the 4 GiB arena limit")
     entries, pos = [], 0
     while pos < len(data):
         if not any(data[pos:pos + HEADER_SIZE]):

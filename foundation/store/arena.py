@@ -75,6 +75,7 @@ class Log:
         self.head = None
         self.open = None
         self.repaired = []
+        self.damaged = []
 
     # ---- opening and recovery ------------------------------------------------
 
@@ -128,11 +129,23 @@ class Log:
         header, hbytes = self._header(n, buf)
         oa = OpenArena(n, fd, header, hbytes)
         committed = self.head.end if self.head.arena == n else F.ARENA_HEADER_SIZE
-        entries, end, err = self.scan(n, header.iv, buf[F.ARENA_HEADER_SIZE:], F.ARENA_HEADER_SIZE)
-        if end < committed:
+        mv = memoryview(buf)
+        end = F.ARENA_HEADER_SIZE
+        while True:
+            entries, end, err = self.scan(n, header.iv, mv[end:], end)
+            oa.add(entries)
+            if end >= committed:
+                break
             what = err.kind if err else "missing"
-            raise DataCorrupt(f"arena {n} offset {end}: committed record is damaged ({what})")
-        oa.add(entries)
+            stored = int.from_bytes(buf[end + 8:end + 12], "little") if end + 12 <= size else -1
+            skip = end + RH + stored
+            if self.writable or what not in ("tag", "decompress") or not end < skip <= committed:
+                raise DataCorrupt(f"arena {n} offset {end}: committed record is damaged ({what})")
+            # A reader steps over one damaged record (its reads fail) and keeps serving the rest.
+            log.error("arena %d offset %d: committed record is damaged (%s); its block cannot be read", n, end, what)
+            self.damaged.append((n, end))
+            end = skip
+        del mv
         oa.end = end
         if end < size:
             tail = buf[end:end + F.TRAILER_SIZE]
@@ -385,4 +398,7 @@ class Log:
         try:
             return native.unpack(self.codec, n, self.iv(n), off, rec)
         except native.RecordError as e:
-            raise DataCorrupt(f"arena {n} offset {off}: record {e.kind} check failed") from None
+            kind = e.kind
+        # Raised outside the handler: a chained RecordError would keep the
+        # frames (and the buffers they lent to C) alive with the exception.
+        raise DataCorrupt(f"arena {n} offset {off}: record {kind} check failed")

@@ -1,0 +1,115 @@
+"""`foundation archive [VM...] [--all]`: the nightly job (paper §2.2, Figure 2).
+
+The store is opened, and its key checked, before any VM is touched: a
+store that is missing, not mounted or locked by another run, or a wrong
+key, stops the run with no change to any VM. Then each VM is repaired (if
+an earlier run was interrupted) and archived in turn; one VM's failure
+never stops the others, but a failing store does (every further VM would
+only gain an overlay the next run must finish). The exit status is 0 only
+if every VM was archived. A summary table ends the run; on a terminal a
+progress bar shows each disk, under systemd plain log lines go to the
+journal.
+"""
+
+import logging
+import os
+import sys
+
+from foundation.cli.common import Progress, open_store, store_path
+from foundation.config import load_config
+from foundation.errors import UsageError
+from foundation.vm.archiver import Result
+
+NAME = "archive"
+HELP = "archive VMs now: snapshot, store what changed, merge (the nightly job)"
+DESCRIPTION = (
+    "Snapshot each VM's disks (running or shut off), archive what changed since the last run, "
+    "and merge the day's overlay back into the base, repairing first whatever an interrupted "
+    "run left. Which VMs: the names given, --all, or the config file's `vms`.")
+
+log = logging.getLogger(__name__)
+
+
+def add_arguments(p):
+    p.add_argument("vms", nargs="*", metavar="VM", help="VMs to archive (default: the config file's `vms`)")
+    p.add_argument("--all", action="store_true", help="every VM libvirt knows (except the config's `exclude`)")
+    p.add_argument("--check", action="store_true",
+                   help="only check that the store is present and the key fits, then exit "
+                        "(the systemd service runs this first)")
+    p.add_argument("--libvirt-uri", help="libvirt connection (default: config `libvirt_uri`, qemu:///system)")
+    p.add_argument("--state-dir", default=os.environ.get("FOUNDATION_STATE_DIR"),
+                   help="journal directory (default: config `state_dir`, /var/lib/foundation; "
+                        "env FOUNDATION_STATE_DIR)")
+    p.add_argument("--no-quiesce", action="store_true", help="never freeze guest file systems")
+
+
+def run(args):
+    conf = load_config(args.config)
+    if args.vms and args.all:
+        raise UsageError("give VM names or --all, not both")
+    # The store first: nothing is touched if it is missing, unmounted, locked or the key is wrong.
+    results = []
+    try:
+        with open_store(args, writable=not args.check) as store:
+            if args.check:
+                how = "encrypted, the key fits" if store.conf.get("encrypted") else "not encrypted"
+                print(f"store {store_path(args)} is present ({how})")
+                return 0
+            _archive_all(args, conf, store, results)
+    finally:
+        if results:
+            print(summary(results), flush=True)
+    return 0 if all(r.status in ("ok", "unchanged") for r in results) else 1
+
+
+def _archive_all(args, conf, store, results):
+    from foundation.vm import Archiver, StoreSink, connect
+
+    conn = connect(args.libvirt_uri or conf.libvirt_uri)
+    names = _names(args, conf, conn)
+    if not names:
+        print("no VM to archive (libvirt knows none, or all are excluded)")
+        return
+    tty = sys.stderr.isatty()
+    archiver = Archiver(conn, StoreSink(store), args.state_dir or conf.state_dir,
+                        quiesce=conf.quiesce and not args.no_quiesce,
+                        progress=(lambda what, total: Progress(what, total)) if tty else None)
+    for i, name in enumerate(names):
+        log.info("archiving %s (%d of %d)", name, i + 1, len(names))
+        r = archiver.archive(name)
+        results.append(r)
+        if r.store_failed:
+            for rest in names[i + 1:]:
+                results.append(Result(rest, status="not run", error="the store failed; this VM was not touched"))
+            log.error("the store failed: the remaining VMs were not touched")
+            break
+
+
+def _names(args, conf, conn):
+    from foundation.vm import all_names
+
+    if args.vms:
+        return list(dict.fromkeys(args.vms))
+    if args.all or conf.vms == "all":
+        return [n for n in all_names(conn) if n not in conf.exclude]
+    return [n for n in conf.vms if n not in conf.exclude]
+
+
+def summary(results):
+    """The table printed at the end of a run, then one line per error and repair."""
+    rows = [("VM", "disks", "changed MB", "time s", "consistency", "status", "repaired")]
+    for r in results:
+        rows.append((r.name, str(r.disks) if r.disks else "-", f"{r.changed / 1e6:.1f}" if r.disks else "-",
+                     f"{r.seconds:.1f}", r.consistency or "-", r.status, str(len(r.repaired)) if r.repaired else "-"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    right = {1, 2, 3}
+    lines = ["  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))).rstrip()
+             for row in rows]
+    for r in results:
+        for note in r.repaired:
+            lines.append(f"{r.name}: repaired: {note}")
+        if r.error:
+            lines.append(f"{r.name}: {r.status}: {r.error}")
+    ok = sum(r.status in ("ok", "unchanged") for r in results)
+    lines.append(f"{ok} of {len(results)} VM(s) archived")
+    return "\n".join(lines)

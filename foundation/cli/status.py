@@ -1,0 +1,170 @@
+"""`foundation status [VM...]`: the last run of each VM, its chain, the next timer run.
+
+Read-only, and useful when things are wrong: it reads the archiver's
+journal (no store needed), checks each disk's chain against libvirt and
+the image headers, adds the store's snapshot count when the store is
+reachable, and asks systemd when the timer fires next.
+"""
+
+import os
+import subprocess
+
+from foundation.config import load_config
+from foundation.errors import Error
+
+NAME = "status"
+HELP = "show each VM's last archive run, its disk chains and the next timer run"
+TIMER = "foundation-archive.timer"
+
+
+def add_arguments(p):
+    p.add_argument("vms", nargs="*", metavar="VM", help="VMs to show (default: every VM ever archived "
+                                                        "and the config file's `vms`)")
+    p.add_argument("--libvirt-uri", help="libvirt connection (default: config `libvirt_uri`)")
+    p.add_argument("--state-dir", default=os.environ.get("FOUNDATION_STATE_DIR"),
+                   help="journal directory (default: config `state_dir`; env FOUNDATION_STATE_DIR)")
+
+
+def run(args):
+    from foundation.vm import journal
+
+    conf = load_config(args.config)
+    state_dir = args.state_dir or conf.state_dir
+    recs = {r["name"]: r for r in journal.records(state_dir)}
+    names = list(args.vms) or sorted(set(recs) | set(conf.vms if conf.vms != "all" else []))
+    conn, why = _connect(args.libvirt_uri or conf.libvirt_uri)
+    counts, store_note = _store_counts(args)
+    lines = []
+    for name in names:
+        lines += _vm(name, recs.get(name), conn, state_dir, counts)
+    if not names:
+        lines.append(f"no VM has been archived yet (journal: {state_dir})")
+    if why:
+        lines.append(f"libvirt: {why}")
+    if store_note:
+        lines.append(f"store: {store_note}")
+    lines.append(f"next run: {next_timer_run()}")
+    print("\n".join(lines))
+    return 0
+
+
+def _connect(uri):
+    from foundation.vm import connect
+
+    try:
+        return connect(uri), None
+    except Error as e:
+        return None, f"{e} (chains not checked)"
+
+
+def _store_counts(args):
+    from foundation.cli.common import open_store, store_path
+
+    try:
+        path = store_path(args)
+    except Error:
+        return None, None
+    try:
+        from foundation.catalog import Catalog
+
+        with open_store(args, writable=False) as s:
+            counts = {}
+            for snap in Catalog.load(s).snapshots():
+                n, _ = counts.get(snap.name, (0, None))
+                counts[snap.name] = (n + 1, snap.time)
+            return counts, None
+    except Error as e:
+        return None, f"{path}: {e}"
+
+
+def _vm(name, rec, conn, state_dir, counts):
+    from foundation.vm import journal
+
+    out = [name]
+    if rec is None and conn is not None:
+        try:
+            from foundation.vm.domain import Domain
+
+            rec = journal.load(state_dir, Domain(conn, name).uuid)
+        except Error as e:
+            out.append(f"  {e}")
+            return out
+    if rec is None:
+        out.append("  never archived")
+        return out
+    last = rec.get("last")
+    if last:
+        mb = (last.get("changed_bytes") or 0) / 1e6
+        out.append(f"  last run:  {_when(last.get('finished'))}  {last.get('status')}, {mb:.1f} MB changed, "
+                   f"{last.get('consistency') or '-'}, {last.get('seconds', 0):.1f} s")
+        if last.get("error"):
+            out.append(f"             {last['error']}")
+        for note in last.get("repaired") or []:
+            out.append(f"             repaired: {note}")
+    run = rec.get("run")
+    if run:
+        out.append(f"  INTERRUPTED: the run of {_when(run['started'])} stopped at step '{run['step']}'; "
+                   f"the next run repairs it (interrupted at '{run['step']}')")
+    out += _chains(name, rec, conn)
+    if counts is not None:
+        n, t = counts.get(name, (0, None))
+        out.append(f"  store:     {n} snapshot(s)" + (f", latest {_when(t)}" if t else ""))
+    return out
+
+
+def _when(t):
+    """An ISO time (or datetime) as 'YYYY-MM-DD HH:MM:SS UTC'."""
+    import datetime
+
+    if not t:
+        return "?"
+    if isinstance(t, str):
+        t = datetime.datetime.fromisoformat(t)
+    return t.astimezone(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _chains(name, rec, conn):
+    from foundation.vm import qemuimg
+    from foundation.vm.domain import Domain
+
+    if conn is None:
+        return []
+    try:
+        tops = Domain(conn, name).tops()
+    except Error as e:
+        return [f"  chain:     {e}"]
+    out = []
+    for t, d in sorted(rec.get("disks", {}).items()):
+        top = tops.get(t)
+        try:
+            ch = [i["filename"] for i in qemuimg.chain(top)] if top else []
+        except Error as e:
+            out.append(f"  {t}: {e}")
+            continue
+        files = " <- ".join(reversed([os.path.basename(f) for f in ch]))
+        if top == d["top"] and ch[1:2] == [d["base"]]:
+            state = "base <- overlay, as journaled"
+        elif top == d["top"] == d["base"]:
+            state = "base only (first run pending)"
+        elif rec.get("run"):
+            state = "mid-run; the next run repairs it"
+        else:
+            state = "differs from the journal: the next run archives this disk whole"
+        out.append(f"  {t}: {files}  ({state})")
+    return out
+
+
+def next_timer_run():
+    if not os.path.isdir("/run/systemd/system"):
+        return f"unknown: systemd is not running here, so {TIMER} is not active"
+    try:
+        p = subprocess.run(["systemctl", "show", TIMER, "--property=NextElapseUSecRealtime",
+                            "--property=ActiveState", "--value"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"unknown: {e}"
+    vals = p.stdout.split("\n")
+    nxt = vals[0].strip() if vals else ""
+    active = vals[1].strip() if len(vals) > 1 else ""
+    if p.returncode != 0 or active != "active" or not nxt or nxt == "n/a":
+        return f"none: {TIMER} is not active (systemctl enable --now {TIMER})"
+    return f"{nxt} ({TIMER})"

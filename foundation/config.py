@@ -1,0 +1,98 @@
+"""The config file, TOML, by default /etc/foundation/foundation.toml.
+
+    store = "/mnt/backup/foundation"      # the store directory on the backup disk
+    key_file = "/etc/foundation/keys/<store uuid>.key"
+    libvirt_uri = "qemu:///system"
+    vms = "all"                           # or a list of VM names: ["desktop", "web"]
+    exclude = ["scratch"]                 # never archived, even with "all" or --all
+    state_dir = "/var/lib/foundation"     # the archiver's journal and locks (on the host, not the store)
+    quiesce = true                        # freeze guest file systems through the QEMU guest agent when it answers
+
+    [replica]                             # a table for another part of Foundation: kept as is
+    ...
+
+Every key is optional. A misspelt top-level key is an error naming it, so
+a typo never silently turns a setting off; tables are handed unchecked to
+the part of Foundation that owns them (`conf.section("replica")`).
+Relative paths are relative to the config file's directory.
+"""
+
+import os
+import tomllib
+from dataclasses import dataclass, field
+
+from foundation.errors import BadInput
+
+DEFAULT_PATH = "/etc/foundation/foundation.toml"
+ENV = "FOUNDATION_CONFIG"
+
+
+class ConfigError(BadInput):
+    """Config file {}: {}"""
+
+    code = 31
+
+
+@dataclass
+class Config:
+    path: str | None = None
+    store: str | None = None
+    key_file: str | None = None
+    libvirt_uri: str = "qemu:///system"
+    vms: object = "all"               # "all" or a list of names
+    exclude: list = field(default_factory=list)
+    state_dir: str = "/var/lib/foundation"
+    quiesce: bool = True
+    sections: dict = field(default_factory=dict)
+
+    def section(self, name):
+        """A table of the file (dict), empty if absent."""
+        return self.sections.get(name, {})
+
+
+_PATHS = ("store", "key_file", "state_dir")
+_TYPES = {"store": str, "key_file": str, "libvirt_uri": str, "state_dir": str, "quiesce": bool}
+
+
+def load_config(path=None):
+    """The configuration from `path`, $FOUNDATION_CONFIG or the default file.
+
+    A missing default file means the defaults; a file named explicitly must exist.
+    """
+    explicit = path or os.environ.get(ENV)
+    path = explicit or DEFAULT_PATH
+    conf = Config()
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        if explicit:
+            raise ConfigError(path, "no such file") from None
+        return conf
+    except OSError as e:
+        raise ConfigError(path, f"cannot read it: {e.strerror or e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(path, f"not valid TOML: {e}") from None
+    conf.path = os.path.abspath(path)
+    here = os.path.dirname(conf.path)
+    known = set(_TYPES) | {"vms", "exclude"}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            conf.sections[key] = value
+            continue
+        if key not in known:
+            raise ConfigError(path, f"unknown setting {key!r} (known: {', '.join(sorted(known))})")
+        if key in _TYPES and not isinstance(value, _TYPES[key]):
+            raise ConfigError(path, f"{key} must be a {_TYPES[key].__name__}, not {value!r}")
+        if key == "vms" and not (value == "all" or _names(value)):
+            raise ConfigError(path, f'vms must be "all" or a list of VM names, not {value!r}')
+        if key == "exclude" and not (_names(value) or value == []):
+            raise ConfigError(path, f"exclude must be a list of VM names, not {value!r}")
+        if key in _PATHS:
+            value = os.path.join(here, os.path.expanduser(value))
+        setattr(conf, key, value)
+    return conf
+
+
+def _names(v):
+    return isinstance(v, list) and bool(v) and all(isinstance(x, str) and x for x in v)

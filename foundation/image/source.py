@@ -1,0 +1,199 @@
+"""Image files to archive: raw files are read directly, everything else through QEMU.
+
+A raw file (or block device) is read with large pread calls, and its holes
+(SEEK_HOLE) are known zeros that are never read at all. Any other format
+(qcow2 with its backing chain and compressed clusters, vmdk, ...) is
+served by `qemu-nbd --read-only` on a private unix socket and read over NBD
+(foundation.image.nbd); its known-zero ranges come from `qemu-img map`.
+We chose NBD over converting to a temporary raw file because a day with
+`--changed` reads only the changed ranges (3 % of the image, not all of it)
+and needs no scratch space the size of the disk; and over the FUSE export
+of qemu-storage-daemon because it needs neither /dev/fuse nor a mount.
+
+The format is probed with `qemu-img info` unless given. Probing trusts the
+first bytes of the file: a raw image whose guest wrote a qcow2 header at
+sector 0 would be read as qcow2, so the archiver, which knows its formats,
+always passes one.
+"""
+
+import errno
+import json
+import os
+import stat
+import subprocess
+
+from foundation.errors import BadInput
+from foundation.image import ranges as R
+
+
+class ImageUnreadable(BadInput):
+    """Cannot read the image {}: {}"""
+
+    code = 33
+
+
+def _qemu_img(args, path):
+    try:
+        p = subprocess.run(["qemu-img", *args], capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    except FileNotFoundError:
+        raise ImageUnreadable(path, "qemu-img is not installed (apt-get install qemu-utils)") from None
+    if p.returncode != 0:
+        msg = p.stderr.strip().splitlines()
+        raise ImageUnreadable(path, msg[-1] if msg else f"qemu-img exited with status {p.returncode}")
+    try:
+        return json.loads(p.stdout)
+    except json.JSONDecodeError:
+        raise ImageUnreadable(path, "qemu-img printed something that is not JSON") from None
+
+
+def probe(path, fmt=None):
+    """-> (format, virtual size) of an image file, as QEMU sees it."""
+    args = ["info", "--output=json", "-U"]
+    if fmt:
+        args += ["-f", fmt]
+    info = _qemu_img(args + [path], path)
+    return info.get("format", fmt), int(info["virtual-size"])
+
+
+class RawSource:
+    """A raw image file or block device, read with pread."""
+
+    format = "raw"
+
+    def __init__(self, path):
+        self.path = path
+        try:
+            self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as e:
+            raise ImageUnreadable(path, e.strerror) from None
+        st = os.fstat(self.fd)
+        if stat.S_ISDIR(st.st_mode):
+            os.close(self.fd)
+            raise ImageUnreadable(path, "it is a directory")
+        self.regular = stat.S_ISREG(st.st_mode)
+        self.size = st.st_size if self.regular else os.lseek(self.fd, 0, os.SEEK_END)
+        try:
+            os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        except OSError:
+            pass
+
+    def read(self, offset, length):
+        try:
+            data = os.pread(self.fd, length, offset)
+            if len(data) == length or not data:
+                return data
+            parts = [data]
+            got = len(data)
+            while got < length:
+                more = os.pread(self.fd, length - got, offset + got)
+                if not more:
+                    break
+                parts.append(more)
+                got += len(more)
+            return b"".join(parts)
+        except OSError as e:
+            raise ImageUnreadable(self.path, f"read at byte {offset} failed: {e.strerror}") from None
+
+    def readinto(self, offset, view):
+        got, n = 0, len(view)
+        try:
+            while got < n:
+                m = os.preadv(self.fd, [view[got:]], offset + got)
+                if m == 0:
+                    break
+                got += m
+        except OSError as e:
+            raise ImageUnreadable(self.path, f"read at byte {offset + got} failed: {e.strerror}") from None
+        return got
+
+    def holes(self):
+        """Ranges that read as zero without being stored (SEEK_HOLE), or None."""
+        if not self.regular:
+            return None
+        out, off = [], 0
+        try:
+            while off < self.size:
+                try:
+                    data = os.lseek(self.fd, off, os.SEEK_DATA)
+                except OSError as e:
+                    if e.errno == errno.ENXIO:
+                        out.append((off, self.size - off))
+                        break
+                    raise
+                if data > off:
+                    out.append((off, min(data, self.size) - off))
+                if data >= self.size:
+                    break
+                off = os.lseek(self.fd, data, os.SEEK_HOLE)
+        except OSError:
+            return None
+        return out
+
+    def close(self):
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+class QemuSource:
+    """Any image format QEMU reads, served read-only over NBD by qemu-nbd."""
+
+    def __init__(self, path, fmt, size):
+        from foundation.image.nbd import NbdError, QemuNbd
+
+        self.path, self.format, self.size = path, fmt, size
+        self._NbdError = NbdError
+        try:
+            self.server = QemuNbd(os.path.abspath(path), fmt)
+        except (OSError, NbdError) as e:
+            raise ImageUnreadable(path, f"qemu-nbd cannot serve it: {e}") from None
+        if self.server.client.size != size:
+            self.close()
+            raise ImageUnreadable(path, f"qemu-nbd serves {self.server.client.size} bytes, "
+                                        f"qemu-img reported {size}")
+
+    def read(self, offset, length):
+        length = max(0, min(length, self.size - offset))
+        try:
+            return self.server.read(offset, length)
+        except (OSError, self._NbdError) as e:
+            raise ImageUnreadable(self.path, f"read at byte {offset} failed: {e}") from None
+
+    def readinto(self, offset, view):
+        n = max(0, min(len(view), self.size - offset))
+        try:
+            self.server.client.read_into(offset, view[:n])
+        except (OSError, self._NbdError) as e:
+            raise ImageUnreadable(self.path, f"read at byte {offset} failed: {e}") from None
+        return n
+
+    def holes(self):
+        """Ranges the whole backing chain reads as zero, from `qemu-img map`."""
+        entries = _qemu_img(["map", "--output=json", "-U", "-f", self.format, os.path.abspath(self.path)],
+                            self.path)
+        runs = R.merge((e["start"], e["start"] + e["length"]) for e in entries if e.get("zero"))
+        return [(s, e - s) for s, e in runs]
+
+    def close(self):
+        s = getattr(self, "server", None)
+        if s is not None:
+            s.close()
+            self.server = None
+
+
+def open_image(path, fmt=None):
+    """Open an image file for archiving -> a source with .size, .format, .read, .holes, .close."""
+    path = os.fspath(path)
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise ImageUnreadable(path, e.strerror) from None
+    if stat.S_ISDIR(st.st_mode):
+        raise ImageUnreadable(path, "it is a directory")
+    if not os.access(path, os.R_OK):
+        raise ImageUnreadable(path, "permission denied")
+    if fmt != "raw":
+        fmt, size = probe(path, fmt)
+    if fmt == "raw":
+        return RawSource(path)
+    return QemuSource(path, fmt, size)

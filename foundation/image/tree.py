@@ -1,0 +1,422 @@
+"""A disk image is a Merkle tree of block refs; a new day rewrites only its changed paths.
+
+Leaves are the refs of the image's fixed-size blocks (the store's block
+size), with the null ref for an all-zero block; interior nodes are TREE
+blocks holding exactly `fanout = block_size // ref_size` refs, null refs for
+children that are all zero or beyond the end, and the null ref stands for a
+whole all-zero subtree. The shape depends only on the size, so two trees of
+equal content are equal block for block and dedup completely.
+
+`write_image` walks the leaves that must be (re)computed in increasing
+order, 32 MiB of source at a time, one `write_blocks` call per batch of
+leaves and one per level for the interior nodes that batch completed; it
+keeps open only the nodes on the frontier, so memory stays bounded by the
+batch size whatever the image size. With a previous root and a list of
+changed byte ranges it opens just the nodes above changed leaves (one
+batched read per level), patches them and writes back only the nodes whose
+bytes changed: everything else is shared with the day before.
+
+The byte layout is in docs/format-image.md (section "Image tree").
+"""
+
+import concurrent.futures
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from foundation.errors import DataCorrupt
+from foundation.image import ranges as R
+
+# Block types of the store (foundation.store.BlockType); repeated here as plain
+# ints so that this layer does not import the store at module load.
+DATA, TREE = 1, 2
+
+CHUNK = 32 << 20  # bytes of source per write_blocks call
+
+
+@dataclass(frozen=True)
+class Root:
+    """The root of one tree: the ref of its top block, the logical size, the depth.
+
+    depth 0: `ref` is the single leaf (size <= block_size); depth d >= 1:
+    `ref` is a TREE node whose children are trees of depth d - 1. A null
+    `ref` is an all-zero image of `size` bytes.
+    """
+
+    ref: bytes
+    size: int
+    depth: int
+
+    def to_json(self):
+        return {"ref": self.ref.hex(), "size": self.size, "depth": self.depth}
+
+    @classmethod
+    def from_json(cls, d):
+        try:
+            ref = bytes.fromhex(d["ref"])
+            size, depth = d["size"], d["depth"]
+        except (KeyError, TypeError, ValueError) as e:
+            raise DataCorrupt(f"tree root {d!r} is malformed ({e})") from None
+        if not (isinstance(size, int) and isinstance(depth, int) and size >= 0 and 0 <= depth < 64):
+            raise DataCorrupt(f"tree root {d!r} has a bad size or depth")
+        return cls(ref, size, depth)
+
+
+class Shape:
+    """The geometry of a tree of `size` bytes in a store: fanout, depth, nodes per level."""
+
+    def __init__(self, store, size):
+        self.bs = store.block_size
+        self.rs = store.ref_size
+        self.fanout = self.bs // self.rs
+        if self.fanout * self.rs != self.bs or self.fanout < 2:
+            raise ValueError(f"block size {self.bs} is not a multiple of the ref size {self.rs}")
+        self.size = size
+        self.nleaves = -(-size // self.bs)
+        d, cap = 0, 1
+        while cap < self.nleaves:
+            d += 1
+            cap *= self.fanout
+        self.depth = d
+        # counts[k]: nodes at level k (level 0 = leaves, level depth = the root)
+        self.counts = [-(-self.nleaves // self.fanout**k) for k in range(d + 1)]
+
+    def check(self, root, what="image"):
+        if root.depth != self.depth or len(root.ref) != self.rs:
+            raise DataCorrupt(f"{what} tree root has depth {root.depth} and a {len(root.ref)}-byte ref; "
+                              f"a {root.size}-byte tree in this store has depth {self.depth} "
+                              f"and {self.rs}-byte refs")
+
+
+def _split_refs(buf, rs):
+    return [buf[i:i + rs] for i in range(0, len(buf), rs)]
+
+
+class _Builder:
+    """The frontier of one write_image call: open nodes per level, patched, then written."""
+
+    def __init__(self, store, shape, base):
+        self.s = store
+        self.sh = shape
+        self.rs, self.F = shape.rs, shape.fanout
+        self.null = store.null_ref
+        self.zero_node = bytes(shape.bs)
+        self.base = base  # previous Root (same disk) or None: the old content to patch
+        self.open = [None] + [OrderedDict() for _ in range(shape.depth)]
+        self.root_ref = None
+        self.written_nodes = 0
+        if shape.depth >= 1:
+            self.open[shape.depth][0] = self._old_root()
+
+    # ---- old content --------------------------------------------------------
+    def _entry(self, old_ref, old_content):
+        """An open node: [content being patched, old ref (None: must be written), old bytes]."""
+        if old_content is None:
+            old_content = self.zero_node
+        return [bytearray(old_content), old_ref, old_content]
+
+    def _old_root(self):
+        b, sh = self.base, self.sh
+        if b is None:
+            return self._entry(self.null, None)
+        if b.depth == sh.depth:
+            return self._entry(b.ref, self._read_node(b.ref))
+        if b.depth > sh.depth:  # shrunk: the new tree is the leftmost subtree of the old one
+            r = b.ref
+            for _ in range(b.depth - sh.depth):
+                r = self._read_node(r)[: self.rs]
+            return self._entry(r, self._read_node(r))
+        return self._grown(sh.depth)
+
+    def _grown(self, level):
+        """Old content of node 0 at a level above the old root (the image grew)."""
+        if level == self.base.depth + 1:
+            return self._entry(None, self.base.ref + self.null * (self.F - 1))
+        return self._entry(None, None)  # slot 0 is filled when its child is written
+
+    def _read_node(self, ref):
+        if ref == self.null:
+            return self.zero_node
+        return self.s.read(ref)
+
+    def ensure(self, js1):
+        """Open the level-1 nodes `js1` (sorted) and every node above them, one read per level."""
+        depth, F, rs = self.sh.depth, self.F, self.rs
+        need = {1: js1}
+        for k in range(2, depth):
+            need[k] = sorted({j // F for j in need[k - 1]})
+        for k in range(depth - 1, 0, -1):
+            od = self.open[k]
+            todo = [j for j in need[k] if j not in od]
+            if not todo:
+                continue
+            if self.base is None:
+                for j in todo:
+                    od[j] = self._entry(self.null, None)
+                continue
+            parents = self.open[k + 1]
+            want, refs = [], []
+            for j in todo:
+                if self.base.depth < k and j == 0:
+                    od[j] = self._grown(k)
+                    continue
+                p = parents[j // F][0]
+                slot = (j % F) * rs
+                r = bytes(p[slot:slot + rs])
+                if r == self.null:
+                    od[j] = self._entry(self.null, None)
+                else:
+                    od[j] = None  # keep insertion order; filled below
+                    want.append(j)
+                    refs.append(r)
+            if refs:
+                for j, r, data in zip(want, refs, self.s.read_blocks(b"".join(refs))):
+                    if len(data) != self.sh.bs:
+                        raise DataCorrupt(f"tree node {r.hex()} holds {len(data)} bytes, not {self.sh.bs}")
+                    od[j] = self._entry(r, data)
+
+    # ---- patching and writing ---------------------------------------------------
+    def put_leaves(self, b0, refs):
+        """Set leaves b0.. to the concatenated `refs` in their level-1 nodes (already open)."""
+        F, rs = self.F, self.rs
+        n = len(refs) // rs
+        od = self.open[1]
+        i = 0
+        while i < n:
+            b = b0 + i
+            j, slot = divmod(b, F)
+            m = min(F - slot, n - i)
+            od[j][0][slot * rs:(slot + m) * rs] = refs[i * rs:(i + m) * rs]
+            i += m
+
+    def finish(self, next_leaf):
+        """Write every open node wholly before leaf `next_leaf` (None: all of them)."""
+        depth, F, rs = self.sh.depth, self.F, self.rs
+        for k in range(1, depth + 1):
+            od = self.open[k]
+            span = F**k
+            done = []
+            while od:
+                j = next(iter(od))
+                if next_leaf is not None and (j + 1) * span > next_leaf:
+                    break
+                done.append((j, od.pop(j)))
+            if not done:
+                continue
+            writes, slots = [], []
+            below = self.sh.counts[k - 1]
+            for j, (content, old_ref, old) in done:
+                valid = below - j * F
+                if valid < F:  # the right edge: children beyond the end are null
+                    content[valid * rs:] = bytes((F - valid) * rs)
+                if old_ref is not None and content == old:
+                    ref = old_ref
+                elif content == self.zero_node:
+                    ref = self.null
+                else:
+                    ref = None
+                    writes.append(content)
+                slots.append([j, ref])
+            if writes:
+                new = _split_refs(self.s.write_blocks(b"".join(writes), btype=TREE), rs)
+                self.written_nodes += len(new)
+                it = iter(new)
+                for sl in slots:
+                    if sl[1] is None:
+                        sl[1] = next(it)
+            for j, ref in slots:
+                if k == depth:
+                    self.root_ref = ref
+                else:
+                    p = self.open[k + 1][j // F][0]
+                    slot = (j % F) * rs
+                    p[slot:slot + rs] = ref
+
+
+def _plan(shape, base, changed, zeros, holes):
+    """-> (read runs, null runs) of leaves, both merged and disjoint."""
+    bs, n = shape.bs, shape.nleaves
+    if base is None or changed is None:
+        todo = [(0, n)] if n else []
+    else:
+        todo = R.outer_blocks(R.as_runs(changed), bs, n)
+        if base.size != shape.size:  # re-read both last leaves: tails must be zero
+            extra = [(n - 1, n)] if n else []
+            old_last = -(-base.size // bs) - 1
+            if 0 <= old_last < n:
+                extra.append((old_last, old_last + 1))
+            todo = R.merge(todo + extra)
+    zrun = R.as_runs(zeros)
+    zero_full = R.inner_blocks(zrun, bs, n)
+    zero_part = R.subtract(R.outer_blocks(zrun, bs, n), zero_full)
+    hole_full = R.inner_blocks(R.as_runs(holes), bs, n) if holes else []
+    if base is None or changed is None:
+        nulls = []  # the old content is all zero anyway: nothing to clear
+    else:
+        nulls = R.merge(zero_full + R.intersect(todo, hole_full))
+    skip = R.merge(zero_full + hole_full)
+    reads = R.subtract(R.merge(todo + zero_part), skip)
+    return reads, nulls
+
+
+def _chunks(reads, nulls, per):
+    """Batches of at most `per` leaves: lists of (b0, b1, is_read), in leaf order."""
+    events = sorted([(s, e, True) for s, e in reads] + [(s, e, False) for s, e in nulls])
+    batch, used = [], 0
+    for s, e, rd in events:
+        while s < e:
+            m = min(e - s, per - used)
+            batch.append((s, s + m, rd))
+            used += m
+            s += m
+            if used == per:
+                yield batch
+                batch, used = [], 0
+    if batch:
+        yield batch
+
+
+def write_image(store, src, size, prev=None, changed=None, zeros=(), progress=None):
+    """Archive `size` bytes of `src` as a tree; -> Root.
+
+    src.read(offset, length) -> bytes-like gives the image as it is now (a
+    short read at the end means zeros), or src.readinto(offset, view) ->
+    count, which is used when present: batches are read into two reused
+    buffers, so the store must not keep a reference to the buffer it is
+    given after write_blocks returns; src.holes() -> [(offset, length)],
+    when present, names ranges known to read as zero, which are never read.
+    prev: the Root of the previous snapshot of this disk, or None.
+    changed: (offset, length) ranges that differ from prev; bytes beyond
+    prev.size count as zero in prev. None reads everything.
+    zeros: ranges archived as zeros whatever they hold (swap).
+    progress: called with the number of bytes processed; its `total`
+    attribute, if it has one, is set first to the bytes to be processed.
+    """
+    sh = Shape(store, size)
+    if prev is not None:
+        Shape(store, prev.size).check(prev, "previous")
+    if changed is not None:
+        changed = R.check_pairs(list(changed), size)
+    zeros = R.check_pairs(list(zeros), size, "zero ranges")
+    holes = src.holes() if hasattr(src, "holes") else None
+    base = prev if changed is not None else None
+    reads, nulls = _plan(sh, base, changed, zeros, holes)
+    if progress is not None and hasattr(progress, "total"):
+        progress.total = max(1, min(size, (R.total(reads) + R.total(nulls)) * sh.bs))
+
+    if not reads and not nulls and base is not None and base.size == size:
+        return prev  # nothing changed
+    bs, rs = sh.bs, sh.rs
+    zrun = R.as_runs(zeros)
+    builder = _Builder(store, sh, base) if sh.depth >= 1 else None
+    leaf0 = None  # depth 0: the only leaf
+    if sh.depth == 0 and base is not None and sh.nleaves:
+        leaf0 = base.ref
+
+    def read_batch(batch, buf):
+        """Read the batch's leaves into `buf`, back to back -> memoryview of them."""
+        mv = memoryview(buf)
+        pos = 0
+        for s, e, rd in batch:
+            if not rd:
+                continue
+            off, n = s * bs, (e - s) * bs
+            want = min(n, size - off)
+            got = _readinto(src, off, mv[pos:pos + want])
+            if got < n:  # the end of the image: zeros
+                mv[pos + got:pos + n] = bytes(n - got)
+            for zs, ze in R.intersect([(off, off + n)], zrun):
+                mv[pos + zs - off:pos + ze - off] = bytes(ze - zs)
+            pos += n
+        return mv[:pos]
+
+    batches = list(_chunks(reads, nulls, max(1, CHUNK // bs)))
+    per = max(1, CHUNK // bs) * bs
+    free = [bytearray(min(per, max(bs, R.total(reads) * bs))) for _ in range(2)]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="read-image") as pool:
+        # double buffering: the next batch is read while the store digests this one
+        pending = [pool.submit(read_batch, batches[0], free[0])] if batches else []
+        for i, batch in enumerate(batches):
+            buf = pending.pop(0).result()
+            if i + 1 < len(batches):
+                pending.append(pool.submit(read_batch, batches[i + 1], free[(i + 1) % 2]))
+            refs = store.write_blocks(buf, btype=DATA) if len(buf) else b""
+            if len(refs) != len(buf) // bs * rs:
+                raise RuntimeError("store returned the wrong number of refs")
+            if builder is not None:
+                js = sorted({j for s, e, _ in batch for j in range(s // sh.fanout, (e - 1) // sh.fanout + 1)})
+                builder.ensure(js)
+            pos = 0
+            for s, e, rd in batch:
+                if rd:
+                    part = refs[pos:pos + (e - s) * rs]
+                    pos += (e - s) * rs
+                else:
+                    part = store.null_ref * (e - s)
+                if builder is not None:
+                    builder.put_leaves(s, part)
+                else:
+                    leaf0 = part
+            if builder is not None:
+                nxt = batches[i + 1][0][0] if i + 1 < len(batches) else None
+                builder.finish(nxt)
+            if progress is not None:
+                progress(min(size, sum(e - s for s, e, _ in batch) * bs))
+    if builder is None:
+        return Root(leaf0 if leaf0 is not None else store.null_ref, size, 0)
+    if builder.root_ref is None:
+        builder.finish(None)
+    return Root(builder.root_ref, size, sh.depth)
+
+
+def _readinto(src, offset, view):
+    """Fill `view` from the source at `offset` -> bytes read (fewer only at the end)."""
+    f = getattr(src, "readinto", None)
+    if f is not None:
+        return f(offset, view)
+    data = src.read(offset, len(view))
+    n = min(len(data), len(view))
+    view[:n] = memoryview(data)[:n]
+    return n
+
+
+class BytesSource:
+    """An in-memory image: what blobs and tests archive."""
+
+    def __init__(self, data):
+        self.data = memoryview(data)
+
+    def read(self, offset, length):
+        return self.data[offset:offset + length]
+
+    def readinto(self, offset, view):
+        part = self.data[offset:offset + len(view)]
+        view[:len(part)] = part
+        return len(part)
+
+
+def write_blob(store, data, prev=None, prev_data=None):
+    """Store arbitrary bytes as a tree -> Root.
+
+    Given the previous version (`prev` and its bytes `prev_data`), only the
+    blocks from the first differing byte on are written again.
+    """
+    data = bytes(data)
+    changed = None
+    if prev is not None and prev_data is not None:
+        n = min(len(data), len(prev_data))
+        i = 0
+        step = 1 << 16
+        while i < n and data[i:i + step] == prev_data[i:i + step]:
+            i += step
+        while i < n and data[i] == prev_data[i]:
+            i += 1
+        changed = [(i, len(data) - i)] if i < len(data) else []
+    return write_image(store, BytesSource(data), len(data),
+                       prev=prev if changed is not None else None, changed=changed)
+
+
+def read_blob(store, root):
+    """The bytes of a blob written by write_blob."""
+    from foundation.image.reader import ImageReader
+
+    return ImageReader(store, root).read(0, root.size)

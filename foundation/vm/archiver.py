@@ -1,0 +1,472 @@
+"""The nightly run for one VM: snapshot, archive the frozen layer, commit it, all journaled.
+
+Between runs each disk is the chain `base <- overlay(k)`: the base holds
+exactly the last archived state, overlay(k) the writes since (paper §2.2,
+Figure 2). A run takes an external disk-only snapshot of all disks at once
+(-> base <- overlay(k) <- overlay(k+1)), archives the clusters allocated in
+the now frozen overlay(k) (the whole disk when there is no earlier snapshot
+to build on), makes the snapshot durable in the catalog, merges overlay(k)
+into the base while the guest runs, and deletes it. A shut-off VM goes
+through the same steps: libvirt snapshots inactive domains too, and the
+merge is done offline with qemu-img. A shut-off VM whose overlay holds no
+write since the last run is recorded again without touching it at all.
+
+Every step is journaled (journal.py) *before* it is carried out; a run that
+is killed, loses its host, meets a libvirt error or a full or missing store
+is finished or undone by the next run on that VM, which says what it
+repaired. The rule behind every repair: a write the guest made is never
+dropped, and a run that got as far as its snapshot is finished rather than
+undone (its overlay(k) is frozen and still exactly the disk at the
+snapshot, so it can always be archived later).
+
+    journaled step  what may have happened        what the next run does
+    --------------  ----------------------------  ------------------------------------------
+    snapshot        nothing; overlay files        the domain (live XML if running, else its
+                    created; or the snapshot      config) uses the new overlays: taken ->
+                    taken (libvirt is atomic      continue at `archive`, recorded as crash-
+                    over all disks)               consistent at the journaled time. Not taken
+                                                  -> delete the unused, empty new files (one
+                                                  holding data is never deleted: the run stops
+                                                  and says so); the run is dropped.
+    archive         part of the disks archived;   the catalog has the run's id -> go on to
+                    the catalog record may be     `commit`; otherwise archive overlay(k) again
+                    committed                     (still frozen, still the same bytes).
+    commit          a block job running in QEMU   new overlay's header already names the base
+                    or finished; or, offline, a   -> merged. Else: running -> wait for a commit
+                    partial `qemu-img commit`     job still running, or start blockcommit again;
+                    (commits only copy bytes the  shut off -> `qemu-img commit -d` + `rebase -u`
+                    layer above already shows,    again. Then make sure the domain's config no
+                    so a repeat is harmless)      longer names overlay(k).
+    cleanup         overlay(k) deleted or not     delete overlay(k) if it is still there and
+                                                  nothing uses it.
+
+No two runs touch one VM at once (journal.Lock). Tests kill the process at
+each point with FOUNDATION_TEST_CRASH_AT=<point> (see CRASH_POINTS).
+"""
+
+import dataclasses
+import datetime
+import logging
+import os
+import re
+import sys
+import time
+import uuid as uuidlib
+
+from foundation.errors import BadInput, DataCorrupt, DerivedCorrupt, Error, StoreFull
+from foundation.vm import journal, qemuimg, swap
+from foundation.vm.domain import Domain, LibvirtFailed, UnsupportedDisk
+from foundation.vm.journal import VMBusy
+from foundation.vm.source import SnapshotSource
+
+log = logging.getLogger(__name__)
+
+CRASH_ENV = "FOUNDATION_TEST_CRASH_AT"
+# <step>: right after journaling the step, before doing it; <step>-done: right after doing it.
+CRASH_POINTS = ("snapshot", "snapshot-done", "archive", "archive-disk", "archive-done",
+                "commit", "commit-started", "commit-done", "cleanup", "cleanup-done")
+OVERLAY_RE = re.compile(r"^(.*)\.fdn-(\d+)\.qcow2$")
+MERGE_ATTEMPTS = 3
+
+
+class ChainInconsistent(Error):
+    """VM {}: {}. Foundation changed nothing; repair the chain by hand (operation guide, 'Repairing a chain by hand')."""
+
+    code = 43
+
+
+class MergeFailed(Error):
+    """VM {}: {} could not be merged into {} ({}). The guest's data is safe on the longer chain; the next run tries again."""
+
+    code = 44
+
+
+class StoreFailed(Error):
+    """Writing to the store failed while archiving {}: {}. Nothing of this run is lost: the next run finishes it."""
+
+    code = 22
+
+
+@dataclasses.dataclass
+class Result:
+    """What one VM's run did: one line of the summary."""
+
+    name: str
+    status: str = "failed"          # ok | unchanged | skipped | failed
+    disks: int = 0
+    changed: int = 0                # bytes read from the frozen layers and archived
+    seconds: float = 0.0
+    consistency: str = ""           # quiesced | crash-consistent | shut off
+    repaired: list = dataclasses.field(default_factory=list)
+    error: str = ""
+    snapshots: list = dataclasses.field(default_factory=list)
+    snapshot_pause: float | None = None   # seconds in the libvirt snapshot call (guest I/O frozen within it)
+    commit_seconds: float | None = None   # seconds merging overlay(k) (guest keeps running)
+    commit_tail: float | None = None      # longest job tail: 100 % to done (the only possible pause)
+    store_failed: bool = False
+
+
+def _crash(point):
+    if os.environ.get(CRASH_ENV) == point:
+        sys.stderr.write(f"foundation: test crash at {point}\n")
+        sys.stderr.flush()
+        os._exit(137)
+
+
+def _now():
+    return datetime.datetime.now(datetime.timezone.utc)
+
+
+def _fsync_path(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class Archiver:
+    """Archives VMs of one libvirt connection into one sink, journaling in `state_dir`."""
+
+    def __init__(self, conn, sink, state_dir, quiesce=True, progress=None):
+        self.conn, self.sink, self.state_dir = conn, sink, state_dir
+        self.quiesce = quiesce
+        self.progress = progress        # progress(what, total) -> callable(n) with .finish()
+
+    # -- one VM -----------------------------------------------------------
+
+    def archive(self, name):
+        """Repair what an earlier run left, then archive the VM. Never raises for one VM's failure."""
+        t0 = time.monotonic()
+        res = Result(name)
+        try:
+            dom = Domain(self.conn, name)
+            with journal.Lock(self.state_dir, dom.uuid, name):
+                rec = journal.load(self.state_dir, dom.uuid) or {
+                    "version": journal.VERSION, "uuid": dom.uuid, "name": name,
+                    "seq": 0, "disks": {}, "run": None, "last": None}
+                rec["name"] = name
+                try:
+                    if rec.get("run"):
+                        self._resume(dom, rec, res)
+                    self._run(dom, rec, res)
+                except Exception as e:     # noqa: BLE001 -- one VM's failure never stops the others
+                    self._failed(res, e)
+                finally:
+                    res.seconds = time.monotonic() - t0
+                    rec["last"] = {"finished": _now().isoformat(), "status": res.status,
+                                   "error": res.error, "changed_bytes": res.changed,
+                                   "consistency": res.consistency, "repaired": res.repaired,
+                                   "snapshots": res.snapshots, "seconds": round(res.seconds, 3)}
+                    journal.save(self.state_dir, rec)
+        except Exception as e:             # noqa: BLE001
+            self._failed(res, e)
+        res.seconds = time.monotonic() - t0
+        return res
+
+    def _failed(self, res, e):
+        if isinstance(e, (BadInput, VMBusy)):        # UnsupportedDisk, a bad name: the VM is skipped
+            res.status = "skipped"
+        else:
+            res.status = "failed"
+        if isinstance(e, StoreFailed):
+            res.store_failed = True
+        if isinstance(e, Error):
+            res.error = str(e)
+        else:
+            log.exception("%s: unexpected error", res.name)
+            res.error = f"{type(e).__name__}: {e}"
+        log.error("%s: %s", res.name, res.error)
+
+    # -- repair -------------------------------------------------------------
+
+    def _resume(self, dom, rec, res):
+        run = rec["run"]
+        log.warning("%s: the run of %s was interrupted at step '%s'; repairing",
+                    dom.name, run["started"], run["step"])
+        if run["step"] == "snapshot":
+            if not self._snapshot_taken(dom, run):
+                self._drop_new_overlays(dom, run)
+                rec["run"] = None
+                journal.save(self.state_dir, rec)
+                res.repaired.append(f"run of {run['started']}: stopped before its snapshot; rolled back")
+                return
+            run.update(step="archive", time=run["started"], quiesced=False)
+            journal.save(self.state_dir, rec)
+        step = run["step"]
+        self._advance(dom, rec, run, res)
+        res.repaired.append(f"run of {run['started']}: interrupted at '{step}'; finished "
+                            f"(snapshot {run['time']} archived, chain merged)")
+
+    def _undo_snapshot(self, dom, rec, run):
+        try:
+            if self._snapshot_taken(dom, run):
+                return
+            self._drop_new_overlays(dom, run)
+        except Exception as e:          # noqa: BLE001 -- the next run repairs it
+            log.warning("%s: could not undo the failed snapshot now (%s); the next run will", dom.name, e)
+            return
+        rec["run"] = None
+        journal.save(self.state_dir, rec)
+
+    def _snapshot_taken(self, dom, run):
+        tops = dom.tops()
+        want = {t: d["new"] for t, d in run["disks"].items() if d["new"]}
+        using = [t for t, p in want.items() if tops.get(t) == p]
+        if len(using) == len(want):
+            return True
+        if not using:
+            return False
+        raise ChainInconsistent(dom.name, f"only disks {using} of {sorted(want)} use the snapshot's "
+                                          f"new overlays, though libvirt takes it atomically")
+
+    def _drop_new_overlays(self, dom, run):
+        """Delete the overlays of a snapshot that was not taken: only if unused and empty."""
+        for t, d in run["disks"].items():
+            p = d["new"]
+            if not p or not os.path.exists(p):
+                continue
+            if qemuimg.layer_map(p):
+                raise ChainInconsistent(dom.name, f"{p} holds data but the domain does not use it; "
+                                                  f"it was left in place")
+            os.unlink(p)
+
+    # -- a run --------------------------------------------------------------
+
+    def _run(self, dom, rec, res):
+        self.sink.check_name(dom.name)
+        live = dom.active()
+        disks, skipped = dom.disks()
+        if not disks:
+            raise UnsupportedDisk(dom.name, "-", "it has no writable disk")
+        self._adopt(dom, rec, disks, res)
+        seq = rec["seq"] + 1
+        while any(os.path.exists(f"{rec['disks'][d.target]['base']}.fdn-{seq}.qcow2") for d in disks):
+            seq += 1
+        rdisks = {}
+        for d in disks:
+            r = rec["disks"][d.target]
+            rdisks[d.target] = {"base": r["base"], "base_format": r["base_format"],
+                                "old": r["top"] if r["top"] != r["base"] else None,
+                                "new": f"{r['base']}.fdn-{seq}.qcow2", "base_id": r.get("base_id")}
+        run = {"id": uuidlib.uuid4().hex, "step": "snapshot", "started": _now().isoformat(),
+               "time": None, "live": live, "quiesced": None, "skipped_disks": skipped,
+               "disks": rdisks,
+               "domain_xml": dom.archived_xml({t: (d["base"], d["base_format"]) for t, d in rdisks.items()})}
+        if not live and self._unchanged(dom.name, rdisks):
+            for d in rdisks.values():
+                d["new"] = None
+            run.update(step="archive", time=run["started"], quiesced=False)
+        rec["seq"] = seq
+        rec["run"] = run
+        journal.save(self.state_dir, rec)
+        _crash(run["step"])
+        try:
+            self._advance(dom, rec, run, res)
+        except Exception:
+            if run["step"] == "snapshot":     # libvirt refused the snapshot: undo now if nothing happened
+                self._undo_snapshot(dom, rec, run)
+            raise
+        res.status = "unchanged" if all(d["new"] is None for d in rdisks.values()) else "ok"
+
+    def _adopt(self, dom, rec, disks, res):
+        """Check each disk's chain against the journal; learn disks that are new to it.
+
+        A chain that is not the journaled `base <- overlay(k)` was changed
+        outside Foundation: its current top becomes the new base (or, if the
+        top is one of our overlays over its base, that base), and the next
+        snapshot of it is archived whole.
+        """
+        known = rec.get("disks", {})
+        out = {}
+        for d in disks:
+            r = known.get(d.target)
+            if r and r["top"] == d.path and (d.path == r["base"] or qemuimg.backing_of(d.path) == r["base"]):
+                out[d.target] = r
+                continue
+            base, fmt = d.path, d.format
+            m = OVERLAY_RE.match(d.path)
+            if m and d.format == "qcow2":
+                i = qemuimg.info(d.path, "qcow2")
+                if (i.get("full-backing-filename") or i.get("backing-filename")) == m.group(1):
+                    base, fmt = m.group(1), i.get("backing-filename-format", "raw")
+            if r:
+                msg = (f"{d.target}: chain changed outside Foundation (journal: {r['top']}, "
+                       f"libvirt: {d.path}); archiving it whole")
+                log.warning("%s: %s", dom.name, msg)
+                res.repaired.append(msg)
+            out[d.target] = {"base": base, "base_format": fmt, "top": d.path, "base_id": None}
+        rec["disks"] = out
+
+    def _prev(self, name, target, d):
+        """(root, size) of the snapshot the disk's base holds, if the sink has it."""
+        if not d.get("base_id"):
+            return None
+        snap = self._sink("look up the previous snapshot", name, self.sink.find, name, d["base_id"])
+        return snap.get(target) if snap else None
+
+    def _unchanged(self, name, rdisks):
+        """True if a shut-off VM has no write since its last archived snapshot."""
+        for t, d in rdisks.items():
+            if not d["old"] or not self._prev(name, t, d) or qemuimg.layer_map(d["old"]):
+                return False
+        return True
+
+    def _advance(self, dom, rec, run, res):
+        """Carry the run from its journaled step to the end."""
+        if run["step"] == "snapshot":
+            self._snapshot(dom, run, res)
+            _crash("snapshot-done")
+            run["step"] = "archive"
+            journal.save(self.state_dir, rec)
+            _crash("archive")
+        if run["step"] == "archive":
+            self._archive(dom, run, res)
+            _crash("archive-done")
+            run["step"] = "commit"
+            journal.save(self.state_dir, rec)
+            _crash("commit")
+        if run["step"] == "commit":
+            self._commit(dom, run, res)
+            _crash("commit-done")
+            run["step"] = "cleanup"
+            journal.save(self.state_dir, rec)
+            _crash("cleanup")
+        if run["step"] == "cleanup":
+            self._cleanup(dom, run)
+            _crash("cleanup-done")
+        for t, d in run["disks"].items():
+            rec["disks"][t] = {"base": d["base"], "base_format": d["base_format"],
+                               "top": d["new"] or d["old"] or d["base"], "base_id": run["id"]}
+        rec["run"] = None
+        journal.save(self.state_dir, rec)
+        res.disks = len(run["disks"])
+        res.consistency = ("quiesced" if run["quiesced"] else
+                           "crash-consistent" if run["live"] else "shut off")
+        res.snapshots.append(run["id"])
+
+    # -- the steps ------------------------------------------------------------
+
+    def _snapshot(self, dom, run, res):
+        news = {t: d["new"] for t, d in run["disks"].items()}
+        others = [s["target"] for s in run["skipped_disks"]]
+        run["live"] = dom.active()
+        when = _now()
+        quiesced, pause = dom.snapshot(news, others, quiesce=self.quiesce and run["live"])
+        tops = dom.tops()
+        if any(tops.get(t) != p for t, p in news.items()):
+            raise ChainInconsistent(dom.name, f"after the snapshot the disks are {tops}, expected {news}")
+        run["time"], run["quiesced"] = when.isoformat(), quiesced
+        res.snapshot_pause = pause
+        log.info("%s: snapshot of %d disk(s) %s, %.3f s", dom.name, len(news),
+                 "quiesced" if quiesced else "crash-consistent" if run["live"] else "(shut off)", pause)
+
+    def _archive(self, dom, run, res):
+        name = dom.name
+        if self._sink("look up the snapshot", name, self.sink.find, name, run["id"]) is not None:
+            log.info("%s: snapshot %s is already in the catalog", name, run["id"])
+            return
+        disks, changed, swaps, incr = {}, {}, {}, {}
+        for t, d in run["disks"].items():
+            prev = self._prev(name, t, d)
+            if d["new"] is None:            # shut off and unchanged: the previous roots again
+                disks[t], changed[t], incr[t] = prev, 0, True
+                continue
+            frozen, fmt = (d["old"], "qcow2") if d["old"] else (d["base"], d["base_format"])
+            size = qemuimg.info(frozen, fmt)["virtual-size"]
+            if prev is not None and prev[1] != size:
+                prev = None                  # the disk was resized: archive it whole
+            incremental = prev is not None and d["old"] is not None
+            with SnapshotSource(frozen, fmt, d["base"], d["base_format"], size,
+                                full=not incremental) as src:
+                runs = src.changed if incremental else None
+                zeros, notes = swap.find_swap(src.read, size)
+                total = sum(n for _, n in runs) if runs is not None else size
+                prog = self.progress(f"{name} {t}", total) if self.progress else None
+                root = self._sink("write the disk", name, self.sink.write_disk, src, size,
+                                  prev[0] if prev and runs is not None else None, runs, zeros,
+                                  prog, run["id"], t)
+                if prog:
+                    prog.finish()
+            disks[t] = (root, size)
+            changed[t], swaps[t], incr[t] = total, notes, runs is not None
+            res.changed += total
+            log.info("%s: %s archived, %s, %.1f MB read", name, t,
+                     "changes only" if runs is not None else "whole disk", total / 1e6)
+            _crash("archive-disk")
+        meta = {"quiesced": bool(run["quiesced"]),
+                "vm_state": "running" if run["live"] else "shut off",
+                "domain_xml": self._sink("write the domain XML", name, self.sink.write_blob,
+                                         run["domain_xml"].encode()),
+                "nvram": self._nvram(dom),
+                "swap_zeroed": {t: n for t, n in swaps.items() if n},
+                "not_archived": run["skipped_disks"],
+                "changed_bytes": changed, "incremental": incr,
+                "run": {"id": run["id"], "started": run["started"], "resumed": bool(res.repaired)}}
+        self._sink("record the snapshot in the catalog", name, self.sink.add, run["id"], name,
+                   dom.uuid, datetime.datetime.fromisoformat(run["time"]), disks, meta)
+
+    def _nvram(self, dom):
+        path = dom.nvram()
+        if not path:
+            return None
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError as e:
+            log.warning("%s: cannot read the NVRAM %s: %s", dom.name, path, e.strerror)
+            return None
+        return {"path": path, "blob": self._sink("write the NVRAM", dom.name, self.sink.write_blob, data)}
+
+    def _sink(self, what, name, fn, *args, **kw):
+        """Call the sink; a failing store (full, unplugged, damaged) becomes StoreFailed."""
+        try:
+            return fn(*args, **kw)
+        except (StoreFull, DataCorrupt, DerivedCorrupt) as e:
+            raise StoreFailed(name, f"{what}: {str(e).rstrip('.')}") from e
+        except OSError as e:
+            raise StoreFailed(name, f"{what}: {e.strerror or e}") from e
+
+    def _commit(self, dom, run, res):
+        t0 = time.monotonic()
+        for t, d in run["disks"].items():
+            if d["old"] and d["new"]:
+                self._merge(dom, t, d, res)
+        res.commit_seconds = time.monotonic() - t0
+
+    def _merge(self, dom, target, d, res):
+        """Merge overlay(k) into the base and make overlay(k+1) sit on the base."""
+        lv = dom.libvirt
+        for _ in range(MERGE_ATTEMPTS):
+            if qemuimg.backing_of(d["new"]) == d["base"]:
+                break
+            if dom.active():
+                job = dom.block_job(target)
+                if job and job.get("type") != lv.VIR_DOMAIN_BLOCK_JOB_TYPE_COMMIT:
+                    raise LibvirtFailed(f"merge {d['old']}", dom.name,
+                                        f"another block job (type {job.get('type')}) runs on {target}")
+                if not job:
+                    dom.start_commit(target, d["old"], d["base"])
+                    _crash("commit-started")
+                _, tail = dom.wait_job(target)
+                res.commit_tail = max(res.commit_tail or 0.0, tail)
+            else:
+                qemuimg.commit(d["old"])
+                qemuimg.rebase_unsafe(d["new"], d["base"], d["base_format"])
+        else:
+            if qemuimg.backing_of(d["new"]) != d["base"]:
+                raise MergeFailed(dom.name, d["old"], d["base"],
+                                  f"{MERGE_ATTEMPTS} attempts; see /var/log/libvirt/qemu/{dom.name}.log")
+        if dom.inactive_mentions(d["old"]):
+            dom.redefine({target: (d["new"], "qcow2")})
+        _fsync_path(d["base"])
+
+    def _cleanup(self, dom, run):
+        tops = dom.tops()
+        for t, d in run["disks"].items():
+            old = d["old"]
+            if not (old and d["new"]) or not os.path.exists(old):
+                continue
+            if old in tops.values() or qemuimg.backing_of(d["new"]) == old or dom.inactive_mentions(old):
+                raise ChainInconsistent(dom.name, f"{old} is still in use after its merge; not deleted")
+            os.unlink(old)

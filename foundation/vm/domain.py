@@ -1,0 +1,297 @@
+"""One libvirt domain, seen as what the archiver needs: its disks, snapshots, commits.
+
+Running domains are snapshotted and committed live through libvirt
+(external, disk-only, atomic, `--no-metadata`: Foundation keeps its own
+journal and catalog). A shut-off domain gets the same chain operations
+offline: `qemu-img create` of the overlays plus a `define` of the inactive
+XML pointing at them (one define, so all disks switch at once), and
+`qemu-img commit` + `rebase -u` instead of a block job. Either way the chain
+between runs is base <- overlay(k), so a VM that is running one night and
+shut off the next needs nothing special, and one that is started while a
+run is under way simply continues on the new overlay.
+"""
+
+import collections
+import logging
+import time
+import xml.etree.ElementTree as ET
+
+from foundation.errors import BadInput, Error, NotFound
+
+log = logging.getLogger(__name__)
+
+AGENT_CHANNEL = "org.qemu.guest_agent.0"
+FORMATS = ("raw", "qcow2")
+JOB_POLL = 0.01
+
+
+class LibvirtUnavailable(Error):
+    """Cannot reach libvirt at {}: {}. Is libvirtd running? (scripts/libvirt.sh starts it)"""
+
+    code = 41
+
+
+class LibvirtFailed(Error):
+    """libvirt refused to {} for VM {}: {}"""
+
+    code = 42
+
+
+class UnknownVM(NotFound):
+    """There is no VM named {} in libvirt ({}). `virsh list --all` shows the VMs there are."""
+
+    code = 30
+
+
+class UnsupportedDisk(BadInput):
+    """VM {} is skipped: Foundation cannot archive its disk {} ({}). Only file-backed raw and qcow2 disks are archived."""
+
+    code = 31
+
+
+def _libvirt():
+    try:
+        import libvirt
+    except ImportError:
+        raise LibvirtUnavailable("this machine", "the Python module libvirt is missing "
+                                 "(pip install libvirt-python; it needs libvirt-dev and pkg-config)") from None
+    return libvirt
+
+
+def connect(uri):
+    libvirt = _libvirt()
+    libvirt.registerErrorHandler(lambda *a: None, None)   # errors are raised, not printed
+    try:
+        return libvirt.open(uri)
+    except libvirt.libvirtError as e:
+        raise LibvirtUnavailable(uri, e.get_error_message()) from None
+
+
+def all_names(conn):
+    """Every VM libvirt knows (defined or running), by name."""
+    return sorted(d.name() for d in conn.listAllDomains(0))
+
+
+# One archived disk of the domain: target (vda), the file at the top of its chain, its format.
+Disk = collections.namedtuple("Disk", "target path format")
+
+
+class Domain:
+    def __init__(self, conn, name):
+        self.libvirt = _libvirt()
+        self.conn = conn
+        try:
+            self.dom = conn.lookupByName(name)
+        except self.libvirt.libvirtError as e:
+            if e.get_error_code() == self.libvirt.VIR_ERR_NO_DOMAIN:
+                raise UnknownVM(name, conn.getURI()) from None
+            raise LibvirtFailed("look up the VM", name, e.get_error_message()) from None
+        self.name = name
+        self.uuid = self.dom.UUIDString()
+
+    def _call(self, what, fn, *args):
+        try:
+            return fn(*args)
+        except self.libvirt.libvirtError as e:
+            raise LibvirtFailed(what, self.name, e.get_error_message()) from None
+
+    # -- state and XML --------------------------------------------------
+
+    def active(self):
+        return bool(self._call("read the state", self.dom.isActive))
+
+    def persistent(self):
+        return bool(self._call("read the state", self.dom.isPersistent))
+
+    def xml(self, inactive=False):
+        flags = self.libvirt.VIR_DOMAIN_XML_INACTIVE if inactive else 0
+        return self._call("read the XML", self.dom.XMLDesc, flags)
+
+    def config_xml(self):
+        """The XML that governs the disks' data: live while running, the persistent one otherwise."""
+        return self.xml(inactive=not self.active())
+
+    def disks(self):
+        """(archived disks, notes on disks left out); raises UnsupportedDisk.
+
+        CD-ROMs, floppies, LUNs and read-only or shareable disks are left out
+        (noted); a writable disk that is not a raw or qcow2 file stops the VM.
+        """
+        root = ET.fromstring(self.config_xml())
+        out, skipped = [], []
+        for d in root.findall("devices/disk"):
+            target = d.find("target").get("dev")
+            device = d.get("device", "disk")
+            kind = d.get("type", "file")
+            readonly = d.find("readonly") is not None or d.find("shareable") is not None
+            if device != "disk" or readonly:
+                skipped.append({"target": target, "device": device,
+                                "why": "read-only or shareable" if device == "disk" else device})
+                continue
+            if kind != "file":
+                raise UnsupportedDisk(self.name, target, f"a '{kind}' disk, not a file")
+            if d.find("transient") is not None:
+                raise UnsupportedDisk(self.name, target, "a transient disk")
+            src = d.find("source")
+            path = src.get("file") if src is not None else None
+            if not path:
+                raise UnsupportedDisk(self.name, target, "no source file (empty drive)")
+            drv = d.find("driver")
+            fmt = drv.get("type", "raw") if drv is not None else "raw"
+            if fmt not in FORMATS:
+                raise UnsupportedDisk(self.name, target, f"format '{fmt}'")
+            if src.find("encryption") is not None or d.find("encryption") is not None:
+                raise UnsupportedDisk(self.name, target, "an encrypted image")
+            out.append(Disk(target, path, fmt))
+        return out, skipped
+
+    def tops(self):
+        """{target: current top file} from the governing XML."""
+        return {d.target: d.path for d in self.disks()[0]}
+
+    def nvram(self):
+        el = ET.fromstring(self.xml(inactive=self.persistent())).find("os/nvram")
+        return el.text.strip() if el is not None and el.text else None
+
+    def archived_xml(self, bases):
+        """The inactive XML with each archived disk pointing at its base: the VM as it is archived.
+
+        `bases` maps target -> (path, format).
+        """
+        root = ET.fromstring(self.xml(inactive=self.persistent()))
+        for d in root.findall("devices/disk"):
+            t = d.find("target").get("dev")
+            if t in bases:
+                _set_source(d, *bases[t])
+        return ET.tostring(root, encoding="unicode")
+
+    def redefine(self, sources):
+        """Point the persistent config's disks at new files: `sources` maps target -> (path, format).
+
+        The <backingStore> of each of those disks is dropped: libvirt probes
+        the chain from the image headers when the domain starts.
+        """
+        root = ET.fromstring(self.xml(inactive=True))
+        for d in root.findall("devices/disk"):
+            t = d.find("target").get("dev")
+            if t in sources:
+                _set_source(d, *sources[t])
+        xml = ET.tostring(root, encoding="unicode")
+        self._call("define the new disk files", self.conn.defineXML, xml)
+
+    def inactive_mentions(self, path):
+        """True if the persistent config still names `path` (as a source or in a backing chain)."""
+        if not self.persistent():
+            return False
+        root = ET.fromstring(self.xml(inactive=True))
+        return any(s.get("file") == path for s in root.iter("source"))
+
+    # -- guest agent and snapshot ----------------------------------------
+
+    def agent_answers(self):
+        """True if the domain has a connected QEMU guest agent that answers a ping."""
+        root = ET.fromstring(self.xml())
+        ok = False
+        for ch in root.findall("devices/channel"):
+            t = ch.find("target")
+            if t is not None and t.get("name") == AGENT_CHANNEL and t.get("state") == "connected":
+                ok = True
+        if not ok:
+            return False
+        try:
+            import libvirt_qemu
+
+            libvirt_qemu.qemuAgentCommand(self.dom, '{"execute":"guest-ping"}', 5, 0)
+            return True
+        except self.libvirt.libvirtError as e:
+            log.info("%s: the guest agent does not answer (%s); crash-consistent snapshot",
+                     self.name, e.get_error_message())
+            return False
+
+    def snapshot(self, news, others, quiesce=True):
+        """External disk-only snapshot of all disks at once; returns (quiesced, seconds).
+
+        Works on a running domain (QEMU switches to the new overlays
+        atomically) and on a shut-off one (libvirt creates the overlays with
+        qemu-img and points the config at them).
+
+        `news` maps target -> new overlay path; `others` are targets left as
+        they are. Quiesced through the guest agent when it answers, else (or
+        if the quiesced attempt fails) crash-consistent.
+        """
+        lv = self.libvirt
+        disks = "".join(
+            f"<disk name='{t}' snapshot='external'><driver type='qcow2'/>"
+            f"<source file='{_xml_attr(p)}'/></disk>" for t, p in news.items())
+        disks += "".join(f"<disk name='{t}' snapshot='no'/>" for t in others)
+        xml = (f"<domainsnapshot><name>foundation-{int(time.time() * 1000)}</name>"
+               f"<description>Foundation nightly archive</description>"
+               f"<disks>{disks}</disks></domainsnapshot>")
+        flags = (lv.VIR_DOMAIN_SNAPSHOT_CREATE_DISK_ONLY | lv.VIR_DOMAIN_SNAPSHOT_CREATE_ATOMIC
+                 | lv.VIR_DOMAIN_SNAPSHOT_CREATE_NO_METADATA)
+        if quiesce and self.agent_answers():
+            t0 = time.monotonic()
+            try:
+                self.dom.snapshotCreateXML(xml, flags | lv.VIR_DOMAIN_SNAPSHOT_CREATE_QUIESCE)
+                return True, time.monotonic() - t0
+            except lv.libvirtError as e:
+                log.warning("%s: quiesced snapshot failed (%s); taking a crash-consistent one",
+                            self.name, e.get_error_message())
+        t0 = time.monotonic()
+        self._call("take an external disk-only snapshot", self.dom.snapshotCreateXML, xml, flags)
+        return False, time.monotonic() - t0
+
+    # -- block commit -----------------------------------------------------
+
+    def block_job(self, target):
+        """The block job running on a disk (dict with type/cur/end), or None."""
+        info = self._call("read the block job", self.dom.blockJobInfo, target, 0)
+        return info or None
+
+    def start_commit(self, target, top, base):
+        """Start merging the (non-active) layer `top` into `base` while the guest runs."""
+        self._call(f"block-commit {top} into {base}", self.dom.blockCommit, target, base, top, 0, 0)
+
+    def wait_job(self, target, timeout=None):
+        """Wait until no block job runs on the disk; -> (seconds waited, seconds of the job's tail).
+
+        The tail runs from the last poll that saw the job still copying (or
+        from the start of the wait) to the job's end: it bounds the final
+        graph change, the only moment a non-active commit can hold guest I/O,
+        plus libvirt's bookkeeping, to within one poll.
+        """
+        t0 = copying = time.monotonic()
+        while True:
+            try:
+                info = self.dom.blockJobInfo(target, 0)
+            except self.libvirt.libvirtError as e:
+                if not self.active():
+                    break                       # the domain stopped: the job went with it
+                raise LibvirtFailed("follow the block job", self.name, e.get_error_message()) from None
+            now = time.monotonic()
+            if not info:
+                break
+            if not info.get("end") or info.get("cur", 0) < info["end"]:
+                copying = now
+            if timeout is not None and now - t0 > timeout:
+                raise LibvirtFailed("finish the block job", self.name, f"still running after {timeout} s")
+            time.sleep(JOB_POLL)
+        end = time.monotonic()
+        return end - t0, end - copying
+
+
+def _set_source(disk_el, path, fmt):
+    src = disk_el.find("source")
+    src.attrib.pop("index", None)
+    src.set("file", path)
+    drv = disk_el.find("driver")
+    if drv is None:
+        drv = ET.SubElement(disk_el, "driver", {"name": "qemu"})
+    drv.set("type", fmt)
+    for b in disk_el.findall("backingStore"):
+        disk_el.remove(b)
+
+
+def _xml_attr(s):
+    return (s.replace("&", "&amp;").replace("<", "&lt;").replace("'", "&apos;")
+            .replace('"', "&quot;"))

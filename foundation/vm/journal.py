@@ -1,0 +1,140 @@
+"""The per-VM journal: one small JSON file, replaced atomically, written before every step.
+
+A run records what it is about to do (the step, the files it will create,
+the chain it expects) *before* doing it, so a run killed at any instant
+leaves a file that names the step in progress. The next run reads it and
+finishes or undoes that step (the table is in `archiver.py`). The file is
+written to a temporary name, fsynced, renamed over the old one and the
+directory fsynced: after a crash it holds either the old or the new record,
+never a torn one.
+
+Layout of the state directory (default /var/lib/foundation):
+
+    vm/<uuid>.json   the journal: chain of each disk, the run in progress, the last run
+    vm/<uuid>.lock   flock()ed by the process working on that VM
+
+Record (version 1):
+
+    {"version": 1, "uuid": ..., "name": ...,
+     "seq": k,                          # number of the newest overlay ever made
+     "disks": {"vda": {"base": path, "base_format": "raw"|"qcow2",
+                       "top": path,     # overlay(k), or the base before the first run
+                       "base_id": run id | null}},   # the run whose snapshot the base holds
+     "run": null | {"id", "step", "started", "time", "live", "quiesced", "skipped_disks",
+                    "domain_xml", "disks": {"vda": {"base", "base_format", "old", "new", "base_id"}}},
+     "last": null | {"finished", "status", "error", "changed_bytes", "consistency",
+                     "repaired": [...], "snapshots": [...], "seconds"}}
+"""
+
+import fcntl
+import json
+import os
+
+from foundation.errors import Error
+
+VERSION = 1
+
+
+class VMBusy(Error):
+    """VM {} is being archived by another Foundation process; skipped."""
+
+    code = 12
+
+
+class JournalCorrupt(Error):
+    """The journal {} cannot be read ({}). Look at it, then move it away to let Foundation re-learn the VM's chain from libvirt."""
+
+    code = 21
+
+
+def vm_dir(state_dir):
+    return os.path.join(state_dir, "vm")
+
+
+def journal_path(state_dir, uuid):
+    return os.path.join(vm_dir(state_dir), f"{uuid}.json")
+
+
+def load(state_dir, uuid):
+    """The VM's record, or None if Foundation never worked on it."""
+    path = journal_path(state_dir, uuid)
+    try:
+        with open(path, encoding="utf-8") as f:
+            rec = json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        raise JournalCorrupt(path, e) from None
+    if not isinstance(rec, dict) or rec.get("version") != VERSION:
+        raise JournalCorrupt(path, f"unknown version {rec.get('version') if isinstance(rec, dict) else '?'}")
+    return rec
+
+
+def save(state_dir, rec):
+    """Replace the VM's record atomically and durably."""
+    d = vm_dir(state_dir)
+    os.makedirs(d, exist_ok=True)
+    path = journal_path(state_dir, rec["uuid"])
+    tmp = f"{path}.tmp{os.getpid()}"
+    data = json.dumps(rec, indent=1, sort_keys=True).encode()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.rename(tmp, path)
+    dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def records(state_dir):
+    """Every VM record in the state directory (for `foundation status`)."""
+    out = []
+    try:
+        names = sorted(os.listdir(vm_dir(state_dir)))
+    except FileNotFoundError:
+        return out
+    for n in names:
+        if n.endswith(".json"):
+            try:
+                rec = load(state_dir, n[:-5])
+            except JournalCorrupt:
+                continue
+            if rec:
+                out.append(rec)
+    return out
+
+
+class Lock:
+    """An exclusive flock on vm/<uuid>.lock; raises VMBusy if another process holds it.
+
+    The kernel drops the lock when its holder dies, so a killed run never
+    leaves a stale lock behind.
+    """
+
+    def __init__(self, state_dir, uuid, name):
+        os.makedirs(vm_dir(state_dir), exist_ok=True)
+        self.path = os.path.join(vm_dir(state_dir), f"{uuid}.lock")
+        self.name = name
+        self.fd = None
+
+    def __enter__(self):
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise VMBusy(self.name) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self.fd = fd
+        return self
+
+    def __exit__(self, *exc):
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None

@@ -1,0 +1,106 @@
+"""QEMU's image tool, for what libvirt does not do: maps, offline overlays, offline commits.
+
+Foundation never parses qcow2 itself. `qemu-img map` of one layer opened
+with `"backing": null` lists exactly the clusters that layer holds (the
+writes of one day); everything else about images (headers, backing chains,
+commits while the VM is shut off) goes through `qemu-img` too. The layer
+being archived is opened *without* `-U`: QEMU's image locking then refuses
+us if anything still writes it, so a layer that is not really frozen is
+never archived.
+"""
+
+import json
+import os
+import subprocess
+
+from foundation.errors import Error
+
+
+class QemuImgFailed(Error):
+    """qemu-img {} failed: {}"""
+
+    code = 40
+
+
+def _run(args, what):
+    try:
+        p = subprocess.run(["qemu-img", *args], capture_output=True, text=True,
+                           stdin=subprocess.DEVNULL)
+    except FileNotFoundError:
+        raise QemuImgFailed(what, "qemu-img is not installed (apt-get install qemu-utils)") from None
+    if p.returncode != 0:
+        raise QemuImgFailed(what, (p.stderr or p.stdout).strip() or f"exit status {p.returncode}")
+    return p.stdout
+
+
+def info(path, fmt=None, share=True):
+    """`qemu-img info` of one image as a dict (virtual-size, format, backing...)."""
+    args = ["info", "--output=json"]
+    if share:
+        args.append("-U")
+    if fmt:
+        args += ["-f", fmt]
+    return json.loads(_run(args + [path], f"info {path}"))
+
+
+def chain(path, share=True):
+    """`qemu-img info --backing-chain`: the image and every backing file, top first."""
+    args = ["info", "--backing-chain", "--output=json"]
+    if share:
+        args.append("-U")
+    return json.loads(_run(args + [path], f"info --backing-chain {path}"))
+
+
+def backing_of(path):
+    """The absolute backing file named in a qcow2 header, or None."""
+    i = info(path, "qcow2")
+    return i.get("full-backing-filename") or i.get("backing-filename")
+
+
+def layer_map(path, share=False):
+    """Extents of one qcow2 layer alone: list of (start, length, offset | None, zero).
+
+    Only clusters allocated in this very file are listed (what the guest
+    wrote while it was the top of the chain). `offset` is the host offset of
+    the data in the file; `zero` marks clusters that read as zeros. Without
+    `share`, fails if a process (QEMU) has the file open for writing.
+    """
+    spec = json.dumps({"driver": "qcow2", "backing": None,
+                       "file": {"driver": "file", "filename": os.path.abspath(path)}})
+    args = ["map", "--output=json"] + (["-U"] if share else [])
+    out = json.loads(_run(args + [f"json:{spec}"], f"map {path}"))
+    ext = []
+    for e in out:
+        if not e.get("present"):
+            continue
+        zero = bool(e.get("zero")) and not e.get("data")
+        off = None if zero else e.get("offset")
+        ext.append((e["start"], e["length"], off, zero))
+    return ext
+
+
+def zero_runs(path, fmt):
+    """(offset, length) runs that read as zeros through the whole chain of a frozen image."""
+    out = json.loads(_run(["map", "--output=json", "-f", fmt, path], f"map {path}"))
+    return [(e["start"], e["length"]) for e in out if e.get("zero") and not e.get("data")]
+
+
+def create_overlay(path, backing, backing_fmt):
+    """A new, empty qcow2 image over `backing` (offline snapshot of a shut-off VM)."""
+    _run(["create", "-q", "-f", "qcow2", "-b", backing, "-F", backing_fmt, path],
+         f"create {path}")
+
+
+def commit(path):
+    """Merge a qcow2 layer into its backing file, leaving the layer as it was (-d).
+
+    Idempotent: the layer keeps every cluster until it is deleted, so an
+    interrupted commit is simply run again.
+    """
+    _run(["commit", "-q", "-d", "-f", "qcow2", path], f"commit {path}")
+
+
+def rebase_unsafe(path, backing, backing_fmt):
+    """Point a qcow2 header at another backing file without touching data (after a commit)."""
+    _run(["rebase", "-u", "-f", "qcow2", "-b", backing, "-F", backing_fmt, path],
+         f"rebase {path}")

@@ -1,0 +1,148 @@
+"""Reading image files: raw directly, qcow2 (backing chains, compressed clusters) through qemu-nbd."""
+
+import json
+import subprocess
+
+import pytest
+from test_image_support import BS, content, make_store, open_store, seeded
+
+from foundation.image import BadRanges, ImageReader, ImageUnreadable, load_changed, open_image, write_image
+from foundation.image.nbd import _alive
+
+
+def qemu_img(*args):
+    subprocess.run(["qemu-img", *args], check=True, capture_output=True)
+
+
+def qemu_io(img, cmd, fmt="qcow2"):
+    subprocess.run(["qemu-io", "-f", fmt, "-c", cmd, img], check=True, capture_output=True)
+
+
+@pytest.fixture
+def chain(tmp_path):
+    """base.qcow2 (compressed) <- top.qcow2 (with writes and zeroed clusters); expect.raw = what top reads as."""
+    rng = seeded(41)
+    raw = tmp_path / "base.raw"
+    raw.write_bytes(content(rng, 3 << 20))
+    base = tmp_path / "base.qcow2"
+    qemu_img("convert", "-c", "-O", "qcow2", str(raw), str(base))
+    top = tmp_path / "top.qcow2"
+    qemu_img("create", "-f", "qcow2", "-b", str(base), "-F", "qcow2", str(top), str(4 << 20))
+    qemu_io(str(top), "write -P 0xab 100000 70000")
+    qemu_io(str(top), "write -z 1048576 131072")
+    qemu_io(str(top), f"write -P 0x5c {(4 << 20) - 8192} 8192")
+    expect = tmp_path / "expect.raw"
+    qemu_img("convert", "-O", "raw", str(top), str(expect))
+    info = json.loads(subprocess.run(["qemu-img", "info", "--output=json", str(base)],
+                                     capture_output=True, text=True).stdout)
+    assert info["format"] == "qcow2"
+    map_ = subprocess.run(["qemu-img", "map", "--output=json", str(base)], capture_output=True, text=True).stdout
+    assert '"compressed": true' in map_ or "compressed" not in map_  # qemu 7.2 does not print it
+    return top, expect.read_bytes()
+
+
+def test_raw_file_reads_and_holes(tmp_path):
+    p = tmp_path / "sparse.raw"
+    with open(p, "wb") as f:
+        f.truncate(8 << 20)
+        f.seek(3 << 20)
+        f.write(b"data" * 1024)
+    src = open_image(str(p))
+    try:
+        assert src.format == "raw" and src.size == 8 << 20
+        holes = src.holes()
+        assert holes and holes[0] == (0, 3 << 20)
+        assert src.read(3 << 20, 8) == b"datadata"
+        assert src.read((8 << 20) - 4, 100) == bytes(4)  # short at the end
+    finally:
+        src.close()
+
+
+def test_holes_are_not_read(tmp_path):
+    p = tmp_path / "sparse.raw"
+    with open(p, "wb") as f:
+        f.truncate(64 << 20)
+        f.seek(5 << 20)
+        f.write(b"x" * 10000)
+    src = open_image(str(p))
+    reads = []
+    orig = src.readinto
+    src.readinto = lambda o, view: reads.append((o, len(view))) or orig(o, view)
+    path = make_store(tmp_path / "store")
+    with open_store(path) as s:
+        root = write_image(s, src, src.size)
+        assert 0 < sum(n for _, n in reads) <= 1 << 20
+        r = ImageReader(s, root)
+        assert r.read(5 << 20, 10001) == b"x" * 10000 + b"\0"
+    src.close()
+
+
+@pytest.mark.parametrize("mode", ["hash", "value"])
+def test_qcow2_with_backing_chain_and_compressed_clusters(tmp_path, chain, mode):
+    top, expect = chain
+    src = open_image(str(top))
+    try:
+        assert src.format == "qcow2" and src.size == len(expect) == 4 << 20
+        assert src.read(0, len(expect)) == expect
+        path = make_store(tmp_path / "store", mode=mode)
+        with open_store(path) as s:
+            root = write_image(s, src, src.size)
+            assert ImageReader(s, root).read(0, root.size) == expect
+            # --changed reads through NBD too
+            root2 = write_image(s, src, src.size, prev=root, changed=[(100000, 70000)])
+            assert root2 == root
+    finally:
+        server = src.server
+        pid = server.pid
+        src.close()
+    assert pid is None or not _alive(pid)  # qemu-nbd went away with our connection
+
+
+def test_unreadable_images_get_clear_errors(tmp_path):
+    with pytest.raises(ImageUnreadable, match=r"Cannot read the image .*nope.raw: No such file or directory"):
+        open_image(str(tmp_path / "nope.raw"))
+    with pytest.raises(ImageUnreadable, match="it is a directory"):
+        open_image(str(tmp_path))
+    bad = tmp_path / "bad.qcow2"
+    qemu_img("create", "-f", "qcow2", str(bad), "1M")
+    b = bytearray(bad.read_bytes())
+    b[4:8] = (99).to_bytes(4, "big")  # a qcow2 version nobody wrote
+    bad.write_bytes(b)
+    with pytest.raises(ImageUnreadable, match="bad.qcow2: .*Unsupported qcow2 version 99"):
+        open_image(str(bad))
+    raw = tmp_path / "plain.raw"
+    raw.write_bytes(bytes(BS))
+    with pytest.raises(ImageUnreadable, match="plain.raw"):
+        open_image(str(raw), "qcow2")
+    top = tmp_path / "orphan.qcow2"
+    qemu_img("create", "-f", "qcow2", "-b", str(tmp_path / "gone.qcow2"), "-F", "qcow2", "-u", str(top), "1M")
+    with pytest.raises(ImageUnreadable, match="orphan.qcow2"):
+        open_image(str(top))
+
+
+def test_changed_file_validation(tmp_path):
+    def load(text, size=1 << 20):
+        p = tmp_path / "ranges.json"
+        p.write_text(text)
+        return load_changed(str(p), size)
+
+    assert load("[[0, 10], [4096, 4096]]") == [(0, 10), (4096, 4096)]
+    assert load("[]") == []
+    cases = [
+        ("[[0, 10]", r"not valid JSON: .* at line 1 column 9"),
+        ('{"a": 1}', "expected a list of \\[offset, length\\] pairs, got dict"),
+        ("[[0, 10], [5]]", r"entry 1 is \[5\], not an \[offset, length\] pair of integers"),
+        ('[[0, "10"]]', r"entry 0 is \[0, \"10\"\], not an \[offset, length\] pair"),
+        ("[[0.5, 10]]", "entry 0 is"),
+        ("[[true, 10]]", "entry 0 is"),
+        ("[[-1, 10]]", "negative"),
+        ("[[1048570, 10]]", r"entry 0 \[1048570, 10\] ends at byte 1048580, beyond the end of the image \(1048576 bytes\)"),
+    ]
+    for text, msg in cases:
+        with pytest.raises(BadRanges, match=msg):
+            load(text)
+    with pytest.raises(BadRanges, match="cannot read it: No such file"):
+        load_changed(str(tmp_path / "missing.json"), 100)
+    (tmp_path / "bin.json").write_bytes(b"\xff\xfe")
+    with pytest.raises(BadRanges, match="not UTF-8"):
+        load_changed(str(tmp_path / "bin.json"), 100)

@@ -1,0 +1,312 @@
+"""Image trees in a real store: many days of random changes, both modes, every size edge."""
+
+import os
+
+import pytest
+from test_image_support import BS, MemStore, content, make_store, mutate, open_store, seeded
+
+from foundation.errors import BadInput
+from foundation.image import (BadRanges, BytesSource, ImageReader, Root, Shape, read_blob,
+                              restore_image, write_blob, write_image)
+from foundation.image import tree as tree_mod
+
+MODES = ["hash", "value"]
+
+
+@pytest.fixture(params=MODES)
+def store(request, tmp_path):
+    path = make_store(tmp_path / "store", mode=request.param)
+    with open_store(path) as s:
+        yield s
+
+
+class Recording(BytesSource):
+    """A source that remembers which byte ranges were read."""
+
+    def __init__(self, data):
+        super().__init__(data)
+        self.reads = []
+
+    def read(self, offset, length):
+        self.reads.append((offset, length))
+        return super().read(offset, length)
+
+    def readinto(self, offset, view):
+        self.reads.append((offset, len(view)))
+        return super().readinto(offset, view)
+
+
+def full(store, img):
+    return write_image(store, BytesSource(bytes(img)), len(img))
+
+
+def readback(store, root):
+    return ImageReader(store, root).read(0, root.size)
+
+
+def test_days_of_changes_round_trip_and_match_full_read(store):
+    rng = seeded(11)
+    img = bytearray(content(rng, 3 << 20))
+    roots = [(full(store, img), bytes(img))]
+    for day in range(10):
+        changed = mutate(rng, img, days_ops=rng.randint(1, 12), grow=day in (2, 7))
+        prev = roots[-1][0]
+        root = write_image(store, BytesSource(bytes(img)), len(img), prev=prev, changed=changed)
+        # the --changed path and a full read build the same tree, block for block
+        assert root == full(store, img), f"day {day}"
+        roots.append((root, bytes(img)))
+    for root, data in roots:  # every day still restores byte for byte
+        assert readback(store, root) == data
+
+
+def test_only_changed_leaves_are_read_and_paths_rewritten(tmp_path):
+    s = MemStore("hash")
+    rng = seeded(3)
+    img = bytearray(content(rng, 8 << 20))
+    img[:] = rng.randbytes(len(img))  # every block distinct
+    root = full(s, img)
+    blocks_before = len(s.blocks)
+    img[5 * BS + 100:5 * BS + 200] = b"x" * 100
+    img[1000 * BS:1002 * BS] = rng.randbytes(2 * BS)
+    src = Recording(bytes(img))
+    new = write_image(s, src, len(img), prev=root, changed=[(5 * BS + 100, 100), (1000 * BS, 2 * BS)])
+    # whole aligned blocks, and nothing else
+    assert sorted(src.reads) == [(5 * BS, BS), (1000 * BS, 2 * BS)]
+    sh = Shape(s, len(img))
+    assert sh.depth == 2
+    # 3 new leaves, 2 level-1 nodes (leaf 5 and leaves 1000-1001 live in different ones), 1 root
+    assert len(s.blocks) - blocks_before == 3 + 2 + 1
+    assert readback(s, new) == img
+    assert readback(s, root) != img
+
+
+def test_unchanged_day_costs_nothing(store):
+    rng = seeded(4)
+    img = content(rng, 1 << 20)
+    root = full(store, img)
+    assert write_image(store, BytesSource(img), len(img), prev=root, changed=[]) == root
+    assert write_image(store, BytesSource(img), len(img), prev=root, changed=[(10, 0)]) == root
+
+
+@pytest.mark.parametrize("sizes", [
+    [0, 1, BS, BS + 1, 3 * BS - 7, 0],
+    [5 * BS + 3, 300 * BS + 1, 17 * BS, 2],
+    [1, 200 * BS, 1],
+])
+def test_grow_and_shrink_across_depths(store, sizes):
+    rng = seeded(sum(sizes))
+    img = bytearray()
+    prev = full(store, img)
+    for n in sizes:
+        if n > len(img):
+            start = len(img)
+            img += content(rng, n - start)
+            changed = [(start, n - start)]
+        else:
+            del img[n:]
+            changed = []
+        if len(img) > 2:
+            img[1:2] = b"Q"
+            changed.append((1, 1))
+        root = write_image(store, BytesSource(bytes(img)), len(img), prev=prev, changed=changed)
+        assert root.size == len(img)
+        assert readback(store, root) == img
+        assert root == full(store, img)
+        prev = root
+
+
+def test_deep_trees_with_small_blocks(tmp_path):
+    """512-byte blocks make depth 3 and 4 reachable with small images."""
+    for mode in MODES:
+        path = make_store(tmp_path / mode, mode=mode, block_size=512, arena_size=64 << 10)
+        with open_store(path) as s:
+            rng = seeded(9)
+            img = bytearray(content(rng, 3 << 20))
+            sh = Shape(s, len(img))
+            assert sh.depth >= 3
+            root = full(s, img)
+            for day in range(3):
+                changed = mutate(rng, img, days_ops=8, grow=day == 1)
+                root = write_image(s, BytesSource(bytes(img)), len(img), prev=root, changed=changed)
+                assert readback(s, root) == img
+            # shrink back to a depth-1 tree and grow again
+            del img[40 * 512:]
+            root = write_image(s, BytesSource(bytes(img)), len(img), prev=root, changed=[])
+            assert root.depth == Shape(s, len(img)).depth
+            assert readback(s, root) == img
+
+
+def test_zero_blocks_cost_nothing(store):
+    img = bytes(4 << 20)
+    root = full(store, img)
+    assert root.ref == store.null_ref
+    assert readback(store, root) == img
+    # a zero subtree in the middle of data: null ref inside the tree
+    rng = seeded(5)
+    img = bytearray(content(rng, 6 << 20))
+    img[2 << 20:4 << 20] = bytes(2 << 20)  # a whole level-1 node in both modes
+    root = full(store, img)
+    r = ImageReader(store, root)
+    nulls = sum(1 for _, _, refs in r.iter_leaves() if refs is None)
+    assert nulls >= 1
+    assert r.read(0, len(img)) == img
+
+
+def test_zeros_are_archived_as_zeros_and_not_read(store):
+    rng = seeded(6)
+    img = bytearray(rng.randbytes(2 << 20))
+    zeros = [(BS * 10 + 5, BS * 20), (BS * 100, BS * 3)]
+    src = Recording(bytes(img))
+    root = write_image(store, src, len(img), zeros=zeros)
+    expect = bytearray(img)
+    for o, n in zeros:
+        expect[o:o + n] = bytes(n)
+    assert readback(store, root) == expect
+    for o, n in src.reads:  # full blocks inside a zero range are never read
+        for b in range(o // BS, (o + n) // BS):
+            assert not (BS * 11 <= b * BS and (b + 1) * BS <= BS * 30 + 5), b
+    # zeros also apply to unchanged parts on a --changed day
+    root2 = write_image(store, BytesSource(bytes(img)), len(img), prev=write_image(
+        store, BytesSource(bytes(img)), len(img)), changed=[], zeros=zeros)
+    assert readback(store, root2) == expect
+
+
+def test_changed_ranges_are_checked(store):
+    img = bytes(10 * BS)
+    root = full(store, img)
+    with pytest.raises(BadRanges, match=r"entry 1 \[40000, 1000\] ends at byte 41000, beyond the end"):
+        write_image(store, BytesSource(img), len(img), prev=root, changed=[(0, 1), (40000, 1000)])
+    with pytest.raises(BadRanges, match="negative"):
+        write_image(store, BytesSource(img), len(img), prev=root, changed=[(-1, 4)])
+    assert issubclass(BadRanges, BadInput)
+
+
+def test_reader_random_and_sequential_reads(store):
+    rng = seeded(8)
+    img = content(rng, (3 << 20) + 1234)
+    root = full(store, img)
+    r = ImageReader(store, root, node_cache=4)
+    for _ in range(300):
+        off = rng.randrange(0, len(img) + 10)
+        n = rng.choice([1, 511, BS, BS + 1, 65536, 200000])
+        assert r.read(off, n) == img[off:off + n]
+    # sequential 128 KiB reads (what FUSE does) grow the read-ahead window
+    out = bytearray()
+    off = 0
+    while off < len(img):
+        out += r.read(off, 131072)
+        off += 131072
+    assert out == img
+    assert r.read(len(img), 10) == b""
+    with pytest.raises(ValueError):
+        r.read(-1, 1)
+
+
+def test_restore_is_sparse_and_exact(store, tmp_path):
+    rng = seeded(12)
+    img = bytearray(content(rng, 4 << 20))
+    img[BS:(3 << 20)] = bytes((3 << 20) - BS)
+    img += b"tail"  # not a whole block
+    root = full(store, img)
+    out = tmp_path / "out.raw"
+    restore_image(store, root, out)
+    assert out.read_bytes() == img
+    st = os.stat(out)
+    assert st.st_blocks * 512 < len(img) - (2 << 20)  # the zero megabytes are holes
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(".out.raw")]
+
+
+def test_restore_qcow2(store, tmp_path):
+    import subprocess
+
+    rng = seeded(13)
+    img = content(rng, 2 << 20)
+    root = full(store, img)
+    out = tmp_path / "out.qcow2"
+    restore_image(store, root, out, fmt="qcow2")
+    info = subprocess.run(["qemu-img", "info", "--output=json", str(out)], capture_output=True, text=True)
+    assert '"format": "qcow2"' in info.stdout
+    back = tmp_path / "back.raw"
+    subprocess.run(["qemu-img", "convert", "-O", "raw", str(out), str(back)], check=True)
+    assert back.read_bytes() == img
+
+
+def test_blobs(store):
+    for data in [b"", b"x", bytes(BS), b"y" * (BS + 1), bytes(range(256)) * 3000]:
+        root = write_blob(store, data)
+        assert read_blob(store, root) == data
+    a = b"".join(b"line %d\n" % i for i in range(20000))
+    ra = write_blob(store, a)
+    b = a + b"one more line\n"
+    rb = write_blob(store, b, prev=ra, prev_data=a)
+    assert read_blob(store, rb) == b
+    assert rb == write_blob(store, b)
+    assert Root.from_json(rb.to_json()) == rb
+
+
+def test_blob_update_sends_only_the_tail():
+    s = MemStore("value")
+    a = b"".join(b"line %d\n" % i for i in range(100000))
+    ra = write_blob(s, a)
+    s.calls["write_blocks"] = 0
+    before = s.bytes_written
+    rb = write_blob(s, a + b"x\n", prev=ra, prev_data=a)
+    assert read_blob(s, rb) == a + b"x\n"
+    assert s.bytes_written - before <= 4 * BS  # last leaf + the path above it
+
+
+def test_images_share_one_store_and_dedup(tmp_path):
+    for mode in MODES:
+        path = make_store(tmp_path / mode, mode=mode)
+        with open_store(path) as s:
+            rng = seeded(21)
+            a = rng.randbytes(2 << 20)
+            ra = full(s, a)
+            s.sync()
+            before = s.log_bytes()
+            b = a[:1 << 20] + rng.randbytes(BS) + a[(1 << 20) + BS:]
+            rb = full(s, b)
+            s.sync()
+            grew = s.log_bytes() - before
+            assert grew < 16 * BS, grew  # one new block and a few tree nodes
+            assert readback(s, ra) == a and readback(s, rb) == b
+
+
+def test_big_batches(monkeypatch):
+    """Leaves reach the store in batches of CHUNK bytes, not block by block."""
+    monkeypatch.setattr(tree_mod, "CHUNK", 1 << 20)
+    s = MemStore("hash")
+    img = seeded(1).randbytes(5 << 20)
+    full(s, img)
+    data_calls = s.calls["write_blocks"]
+    assert data_calls <= 5 + 5 * 3  # 5 data batches + a few node batches each
+
+
+def test_encrypted_store_round_trip(tmp_path):
+    key = tmp_path / "keys" / "store.key"
+    path = make_store(tmp_path / "store", mode="hash", encrypt=True, key_file=str(key))
+    rng = seeded(30)
+    img = bytearray(content(rng, 1 << 20))
+    with open_store(path, key_file=str(key)) as s:
+        r1 = full(s, img)
+        ch = mutate(rng, img)
+        r2 = write_image(s, BytesSource(bytes(img)), len(img), prev=r1, changed=ch)
+        s.sync()
+    with open_store(path, writable=False, key_file=str(key)) as s:
+        assert readback(s, r2) == img
+
+
+def test_source_with_only_read(store):
+    """A source without readinto (the contract's minimum) works the same."""
+
+    class Plain:
+        def __init__(self, data):
+            self.data = data
+
+        def read(self, offset, length):
+            return self.data[offset:offset + length]
+
+    img = content(seeded(14), (1 << 20) + 77)
+    root = write_image(store, Plain(img), len(img))
+    assert root == full(store, img)
+    assert readback(store, root) == img

@@ -1,0 +1,120 @@
+"""The archiver against a real libvirtd and QEMU: nights of writes, every snapshot byte for byte."""
+
+import os
+
+import pytest
+
+from test_vm_support import MiB, DiskSpec, dir_archive, libvirt_conn, make_vm, vm_dir  # noqa: F401 (fixtures)
+
+pytestmark = pytest.mark.libvirt
+
+TWO_DISKS = [DiskSpec("vda", "raw"), DiskSpec("vdb", "qcow2")]
+
+
+def nights(vm, arch, plan):
+    """Write each night's (target, pattern, offset, length) list, then archive; -> states archived."""
+    states = []
+    for writes in plan:
+        for w in writes:
+            vm.write(*w)
+        r = arch.run(vm.name)
+        assert r.status in ("ok", "unchanged"), r.error
+        states.append(vm.state())
+    return states
+
+
+PLAN = [
+    [("vda", 0xAB, 0, 64 << 10), ("vdb", 0xCD, 1 * MiB, 64 << 10), ("vdb", 0x01, 31 * MiB, 1 * MiB)],
+    [("vda", 0x11, 128 << 10, 4096), ("vdb", 0x22, 5 * MiB, 1 * MiB)],
+    [("vda", 0x33, 4 * MiB + 512, 1024), ("vda", 0x00, 0, 4096)],
+    [],
+]
+
+
+def test_running_vm_nights_restore_byte_for_byte(make_vm, dir_archive):
+    vm = make_vm(TWO_DISKS)
+    states = nights(vm, dir_archive, PLAN)
+    dir_archive.check(vm.name, states)
+    vm.assert_healthy()
+    snaps = dir_archive.snapshots(vm.name)
+    assert [s["meta"]["incremental"] for s in snaps] == [{"vda": False, "vdb": False}] + [{"vda": True, "vdb": True}] * 3
+    # night 2 read only the clusters written that day: one 64 KiB cluster + 1 MiB
+    assert snaps[1]["meta"]["changed_bytes"] == {"vda": 64 << 10, "vdb": 1 * MiB}
+    assert snaps[3]["meta"]["changed_bytes"] == {"vda": 0, "vdb": 0}
+    assert all(s["meta"]["quiesced"] is False and s["meta"]["vm_state"] == "running" for s in snaps)
+    assert "<domain" in snaps[0]["meta"]["domain_xml"] and "vda.raw" in snaps[0]["meta"]["domain_xml"]
+    assert ".fdn-" not in snaps[0]["meta"]["domain_xml"]
+
+
+def test_shut_off_vm_then_started(make_vm, dir_archive):
+    vm = make_vm(TWO_DISKS, start=False)
+    states = nights(vm, dir_archive, PLAN[:2])
+    # a night without writes leaves a shut-off VM alone: same config, same files
+    xml0 = vm.dom.XMLDesc(0)
+    files = vm.overlays()
+    r = dir_archive.run(vm.name)
+    assert r.status == "unchanged", r
+    states.append(vm.state())
+    assert vm.dom.XMLDesc(0) == xml0 and vm.overlays() == files
+    # started the next day: the same chain continues live
+    vm.start()
+    states += nights(vm, dir_archive, PLAN[2:3])
+    vm.destroy()
+    states += nights(vm, dir_archive, [[("vdb", 0x44, 0, 8192)]])
+    dir_archive.check(vm.name, states)
+    snaps = dir_archive.snapshots(vm.name)
+    assert [s["meta"]["vm_state"] for s in snaps] == ["shut off"] * 3 + ["running", "shut off"]
+    vm.start()
+    vm.assert_healthy()
+
+
+def test_several_vms_one_run(make_vm, dir_archive):
+    a = make_vm([DiskSpec("vda", "qcow2")])
+    b = make_vm([DiskSpec("vda", "raw")], start=False)
+    a.write("vda", 0x5A, 0, 1 * MiB)
+    b.write("vda", 0x5A, 0, 1 * MiB)
+    ra, rb = dir_archive.run(a.name, b.name)
+    assert (ra.status, rb.status) == ("ok", "ok")
+    dir_archive.check(a.name, [a.state()])
+    dir_archive.check(b.name, [b.state()])
+
+
+def test_base_is_last_archived_state(make_vm, dir_archive):
+    """Between runs the base holds exactly the last archived state; the overlay only what came after."""
+    vm = make_vm([DiskSpec("vda", "raw")])
+    vm.write("vda", 0x77, 0, 1 * MiB)
+    dir_archive.run(vm.name)
+    archived = vm.state()["vda"]
+    vm.write("vda", 0x78, 2 * MiB, 64 << 10)
+    base = os.path.join(vm.dir, "vda.raw")
+    with open(base, "rb") as f:
+        assert f.read() == archived
+    from foundation.vm import qemuimg
+
+    assert [(s, n) for s, n, _, _ in qemuimg.layer_map(vm.top("vda"), share=True)] == [(2 * MiB, 64 << 10)]
+
+
+def test_nvram_archived(make_vm, vm_dir, dir_archive):
+    """A UEFI VM's NVRAM file goes with its snapshot (shut off here: no OVMF needed to define it)."""
+    code, vars_ = os.path.join(vm_dir, "CODE.fd"), os.path.join(vm_dir, "VARS.fd")
+    for p, b in ((code, b"\x01"), (vars_, b"\x5a")):
+        with open(p, "wb") as f:
+            f.write(b * (128 << 10))
+    vm = make_vm([DiskSpec("vda")], start=False,
+                 os_xml=f"<loader readonly='yes' type='pflash'>{code}</loader><nvram>{vars_}</nvram>")
+    assert dir_archive.run(vm.name).status == "ok"
+    (snap,) = dir_archive.snapshots(vm.name)
+    assert snap["meta"]["nvram"]["path"] == vars_
+    assert snap["meta"]["nvram"]["blob"] == "\x5a" * (128 << 10)
+
+
+def test_agent_channel_without_agent_is_crash_consistent(make_vm, dir_archive):
+    """A VM configured for the guest agent whose agent does not answer: crash-consistent, and says so."""
+    vm = make_vm([DiskSpec("vda")], extra_xml=(
+        "<channel type='unix'><target type='virtio' name='org.qemu.guest_agent.0'/></channel>"))
+    vm.write("vda", 0x42, 0, 4096)
+    r = dir_archive.run(vm.name)
+    assert r.status == "ok" and r.consistency == "crash-consistent"
+    assert r.snapshot_pause < 5
+    (snap,) = dir_archive.snapshots(vm.name)
+    assert snap["meta"]["quiesced"] is False
