@@ -88,9 +88,12 @@ class Log:
         while True:
             n = self.head.arena
             if not os.path.exists(self.path(n)):
+                # A crash between moving the head and creating the arena.
                 if not self.writable:
-                    raise DataCorrupt(f"open arena {n} is missing ({self.path(n)})")
-                self._create_arena(n)
+                    self.open = OpenArena(n, None, None, b"")
+                    self.open.end = F.ARENA_HEADER_SIZE
+                    return
+                self.open = self._create_arena(n)
                 self.repaired.append(f"created missing open arena {n}")
             oa = self._scan_open(n)
             if oa is not None:
@@ -125,10 +128,20 @@ class Log:
         turned out to be sealed (a crash between seal and head update)."""
         fd = self.fd(n)
         size = os.fstat(fd).st_size
+        committed = self.head.end if self.head.arena == n else F.ARENA_HEADER_SIZE
+        if size < F.ARENA_HEADER_SIZE and committed <= F.ARENA_HEADER_SIZE:
+            # Created but never written (by an older crash): nothing was committed in it.
+            if not self.writable:
+                oa = OpenArena(n, None, None, b"")
+                oa.end = F.ARENA_HEADER_SIZE
+                return oa
+            os.close(self.fds.pop(n))
+            os.unlink(self.path(n))
+            self.repaired.append(f"recreated empty open arena {n}")
+            return self._create_arena(n)
         buf = self.disk.pread(fd, "arena", 0, size)
         header, hbytes = self._header(n, buf)
         oa = OpenArena(n, fd, header, hbytes)
-        committed = self.head.end if self.head.arena == n else F.ARENA_HEADER_SIZE
         mv = memoryview(buf)
         end = F.ARENA_HEADER_SIZE
         while True:
@@ -251,11 +264,22 @@ class Log:
     def _create_arena(self, n):
         h = F.ArenaHeader(n, self.uuid, os.urandom(16), self.arena_size)
         hb = h.pack(self.keys.mac)
-        fd = os.open(self.path(n), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-        self.fds[n] = fd
-        self.disk.pwrite(fd, "arena", 0, hb)
-        self.disk.fsync(fd)
+        # Written under a temporary name and renamed: an arena file never
+        # exists without its header.
+        tmp = self.path(n) + ".new"
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            self.disk.pwrite(fd, "arena", 0, hb)
+            self.disk.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        if os.path.exists(self.path(n)):
+            os.close(fd)
+            raise DataCorrupt(f"arena {n} already exists ({self.path(n)}); refusing to overwrite it")
+        os.rename(tmp, self.path(n))
         fsync_dir(self.dir)
+        self.fds[n] = fd
         self.ivs[n] = h.iv
         return OpenArena(n, fd, h, hb)
 

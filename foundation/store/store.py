@@ -137,6 +137,9 @@ class Store:
         lg.close()
         Index.create(os.path.join(path, F.INDEX), disk, keylen, home, nfile, lg.uuid).install(
             os.path.join(path, F.INDEX))
+        pybloomfilter.BloomFilter(max(1024, max_log_size // block_size), BLOOM_ERROR,
+                                  os.path.join(path, F.BLOOM)).close()
+        atomic_write(os.path.join(path, F.BLOOM_STATE), json.dumps({"covered": 0}).encode())
         # The config goes last: a directory without it is not yet a store.
         atomic_write(os.path.join(path, F.CONFIG), F.pack_config(conf))
         return key_file if encrypt else None
@@ -238,15 +241,32 @@ class Store:
                 self.index.close()
                 self.index = None
             if not self.writable:
-                raise
+                self.index = self._memory_index(e)
+                return self._finish_open()
             log.warning("%s; rebuilding it from the arenas", e)
             self.repaired.append(f"rebuilt the index ({e})")
             from foundation.store.rebuild import rebuild_index
             rebuild_index(self)
+        self._finish_open()
+
+    def _finish_open(self):
         self._reset_buffer()
         self._catch_up(self.index.h.covered)
         if self.writable and not self.venti:
             self._open_bloom()
+
+    def _memory_index(self, why):
+        """A reader that finds the index unusable (a writer crashed mid-flush,
+        say) builds one in memory from the summaries rather than fail."""
+        from foundation.store.index import MemIndex
+        log.warning("%s; reading with an index built in memory from the summaries", why)
+        t = native.Table(self.keylen, 1024)
+        count = 0
+        for n in range(self.log.open.n):
+            keys, addrs, _ = self._summary_arrays(n)
+            t.add(bytes(keys), addrs)
+            count += len(addrs)
+        return MemIndex(t, count, F.addr(self.log.open.n, 0), self.keylen)
 
     def _reset_buffer(self):
         # The write buffer: entries of records not yet merged into the index,
