@@ -162,3 +162,28 @@ def test_reader_steps_over_a_damaged_record_in_the_open_arena(make_store):
         with pytest.raises(DataCorrupt, match="arena 0 offset 72"):
             s.read(refs[:8])
         assert b"".join(s.read_blocks(refs[8:])) == data[BS:]
+
+
+def test_unsynced_arenas_behind_a_torn_tail_are_set_aside(make_store):
+    op = make_store("hash")
+    s = op()
+    kept = s.write_blocks(blocks(20, seed=20, compressible=0))
+    s.sync()
+    first = s.log.open.n
+    s.write_blocks(blocks(200, seed=21, compressible=0))  # several arenas, never synced
+    last = s.log.open.n
+    s.close(clean=False)  # as if killed: no sync, no flush
+    assert last >= first + 2
+    # the page cache lost the end of the first unsynced arena (trailer included)
+    path = arena_files(op.path)[first]
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) - 3000)
+    with op() as s:
+        assert any("orphans" in r for r in s.repaired)
+        assert s.log.open.n == first
+        assert b"".join(s.read_blocks(kept)) == blocks(20, seed=20, compressible=0)
+        assert verify(s)[0] == []
+        again = s.write_blocks(blocks(200, seed=21, compressible=0))
+    with op(writable=False) as s:
+        assert b"".join(s.read_blocks(again)) == blocks(200, seed=21, compressible=0)
+    assert sorted(os.listdir(os.path.join(op.path, "orphans")))

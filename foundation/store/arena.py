@@ -76,6 +76,7 @@ class Log:
         self.open = None
         self.repaired = []
         self.damaged = []
+        self.dirty = set()  # arenas written since the last sync
 
     # ---- opening and recovery ------------------------------------------------
 
@@ -99,6 +100,23 @@ class Log:
             if oa is not None:
                 self.open = oa
                 break
+        if self.writable:
+            self._set_aside_orphans()
+
+    def _set_aside_orphans(self):
+        """Arenas after the open one hold only records written after the last
+        sync, behind a torn tail: never committed, so they are moved aside."""
+        n = self.open.n + 1
+        while os.path.exists(self.path(n)):
+            d = os.path.join(self.root, "orphans")
+            os.makedirs(d, exist_ok=True)
+            fd = self.fds.pop(n, None)
+            if fd is not None:
+                os.close(fd)
+            os.rename(self.path(n), os.path.join(d, F.arena_name(n)))
+            self.repaired.append(f"moved uncommitted arena {n} to orphans/ (written after the last sync, behind a torn tail)")
+            log.warning("arena %d was written after the last sync behind a torn tail; moved to orphans/", n)
+            n += 1
 
     def _read_head(self):
         path = os.path.join(self.root, F.HEAD)
@@ -226,6 +244,9 @@ class Log:
             if self.open is not None and old == self.open.n:
                 self.fds[old] = ofd
                 continue
+            if old in self.dirty:
+                self.disk.fsync(ofd, "arena")
+                self.dirty.discard(old)
             os.close(ofd)
         return fd
 
@@ -270,7 +291,6 @@ class Log:
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             self.disk.pwrite(fd, "arena", 0, hb)
-            self.disk.fsync(fd)
         except BaseException:
             os.close(fd)
             raise
@@ -278,8 +298,8 @@ class Log:
             os.close(fd)
             raise DataCorrupt(f"arena {n} already exists ({self.path(n)}); refusing to overwrite it")
         os.rename(tmp, self.path(n))
-        fsync_dir(self.dir)
         self.fds[n] = fd
+        self.dirty.add(n)
         self.ivs[n] = h.iv
         return OpenArena(n, fd, h, hb)
 
@@ -331,13 +351,14 @@ class Log:
         amac = F.arena_mac(self.keys.mac, oa.hbytes, bytes(oa.tags), oa.count, oa.end)
         chain = F.chain_mac(self.keys.mac, self.head.chain, oa.n, amac)
         self.disk.pwrite(oa.fd, "arena", oa.end, F.Trailer(oa.count, oa.end, amac, chain).pack())
-        self.disk.fsync(oa.fd, "arena")
+        # No fsync here: the next sync() makes every arena written since the
+        # last one durable before the head names them (see docs/format.md).
+        self.dirty.add(oa.n)
         self._write_summary(oa.n, oa, amac)
         if self.on_seal:
             self.on_seal(oa)
         self.open = self._create_arena(oa.n + 1)
         self.head = F.Head(oa.n + 1, F.ARENA_HEADER_SIZE, 0, chain)
-        self.write_head()
 
     on_seal = None
 
@@ -348,7 +369,12 @@ class Log:
         self.disk.count_write("summary", "sum%d" % n, 0, len(b))
 
     def sync(self):
+        for n in sorted(self.dirty):
+            self.disk.fsync(self.fd(n), "arena")
         self.disk.fsync(self.open.fd, "arena")
+        if self.dirty:
+            fsync_dir(self.dir)  # the names of the arenas created since the last sync
+        self.dirty.clear()
         self.write_head()
 
     @property

@@ -134,6 +134,8 @@ class Index:
         n = len(entries) // es
         i = 0
         spill = b""
+        # Many entries: one sequential pass in fixed regions; few: seek to each cluster.
+        dense = n * GAP >= h.nfile
         while i < n or spill:
             # The first region starts at the home of the next entry (or where the spill goes).
             if spill:
@@ -146,14 +148,14 @@ class Index:
             # gap of GAP buckets costs about one seek on a USB disk, so a dense
             # buffer makes one sequential pass and a sparse one seeks.
             last = first
-            j = i
+            j = n if dense else i
             while j < n:
                 hj = native.bucket_home(bytes(mv[j * es:j * es + es]), h.nbuckets)
                 if hj - last > GAP or hj - first >= REGION:
                     break
                 last = hj
                 j += 1
-            count = min(last - first + 1 + SLACK, REGION, h.nfile - first)
+            count = min(REGION if dense else last - first + 1 + SLACK, h.nfile - first)
             stop = first + count
             j = self._first_home_at_or_after(mv, i, n, stop)
             batch = spill + bytes(mv[i * es:j * es])
