@@ -60,6 +60,7 @@ def test_dedup_across_sessions_after_index_flush(make_store, mode):
     data = blocks(600, seed=2)
     with op() as s:
         refs = s.write_blocks(data)
+        s.flush()
     with op() as s:
         assert s.index.h.entries == 600
         assert s.write_blocks(data[: 200 * BS]) == refs[: 200 * s.ref_size]
@@ -257,3 +258,16 @@ def test_reader_sees_new_commits(make_store, mode):
             w.sync()
             assert r.refresh()
             assert b"".join(r.read_blocks(r2)) == blocks(300, seed=12)
+
+
+def test_small_write_buffer_survives_close_without_a_flush(make_store, mode):
+    op = make_store(mode)
+    with op() as s:
+        refs = s.write_blocks(blocks(30, seed=13))
+    with op() as s:
+        assert s.index.h.entries == 0  # too few entries to be worth an index pass
+        assert len(s.paddrs) == 30  # found again from the log at open
+        assert s.write_blocks(blocks(30, seed=13)) == refs
+        assert s.counters["records"] == 30
+    with op(writable=False) as s:
+        assert b"".join(s.read_blocks(refs)) == blocks(30, seed=13)

@@ -77,6 +77,7 @@ class Log:
         self.repaired = []
         self.damaged = []
         self.dirty = set()  # arenas written since the last sync
+        self.avg_record = RH + self.block_size  # bytes per record in the last pack
 
     # ---- opening and recovery ------------------------------------------------
 
@@ -324,9 +325,9 @@ class Log:
             if room < RH + 16:
                 self.seal()
                 continue
-            # Pack what surely fits plus a few more that fit if they compress;
+            # Pack about what fits, judged by the size of recent records;
             # records past the arena's end are packed again into the next one.
-            m = min(n - i, room // (RH + bs) + 64)
+            m = min(n - i, max(16, int(room / self.avg_record * 1.03) + 8))
             recs, offs = native.pack(self.codec, oa.n, oa.header.iv, oa.end, btype,
                                      buf[i * bs:(i + m) * bs], bs, keys[i * 32:(i + m) * 32], threads)
             ends = offs[1:] + [oa.end + len(recs)]
@@ -335,6 +336,7 @@ class Log:
                 self.seal()
                 continue
             used = ends[k - 1] - oa.end
+            self.avg_record = max(RH + 1, (ends[-1] - oa.end) / len(ends))
             self.disk.pwrite(oa.fd, "arena", oa.end, memoryview(recs)[:used])
             first = len(oa.addrs)
             oa.add_packed(recs, [o - oa.end for o in offs[:k]], offs[:k], btype, keys[i * 32:(i + k) * 32],
