@@ -11,6 +11,7 @@ byte for byte. The "venti" policy turns those tricks off, for benchmarks.
 """
 
 import array
+import bisect
 import fcntl
 import json
 import logging
@@ -630,7 +631,8 @@ class Store:
             data = b"".join(mv[i * bs:(i + 1) * bs] for i in fresh)
         addrs = self.log.append(btype, data, bs, fkeys, self.tuning.threads)
         kl = self.keylen
-        ks = b"".join(fkeys[i * 32:i * 32 + kl] for i in range(len(addrs)))
+        ks = bytes(fkeys[:len(addrs) * 32]) if kl == 32 else b"".join(
+            fkeys[i * 32:i * 32 + kl] for i in range(len(addrs)))
         self.counters["records"] += len(addrs)
         self.counters["raw_bytes"] += len(data)
         if self.venti:
@@ -642,12 +644,9 @@ class Store:
         self.wbuf.add(ks, addrs)
         # Records sealed into an earlier arena by this append are already in
         # the index cache (_sealed); the rest belong to the open arena.
-        oa = self.log.open
-        mine = [j for j, a in enumerate(addrs) if a >> 32 == oa.n]
-        if len(mine) == len(addrs):
-            self.open_table.add(ks, addrs)
-        elif mine:
-            self.open_table.add(b"".join(ks[j * kl:(j + 1) * kl] for j in mine), [addrs[j] for j in mine])
+        first = bisect.bisect_left(addrs, self.log.open.n << 32)  # addresses ascend
+        if first < len(addrs):
+            self.open_table.add(ks[first * kl:], addrs[first:])
         self.pkeys += ks
         self.paddrs.extend(addrs)
         if self.bloom is not None:
