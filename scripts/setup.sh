@@ -29,7 +29,9 @@ fi
 
 PY=${PYTHON:-python3}
 say "installing the foundation package and its C core ($($PY --version))"
-$PY -m pip install -q --disable-pip-version-check -e ".[vm,fuse,replica,test]" 2>&1 | grep -v "Running pip as the 'root' user" >&2 || true
+export PIP_ROOT_USER_ACTION=ignore
+$PY -m pip install -q --disable-pip-version-check -e ".[vm,fuse,replica,test]" || {
+    say "pip install failed (see above)"; exit 1; }
 $PY -c "from foundation import native; assert native.backend == 'native', native.backend" || {
     say "the C core did not build; see the pip output above"; exit 1; }
 
