@@ -78,6 +78,7 @@ class Log:
         self.damaged = []
         self.dirty = set()  # arenas written since the last sync
         self.avg_record = RH + self.block_size  # bytes per record in the last pack
+        self.threads = 1
 
     # ---- opening and recovery ------------------------------------------------
 
@@ -406,8 +407,9 @@ class Log:
             self.window = (n, off, b) if len(b) > 0 else None
         return self._unpack(n, off, b)
 
-    def read_many(self, addresses):
-        """Read many records, sorted by log address and merged into spans."""
+    def read_many(self, addresses, tolerant=False):
+        """Read many records, sorted by log address and merged into spans;
+        with `tolerant`, damaged records are left out instead of raising."""
         out = {}
         addrs = sorted(set(addresses))
         i = 0
@@ -426,10 +428,15 @@ class Log:
             if size <= 0:
                 raise DataCorrupt(f"arena {n} offset {start}: no record there (beyond the end of the log)")
             b = self.disk.pread(self.fd(n), "arena", start, size)
-            mv = memoryview(b)
-            for a in addrs[i:j]:
-                o = F.split(a)[1]
-                out[a] = self._unpack(n, o, mv[o - start:])
+            group = addrs[i:j]
+            got = native.unpack_many(self.codec, n, self.iv(n), b, start, [a & 0xFFFFFFFF for a in group],
+                                     self.threads)
+            for a, v in zip(group, got):
+                if isinstance(v, native.RecordError):
+                    if not tolerant:
+                        raise DataCorrupt(f"arena {n} offset {v.offset}: record {v.kind} check failed")
+                    continue
+                out[a] = v
             i = j
         return out
 

@@ -229,6 +229,7 @@ class Store:
 
     def _open_structures(self):
         self.log = Log(self.path, self.disk, self.codec, self.keys, self.conf, self.writable)
+        self.log.threads = self.tuning.threads
         self.log.on_seal = self._sealed
         self.log.load()
         self.repaired += self.log.repaired
@@ -683,10 +684,7 @@ class Store:
             else:
                 need.append(a)
         if need:
-            try:
-                got = self.log.read_many(need)
-            except DataCorrupt:
-                return out  # the slow path reads them one by one and skips the damage
+            got = self.log.read_many(need, tolerant=True)  # the slow path skips damage
             for a, (btype, _key, data) in got.items():
                 out[a] = (btype, data)
                 self.blocks.put(a.to_bytes(8, "big"), out[a], len(data) + 64)
@@ -779,6 +777,7 @@ class Store:
             return False
         self.log.close()
         self.log = Log(self.path, self.disk, self.codec, self.keys, self.conf, False)
+        self.log.threads = self.tuning.threads
         self.log.load()
         self.index.reread_header()
         self._reset_buffer()
