@@ -43,6 +43,7 @@ class Config:
     exclude: list = field(default_factory=list)
     state_dir: str = "/var/lib/foundation"
     quiesce: bool = True
+    clones_dir: str | None = None     # where `boot` puts clone overlays (default <state_dir>/clones)
     sections: dict = field(default_factory=dict)
 
     def section(self, name):
@@ -50,8 +51,9 @@ class Config:
         return self.sections.get(name, {})
 
 
-_PATHS = ("store", "key_file", "state_dir")
-_TYPES = {"store": str, "key_file": str, "libvirt_uri": str, "state_dir": str, "quiesce": bool}
+_PATHS = ("store", "key_file", "state_dir", "clones_dir")
+_TYPES = {"store": str, "key_file": str, "libvirt_uri": str, "state_dir": str, "quiesce": bool,
+          "clones_dir": str}
 
 
 def load_config(path=None):

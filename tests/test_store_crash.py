@@ -78,16 +78,30 @@ def test_torn_tail_is_cut(make_store, mode):
         assert verify(s)[0] == []
 
 
-def test_damaged_committed_record_is_refused_loudly(make_store):
+def test_damaged_committed_record_heals_by_writing_again(make_store):
     op = make_store("hash")
+    data = blocks(3, seed=3, compressible=0)
     with op() as s:
-        s.write_blocks(blocks(3, seed=3, compressible=0))
+        refs = s.write_blocks(data)
     last = arena_files(op.path)[-1]
     with open(last, "r+b") as f:
         f.seek(72 + 64 + 10)
         f.write(b"\xff\xfe")
     from foundation.errors import DataCorrupt
-    with pytest.raises(DataCorrupt, match="committed record"):
+    with op() as s:  # archiving goes on; the damage is named
+        assert any("arena 0 offset 72" in r for r in s.repaired)
+        with pytest.raises(DataCorrupt, match="arena 0 offset 72"):
+            s.read(refs[:32])
+        assert s.write_blocks(data) == refs  # the damaged block is stored again
+    with op(writable=False) as s:
+        assert b"".join(s.read_blocks(refs)) == data
+        damage, _ = verify(s)
+        assert [(d.arena, d.offset) for d in damage] == [(0, 72)]
+    # a header damaged so that the record's length is lost cannot be stepped over
+    with open(last, "r+b") as f:
+        f.seek(72)
+        f.write(b"XXXX")
+    with pytest.raises(DataCorrupt, match="committed record is damaged"):
         op()
 
 

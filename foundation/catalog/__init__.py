@@ -10,7 +10,7 @@ needs nothing but the arenas. `commit` ends with `store.sync()`: that is
 the commit point of a snapshot. Lookup by time follows TimeLine: the
 snapshot for time t is the latest one whose time is not after t.
 
-The byte layout is in docs/format-image.md (section "System catalog").
+The byte layout is in docs/format.md (section "System catalog").
 """
 
 import hashlib

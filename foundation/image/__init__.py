@@ -4,7 +4,7 @@ A day's image is a tree whose leaves are the refs of its blocks and whose
 interior nodes are TREE blocks of refs; the next day shares every subtree
 that did not change, so a snapshot costs only its new blocks and the paths
 above them. Blobs (domain XML, NVRAM, the catalog) are the same trees over
-arbitrary bytes. docs/format-image.md has the byte layout.
+arbitrary bytes. docs/format.md ("Image trees") has the byte layout.
 
     root = write_image(store, src, size, prev=None, changed=None, zeros=(), progress=None)
     ImageReader(store, root).read(offset, length)

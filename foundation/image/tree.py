@@ -16,7 +16,7 @@ changed byte ranges it opens just the nodes above changed leaves (one
 batched read per level), patches them and writes back only the nodes whose
 bytes changed: everything else is shared with the day before.
 
-The byte layout is in docs/format-image.md (section "Image tree").
+The byte layout is in docs/format.md (section "Image trees").
 """
 
 import concurrent.futures

@@ -172,11 +172,14 @@ class Log:
             what = err.kind if err else "missing"
             stored = int.from_bytes(buf[end + 8:end + 12], "little") if end + 12 <= size else -1
             skip = end + RH + stored
-            if self.writable or what not in ("tag", "decompress") or not end < skip <= committed:
+            if what not in ("tag", "decompress") or not end < skip <= committed:
                 raise DataCorrupt(f"arena {n} offset {end}: committed record is damaged ({what})")
-            # A reader steps over one damaged record (its reads fail) and keeps serving the rest.
+            # Step over one damaged record whose header still gives its length:
+            # its reads fail, the rest is served, and a writer stores the block
+            # again when it meets it (paper §3.4: archiving heals the archive).
             log.error("arena %d offset %d: committed record is damaged (%s); its block cannot be read", n, end, what)
             self.damaged.append((n, end))
+            self.repaired.append(f"arena {n} offset {end}: stepped over a damaged committed record ({what})")
             end = skip
         del mv
         oa.end = end

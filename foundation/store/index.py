@@ -125,6 +125,8 @@ class Index:
             self.disk.fsync(self.fd, "index")
             self._merge(entries)
             h.entries += n
+            # The buckets must be on disk before the header calls them clean.
+            self.disk.fsync(self.fd, "index")
         self._header(0, covered)
         self.disk.fsync(self.fd, "index")
 

@@ -724,6 +724,10 @@ class Store:
             for j, i in enumerate(todo):
                 a = addrs[j] if which[j] >= 0 else self._locate(keys[j * 32:(j + 1) * 32])
                 if a is None:
+                    if self.log.damaged:
+                        n, o = self.log.damaged[0]
+                        raise DataCorrupt(f"block {refs[i * 32:(i + 1) * 32].hex()} is missing, likely the "
+                                          f"damaged record at arena {n} offset {o}")
                     raise NotFound(f"block {refs[i * 32:(i + 1) * 32].hex()} is not in the store")
                 need.setdefault(a, []).append(i)
         else:

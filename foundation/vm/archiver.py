@@ -53,7 +53,7 @@ import sys
 import time
 import uuid as uuidlib
 
-from foundation.errors import BadInput, DataCorrupt, DerivedCorrupt, Error, StoreFull
+from foundation.errors import BadInput, DataCorrupt, DerivedCorrupt, Error, StoreFull, StoreMissing
 from foundation.vm import journal, qemuimg, swap
 from foundation.vm.domain import Domain, LibvirtFailed, UnsupportedDisk
 from foundation.vm.journal import VMBusy
@@ -422,7 +422,7 @@ class Archiver:
         """Call the sink; a failing store (full, unplugged, damaged) becomes StoreFailed."""
         try:
             return fn(*args, **kw)
-        except (StoreFull, DataCorrupt, DerivedCorrupt) as e:
+        except (StoreFull, StoreMissing, DataCorrupt, DerivedCorrupt) as e:
             raise StoreFailed(name, f"{what}: {str(e).rstrip('.')}") from e
         except OSError as e:
             raise StoreFailed(name, f"{what}: {e.strerror or e}") from e
