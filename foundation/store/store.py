@@ -279,7 +279,7 @@ class Store:
         self.paddrs = array.array("Q")
         oa = self.log.open
         self.open_table = native.Table(self.keylen, oa.count + 1024)
-        if oa.count:
+        if oa.count and not self.venti:  # Venti starts every session with a cold index cache
             self.open_table.add(bytes(oa.keys), oa.addrs)
 
     def _pending_entries(self):
@@ -354,7 +354,8 @@ class Store:
                 # A flush is a pass over the whole index: worth it only for a
                 # big buffer. Fewer entries are found again at the next open
                 # from the summaries of the arenas after the index's `covered`.
-                if len(self.paddrs) * (self.keylen + 8) >= self.tuning.write_buffer_bytes * self.tuning.flush_at_close:
+                if self.venti or len(self.paddrs) * (self.keylen + 8) >= \
+                        self.tuning.write_buffer_bytes * self.tuning.flush_at_close:
                     self.flush()
         finally:
             if self.index:
