@@ -488,6 +488,7 @@ class Store:
 
     def _write(self, buf, bs, btype):
         self._need_writable()
+        self._recent = []
         n = len(buf) // bs
         zero = native.zero_flags(buf, bs) if btype == DATA and bs == self.block_size else bytes(n)
         c = self.counters
@@ -706,6 +707,7 @@ class Store:
         refs = bytes(refs)
         out = [None] * n
         todo = []
+        self._recent = []
         for i in range(n):
             r = refs[i * rs:(i + 1) * rs]
             if r == self.null_ref:
