@@ -108,10 +108,15 @@ def test_stale_bloom_is_rebuilt(make_store):
     op = make_store("hash")
     with op() as s:
         refs = s.write_blocks(blocks(100, seed=5))
-    # An empty Bloom filter that claims to be current would make every block look fresh.
+    # A Bloom filter that claims more than the log holds cannot be trusted;
+    # an empty one trusted as current would make every block look fresh.
+    import pybloomfilter
+    os.unlink(os.path.join(op.path, "bloom"))
+    pybloomfilter.BloomFilter(1024, 0.001, os.path.join(op.path, "bloom")).close()
     with open(os.path.join(op.path, "bloom.json"), "w") as f:
-        f.write('{"covered": 1}')
+        f.write('{"covered": %d}' % (1 << 62))
     with op() as s:
+        assert "rebuilt the Bloom filter" in s.repaired
         assert s.write_blocks(blocks(100, seed=5)) == refs
         assert s.counters["records"] == 100
 

@@ -299,34 +299,38 @@ class Store:
 
     def _buffer(self, keys, addrs, covered=0):
         kl = self.keylen
-        ks, ads = bytearray(), []
-        for i, a in enumerate(addrs):
-            if a >= covered:
-                ks += keys[i * kl:(i + 1) * kl]
-                ads.append(a)
-        if ads:
-            self.wbuf.add(bytes(ks), ads)
+        first = bisect.bisect_left(addrs, covered)  # an arena's addresses ascend
+        if first < len(addrs):
+            ks, ads = bytes(keys[first * kl:len(addrs) * kl]), addrs[first:]
+            self.wbuf.add(ks, ads)
             self.pkeys += ks
             self.paddrs.extend(ads)
-            if self.bloom is not None:
-                self.bloom.update(bytes(ks[i * kl:(i + 1) * kl]) for i in range(len(ads)))
 
     def _open_bloom(self):
         p = os.path.join(self.path, F.BLOOM)
         sp = os.path.join(self.path, F.BLOOM_STATE)
+        # The filter holds every key below its `covered`, which lies between
+        # the index's and the log's end; anything else means a rebuild.
         try:
             with open(sp) as f:
-                st = json.load(f)
-            if st.get("covered") != self.index.h.covered:
+                covered = json.load(f).get("covered")
+            if not isinstance(covered, int) or not self.index.h.covered <= covered <= self.log.end_addr:
                 raise ValueError("stale")
             self.bloom = pybloomfilter.BloomFilter.open(p)
         except (OSError, ValueError):
             self.repaired.append("rebuilt the Bloom filter")
             from foundation.store.rebuild import rebuild_bloom
             rebuild_bloom(self)
-        # Entries not yet in the index are in the write buffer; add them too.
+            covered = self.index.h.covered
+        # Keys written after that are in the write buffer; add them.
         kl = self.keylen
-        self.bloom.update(bytes(self.pkeys[i:i + kl]) for i in range(0, len(self.pkeys), kl))
+        first = bisect.bisect_left(self.paddrs, covered)
+        self.bloom.update(bytes(self.pkeys[i * kl:(i + 1) * kl]) for i in range(first, len(self.paddrs)))
+
+    def _save_bloom(self):
+        self.bloom.sync()
+        atomic_write(os.path.join(self.path, F.BLOOM_STATE),
+                     json.dumps({"covered": self.log.end_addr}).encode(), sync=False)
 
     def bloom_capacity(self):
         return max(1024, self.conf["max_log_size"] // self.block_size)
@@ -357,6 +361,8 @@ class Store:
                 if self.venti or len(self.paddrs) * (self.keylen + 8) >= \
                         self.tuning.write_buffer_bytes * self.tuning.flush_at_close:
                     self.flush()
+                elif self.bloom is not None:
+                    self._save_bloom()
         finally:
             if self.index:
                 self.index.close()
@@ -394,8 +400,7 @@ class Store:
             from foundation.store.rebuild import grow_index
             grow_index(self, bytes(entries), covered)
         if self.bloom is not None:
-            self.bloom.sync()
-            atomic_write(os.path.join(self.path, F.BLOOM_STATE), json.dumps({"covered": covered}).encode())
+            self._save_bloom()
         self.wbuf = native.Table(self.keylen, 1024)
         self.pkeys = bytearray()
         self.paddrs = array.array("Q")
