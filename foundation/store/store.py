@@ -746,12 +746,14 @@ class Store:
             got = {a: self.log.read(a)}
         else:
             got = self.log.read_many(need)
+        cache = len(need) <= 64  # a streaming batch would only flush the cache
         for a, pos in need.items():
             btype, key, data = got[a]
             r = refs[pos[0] * rs:(pos[0] + 1) * rs]
             if self.mode == "hash" and key != r:
                 raise DerivedCorrupt(f"the index names arena {a >> 32} offset {a & 0xFFFFFFFF} for a block it does not hold")
-            self.blocks.put(r, (btype, data), len(data) + 64)
+            if cache:
+                self.blocks.put(r, (btype, data), len(data) + 64)
             for i in pos:
                 out[i] = data
         return out
