@@ -12,8 +12,6 @@ import json
 import struct
 from dataclasses import dataclass
 
-from foundation.native import HEADER_SIZE as RECORD_HEADER  # noqa: F401  (64)
-from foundation.native import TAG_SIZE  # noqa: F401  (16)
 
 VERSION = 1
 CONFIG = "foundation.json"

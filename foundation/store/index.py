@@ -134,8 +134,8 @@ class Index:
         h, es = self.h, self.entsize
         mv = memoryview(entries)
         n = len(entries) // es
-        i = 0
-        spill = b""
+        i = nxt = 0
+        spill = b""  # entries carried over to the region starting at `nxt`
         # Many entries: one sequential pass in fixed regions; few: seek to each cluster.
         dense = n * GAP >= h.nfile
         while i < n or spill:

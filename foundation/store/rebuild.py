@@ -119,9 +119,9 @@ def rebuild_bloom(store):
 
 def rebuild(store, progress=None):
     """`foundation rebuild`: summaries, index, Bloom filter and counters from the arenas."""
-    records = raw = 0
+    records = 0
     for n in range(store.log.open.n):
-        keys, addrs, types = rebuild_summary(store, n, write=True)
+        _, addrs, _ = rebuild_summary(store, n, write=True)
         records += len(addrs)
         if progress:
             progress(n)
@@ -132,5 +132,4 @@ def rebuild(store, progress=None):
     store.summaries.clear()
     store.summary_entries = 0
     store.counters["records"] = records
-    del raw
     return records

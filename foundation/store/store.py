@@ -30,7 +30,7 @@ from foundation.errors import (BadInput, DataCorrupt, DerivedCorrupt, KeyMissing
                                StoreLocked, StoreMissing, StoreNotEmpty, UsageError, WrongKey)
 from foundation.store import format as F
 from foundation.store.arena import Log
-from foundation.store.disk import Disk, atomic_write, fsync_dir
+from foundation.store.disk import Disk, atomic_write
 from foundation.store.index import Index, IndexFull, plan
 
 log = logging.getLogger(__name__)
@@ -466,7 +466,7 @@ class Store:
                 return a[0]
         for a in self._index_lookup(score):
             if self.venti:
-                self.wbuf_add_cached(score, a)
+                self._venti_cache(score, [a])
                 return a
             t = self._load_summary(F.split(a)[0])
             if a in t.find(score):
@@ -539,12 +539,12 @@ class Store:
             return False
         return self._locate(score) is not None
 
-    def wbuf_add_cached(self, key, a):
-        """Venti's index cache: remember one looked-up entry."""
+    def _venti_cache(self, keys, addrs):
+        """Venti's index cache: single entries looked up or written, not summaries."""
         t = self.summaries.get(-1)
         if t is None or len(t) > self.tuning.index_cache_bytes // (self.keylen + 24):
             t = self.summaries[-1] = native.Table(self.keylen, 1024)
-        t.add(key, [a])
+        t.add(keys, addrs)
 
     def _write_value(self, buf, bs, btype, zero, weak, n):
         refs = bytearray(n * 8)
@@ -621,7 +621,7 @@ class Store:
                 if not self.venti:
                     self._recent = [self._load_summary(F.split(a)[0])] + self._recent[:3]
                 else:
-                    self.wbuf_add_cached(w, a)
+                    self._venti_cache(w, [a])
                 return a
         return None
 
@@ -647,7 +647,7 @@ class Store:
             # Venti: every new entry goes straight into its on-disk bucket.
             self.index.insert(b"".join(ks[i * kl:(i + 1) * kl] + a.to_bytes(8, "little")
                                        for i, a in enumerate(addrs)))
-            self.wbuf_add_cached_many(ks, addrs)
+            self._venti_cache(ks, addrs)
             return addrs
         self.wbuf.add(ks, addrs)
         # Records sealed into an earlier arena by this append are already in
@@ -662,11 +662,6 @@ class Store:
         if len(self.paddrs) * (kl + 8) >= self.tuning.write_buffer_bytes:
             self.flush()
         return addrs
-
-    def wbuf_add_cached_many(self, ks, addrs):
-        kl = self.keylen
-        for i, a in enumerate(addrs):
-            self.wbuf_add_cached(ks[i * kl:(i + 1) * kl], a)
 
     # ---- reading ---------------------------------------------------------------
 
