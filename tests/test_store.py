@@ -276,3 +276,31 @@ def test_small_write_buffer_survives_close_without_a_flush(make_store, mode):
         assert s.counters["records"] == 30
     with op(writable=False) as s:
         assert b"".join(s.read_blocks(refs)) == blocks(30, seed=13)
+
+
+def test_verify_marks_damage_and_archiving_heals_it(make_store, mode):
+    op = make_store(mode)
+    data = blocks(300, seed=14, compressible=0)
+    with op() as s:
+        refs = s.write_blocks(data)
+    first = arena_files(op.path)[0]  # sealed
+    with open(first, "r+b") as f:
+        f.seek(72 + 64 + 100)
+        b = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([b[0] ^ 0x40]))
+    rs = len(refs) // 300
+    with op(writable=False) as s:
+        assert [(d.arena, d.offset) for d in verify(s)[0]] == [(0, 72)]
+    with op() as s:
+        again = s.write_blocks(data)  # the damaged block is written again, not deduplicated
+        assert s.counters["records"] == 301
+        if mode == "hash":
+            assert again == refs  # same name, now readable again
+        else:
+            assert again[rs:] == refs[rs:] and again[:rs] != refs[:rs]
+    with op(writable=False) as s:
+        assert b"".join(s.read_blocks(again)) == data
+        if mode == "value":  # the old address still names the damaged record
+            with pytest.raises(DataCorrupt, match="arena 0 offset 72"):
+                s.read(refs[:rs])

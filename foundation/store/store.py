@@ -233,6 +233,7 @@ class Store:
         self.log.on_seal = self._sealed
         self.log.load()
         self.repaired += self.log.repaired
+        self.bad = self._load_damaged()
         uuidb = self.log.uuid
         ipath = os.path.join(self.path, F.INDEX)
         try:
@@ -411,8 +412,33 @@ class Store:
 
     # ---- the index cache -------------------------------------------------------
 
+    def _load_damaged(self):
+        """Addresses of records known to be damaged (by `verify`, or stepped
+        over at open). Deduplication never points at them, so the next archive
+        that meets such a block stores it again and heals the archive (§3.4)."""
+        bad = {F.addr(n, o) for n, o in self.log.damaged}
+        try:
+            with open(os.path.join(self.path, F.DAMAGED)) as f:
+                bad |= {F.addr(n, o) for n, o in json.load(f)["records"]}
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        return bad
+
+    def _drop_bad(self, keys, addrs, types):
+        kl = self.keylen
+        keep = [i for i, a in enumerate(addrs) if a not in self.bad]
+        return (b"".join(keys[i * kl:(i + 1) * kl] for i in keep), [addrs[i] for i in keep],
+                bytes(types[i] for i in keep))
+
     def _summary_arrays(self, n):
-        """(keys, addrs, types) of sealed arena n, from its summary file or a scan."""
+        """(keys, addrs, types) of sealed arena n, from its summary file or a
+        scan, without the records known to be damaged."""
+        keys, addrs, types = self._summary_file(n)
+        if self.bad and addrs and any(F.split(a)[0] == n for a in self.bad):
+            return self._drop_bad(keys, addrs, types)
+        return keys, addrs, types
+
+    def _summary_file(self, n):
         p = os.path.join(self.path, F.SUMMARIES, F.summary_name(n))
         try:
             with open(p, "rb") as f:
@@ -455,7 +481,7 @@ class Store:
         addrs = self.index.lookup(key)
         if not addrs and not self.writable and self.index.h.covered < self.log.end_addr:
             self.index.reread_header()
-        return addrs
+        return [a for a in addrs if a not in self.bad] if self.bad else addrs
 
     def _locate(self, score):
         """Log address of the block with this score (compare-by-hash), or None,

@@ -8,6 +8,7 @@ what catches a dropped, reordered, truncated or rolled-back arena. It
 reports every damaged place by arena and offset and never stops early.
 """
 
+import json
 import os
 from dataclasses import dataclass
 
@@ -20,6 +21,7 @@ class Damage:
     arena: int
     offset: int
     what: str
+    record: bool = False  # one record is damaged (the rest of the arena may be fine)
 
     def __str__(self):
         return f"arena {self.arena} offset {self.offset}: {self.what}"
@@ -64,12 +66,12 @@ def verify(store, progress=None):
                 try:
                     _, fullkey, data = native.unpack(store.codec, n, header.iv, e_off, rec)
                 except native.RecordError as e:
-                    damage.append(Damage(n, e_off, f"record does not decode ({e.kind})"))
+                    damage.append(Damage(n, e_off, f"record does not decode ({e.kind})", True))
                     ok = False
                     continue
                 if store.mode == "hash" and data:
                     if native.scores(data, len(data), btype, key=store.keys.score) != fullkey:
-                        damage.append(Damage(n, e_off, "block content does not match its score"))
+                        damage.append(Damage(n, e_off, "block content does not match its score", True))
                         ok = False
             off = end
             if err is None or off >= limit:
@@ -78,7 +80,7 @@ def verify(store, progress=None):
             stored = int.from_bytes(buf[off + 8:off + 12], "little") if off + 12 <= limit else -1
             if err.kind in ("tag", "decompress", "length") and buf[off:off + 4] == native.RECORD_MAGIC \
                     and 0 <= stored and off + native.HEADER_SIZE + stored <= limit:
-                damage.append(Damage(n, off, f"record is damaged ({err.kind})"))
+                damage.append(Damage(n, off, f"record is damaged ({err.kind})", True))
                 off += native.HEADER_SIZE + stored
                 continue
             damage.append(Damage(n, off, f"record is damaged ({err.kind}); the rest of the arena ({limit - off} bytes) cannot be parsed"))
@@ -105,7 +107,22 @@ def verify(store, progress=None):
             progress(n)
     if chain is not None and chain != lg.head.chain:
         damage.append(Damage(last, 0, "the head's chain MAC does not match the sealed arenas (log rolled back or truncated)"))
+    _record(store, [d for d in damage if d.record])
     return damage, checked
+
+
+def _record(store, damage):
+    """Write damaged.json: the store then stops deduplicating against them."""
+    from foundation.store.disk import atomic_write
+    recs = sorted({(d.arena, d.offset) for d in damage})
+    path = os.path.join(store.path, F.DAMAGED)
+    if not recs and not os.path.exists(path):
+        return
+    try:
+        atomic_write(path, json.dumps({"records": recs}).encode())
+    except OSError:
+        pass  # a read-only disk: verify's report is what matters
+    store.bad |= {F.addr(n, o) for n, o in recs}
 
 
 def _size(path):
