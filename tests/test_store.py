@@ -304,3 +304,19 @@ def test_verify_marks_damage_and_archiving_heals_it(make_store, mode):
         if mode == "value":  # the old address still names the damaged record
             with pytest.raises(DataCorrupt, match="arena 0 offset 72"):
                 s.read(refs[:rs])
+
+
+def test_a_marked_damaged_block_still_fails_loudly(make_store):
+    op = make_store("hash")
+    data = blocks(300, seed=15, compressible=0)
+    with op() as s:
+        refs = s.write_blocks(data)
+    with open(arena_files(op.path)[0], "r+b") as f:
+        f.seek(72 + 64 + 100)
+        f.write(b"\x00\x11\x22")
+    with op(writable=False) as s:
+        verify(s)
+    with op(writable=False) as s:
+        with pytest.raises(DataCorrupt, match="arena 0 offset 72: the only copy"):
+            s.read(refs[:32])
+        assert b"".join(s.read_blocks(refs[32:])) == data[BS:]

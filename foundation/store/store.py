@@ -430,6 +430,21 @@ class Store:
         return (b"".join(keys[i * kl:(i + 1) * kl] for i in keep), [addrs[i] for i in keep],
                 bytes(types[i] for i in keep))
 
+    def _missing(self, score):
+        """Raise the right error for a score nothing readable holds."""
+        for n in sorted({F.split(a)[0] for a in self.bad}):
+            if n < self.log.open.n:
+                keys, addrs, _ = self._summary_file(n)
+                for i, a in enumerate(addrs):
+                    if a in self.bad and keys[i * 32:(i + 1) * 32] == score:
+                        raise DataCorrupt(f"arena {n} offset {a & 0xFFFFFFFF}: the only copy of block "
+                                          f"{score.hex()[:16]}… is damaged")
+        if self.log.damaged:
+            n, o = self.log.damaged[0]
+            raise DataCorrupt(f"arena {n} offset {o}: block {score.hex()[:16]}… is missing, "
+                              "most likely in this damaged record")
+        raise NotFound(f"block {score.hex()} is not in the store")
+
     def _summary_arrays(self, n):
         """(keys, addrs, types) of sealed arena n, from its summary file or a
         scan, without the records known to be damaged."""
@@ -753,11 +768,7 @@ class Store:
             for j, i in enumerate(todo):
                 a = addrs[j] if which[j] >= 0 else self._locate(keys[j * 32:(j + 1) * 32])
                 if a is None:
-                    if self.log.damaged:
-                        n, o = self.log.damaged[0]
-                        raise DataCorrupt(f"block {refs[i * 32:(i + 1) * 32].hex()} is missing, likely the "
-                                          f"damaged record at arena {n} offset {o}")
-                    raise NotFound(f"block {refs[i * 32:(i + 1) * 32].hex()} is not in the store")
+                    self._missing(keys[j * 32:(j + 1) * 32])
                 need.setdefault(a, []).append(i)
         else:
             for i in todo:
