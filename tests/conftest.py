@@ -57,3 +57,13 @@ def mode(request):
 def arena_files(path):
     d = os.path.join(path, "arenas")
     return [os.path.join(d, x) for x in sorted(os.listdir(d))]
+
+
+FIRST_PAYLOAD = 72 + 64  # arena header + first record header
+
+
+def damage(path, offset, data=b"\xff\xfe"):
+    """Overwrite bytes of a store file in place, as a failing disk would."""
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(data)

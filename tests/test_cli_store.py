@@ -9,7 +9,7 @@ import pytest
 
 from foundation.cli import main, parser
 from foundation.store import Store
-from tests.conftest import arena_files, blocks
+from tests.conftest import FIRST_PAYLOAD, arena_files, blocks, damage
 
 
 def run(*args, env=None):
@@ -51,9 +51,7 @@ def test_init_stats_verify_rebuild(tmp_path):
     assert r.returncode == 0 and "200 records" in r.stdout, r.stderr
     # damage a record: verify names it and fails
     a = arena_files(str(store))[0]
-    with open(a, "r+b") as f:
-        f.seek(72 + 64 + 5)
-        f.write(b"\x00\x01\x02")
+    damage(a, FIRST_PAYLOAD + 5, b"\x00\x01\x02")
     r = run("verify", env=env)
     assert r.returncode == 1
     assert "DAMAGED arena 0 offset 72" in r.stdout

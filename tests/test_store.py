@@ -9,7 +9,7 @@ from foundation.errors import (BadInput, DataCorrupt, KeyMissing, StoreLocked, S
                                StoreNotEmpty, WrongKey)
 from foundation.store import BlockType, Store, Tuning
 from foundation.store.verify import verify
-from tests.conftest import BS, arena_files, blocks
+from tests.conftest import BS, FIRST_PAYLOAD, arena_files, blocks, damage
 
 
 @pytest.mark.parametrize("encrypt", [False, True])
@@ -311,9 +311,7 @@ def test_a_marked_damaged_block_still_fails_loudly(make_store):
     data = blocks(300, seed=15, compressible=0)
     with op() as s:
         refs = s.write_blocks(data)
-    with open(arena_files(op.path)[0], "r+b") as f:
-        f.seek(72 + 64 + 100)
-        f.write(b"\x00\x11\x22")
+    damage(arena_files(op.path)[0], FIRST_PAYLOAD + 100, b"\x00\x11\x22")
     with op(writable=False) as s:
         verify(s)
     with op(writable=False) as s:

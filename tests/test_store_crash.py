@@ -14,7 +14,7 @@ import pytest
 from foundation.errors import StoreFull
 from foundation.store import Store, Tuning
 from foundation.store.verify import verify
-from tests.conftest import BS, arena_files, blocks
+from tests.conftest import BS, FIRST_PAYLOAD, arena_files, blocks, damage
 
 WRITER = textwrap.dedent("""
     import json, os, sys
@@ -55,8 +55,8 @@ def test_kill_9_keeps_everything_synced(make_store, tmp_path, mode):
             for line in open(journal):
                 sd, n, refs = json.loads(line)
                 assert b"".join(s.read_blocks(bytes.fromhex(refs))) == blocks(n, seed=sd)
-            damage, _ = verify(s)
-            assert damage == []
+            found, _ = verify(s)
+            assert found == []
     assert sum(1 for _ in open(journal)) > 6
 
 
@@ -84,9 +84,7 @@ def test_damaged_committed_record_heals_by_writing_again(make_store):
     with op() as s:
         refs = s.write_blocks(data)
     last = arena_files(op.path)[-1]
-    with open(last, "r+b") as f:
-        f.seek(72 + 64 + 10)
-        f.write(b"\xff\xfe")
+    damage(last, FIRST_PAYLOAD + 10, b"\xff\xfe")
     from foundation.errors import DataCorrupt
     with op() as s:  # archiving goes on; the damage is named
         assert any("arena 0 offset 72" in r for r in s.repaired)
@@ -95,8 +93,8 @@ def test_damaged_committed_record_heals_by_writing_again(make_store):
         assert s.write_blocks(data) == refs  # the damaged block is stored again
     with op(writable=False) as s:
         assert b"".join(s.read_blocks(refs)) == data
-        damage, _ = verify(s)
-        assert [(d.arena, d.offset) for d in damage] == [(0, 72)]
+        found, _ = verify(s)
+        assert [(d.arena, d.offset) for d in found] == [(0, 72)]
     # a header damaged so that the record's length is lost cannot be stepped over
     with open(last, "r+b") as f:
         f.seek(72)
@@ -167,9 +165,7 @@ def test_reader_steps_over_a_damaged_record_in_the_open_arena(make_store):
     with op() as s:
         refs = s.write_blocks(data)
     last = arena_files(op.path)[-1]
-    with open(last, "r+b") as f:
-        f.seek(72 + 64 + 10)
-        f.write(b"\xff\xfe")
+    damage(last, FIRST_PAYLOAD + 10, b"\xff\xfe")
     from foundation.errors import DataCorrupt
     with op(writable=False) as s:  # the mount must still start
         assert s.log.damaged == [(0, 72)]

@@ -20,7 +20,7 @@ import sys
 import time
 import uuid as uuidlib
 
-from foundation.snapshotfs import MARKER
+from foundation.snapshotfs.server import is_tree
 
 GPT_LINUX = "0FC63DAF-8483-4772-8E79-3D69D8477DE4"
 GPT_MSDATA = "EBD0A0A2-B9E5-4433-87C0-68B6B72699C7"
@@ -246,7 +246,7 @@ class Mounted:
         cmd = [sys.executable, "-m", "foundation"] + self.archiver.mount_args() + [self.mnt, "--utc"] + self.extra
         self.proc = subprocess.Popen(cmd, stdout=self.logf, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 60
-        while not _answers(self.mnt):
+        while not is_tree(self.mnt):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.__exit__(None, None, None)
                 raise RuntimeError(f"mount did not come up: {self.log()}")
@@ -273,13 +273,6 @@ class Mounted:
             os.rmdir(self.mnt)
         except OSError:
             pass
-        return False
-
-
-def _answers(p):
-    try:
-        return os.path.ismount(p) and MARKER in os.listdir(p)
-    except OSError:
         return False
 
 
