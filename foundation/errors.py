@@ -45,6 +45,12 @@ class StoreLocked(Error):
     code = 12
 
 
+class StoreBusy(Error):
+    """{}"""
+
+    code = 15
+
+
 class WrongKey(Error):
     """{}"""
 

@@ -134,7 +134,7 @@ class Log:
         # crash or a copied log); rollback protection of the tail is lost.
         n, chain = 0, F.ZERO_CHAIN
         while os.path.exists(self.path(n + 1)):
-            tr = self._trailer(n)
+            tr = self.trailer(n)
             if tr is None:
                 break
             chain = tr.chain
@@ -277,13 +277,15 @@ class Log:
             iv = self._header(n, b)[0].iv
         return iv
 
-    def _trailer(self, n):
+    def trailer(self, n):
+        """The trailer of sealed arena n (either generation), or None if its file has none."""
         fd = self.fd(n)
         size = os.fstat(fd).st_size
-        if size < F.ARENA_HEADER_SIZE + F.TRAILER_SIZE:
+        k = min(size - F.ARENA_HEADER_SIZE, F.MAX_TRAILER)
+        if k < F.TRAILER_SIZE:
             return None
         try:
-            return F.Trailer.unpack(self.disk.pread(fd, "arena", size - F.TRAILER_SIZE, F.TRAILER_SIZE))
+            return F.Trailer.from_tail(self.disk.pread(fd, "arena", size - k, k), self.keys.mac, n)
         except ValueError:
             return None
 

@@ -22,6 +22,7 @@ BLOOM_STATE = "bloom.json"
 COUNTERS = "counters.json"
 DAMAGED = "damaged.json"
 LOCK = "lock"
+READERS = "readers"
 ARENAS = "arenas"
 SUMMARIES = "summaries"
 
@@ -93,8 +94,17 @@ class ArenaHeader:
 
 
 # ---- arena trailer: written once when an arena is sealed -------------------
-TRAILER = struct.Struct("<8sIIQ32s32s")  # magic count reserved end arena_mac chain
+TRAILER = struct.Struct("<8sIIQ32s32s")  # magic count generation(0) end arena_mac chain
 TRAILER_SIZE = TRAILER.size  # 88
+
+# A sealed arena rewritten by the garbage collector (generation >= 1) ends in
+# a longer trailer that still carries the chain of the arena as first sealed
+# and the arena MAC the chain covers, so compacting one arena never touches
+# the trailers of the arenas after it (or their replicas).
+COMPACT_MAGIC = b"FDNcmpt\0"
+COMPACT = struct.Struct("<8sIIQ32s32s32s")  # magic count generation end arena_mac chain sealed_mac
+COMPACT_SIZE = COMPACT.size + MAC_SIZE  # + compaction MAC = 152
+MAX_TRAILER = COMPACT_SIZE
 
 
 def arena_mac(mac_key, header_bytes, tags, count, end):
@@ -102,9 +112,10 @@ def arena_mac(mac_key, header_bytes, tags, count, end):
     return mac(mac_key, b"arena", header_bytes, tags, struct.pack("<IQ", count, end))
 
 
-def chain_mac(mac_key, prev_chain, arena, amac):
-    """MAC over the arenas: each sealed arena extends the chain of the one before."""
-    return mac(mac_key, b"chain", prev_chain, struct.pack("<I", arena), amac)
+def chain_mac(mac_key, prev_chain, arena, sealed_mac):
+    """MAC over the arenas: each sealed arena extends the chain of the one before
+    with the arena MAC it had when first sealed."""
+    return mac(mac_key, b"chain", prev_chain, struct.pack("<I", arena), sealed_mac)
 
 
 ZERO_CHAIN = bytes(MAC_SIZE)
@@ -114,20 +125,52 @@ ZERO_CHAIN = bytes(MAC_SIZE)
 class Trailer:
     count: int
     end: int
-    amac: bytes
+    amac: bytes  # MAC over this file's header and record tags
     chain: bytes
+    generation: int = 0  # 0 as first sealed; +1 each time gc rewrites the arena
+    sealed: bytes = None  # the arena MAC the chain covers (= amac in generation 0)
 
-    def pack(self):
-        return TRAILER.pack(TRAILER_MAGIC, self.count, 0, self.end, self.amac, self.chain)
+    def __post_init__(self):
+        if self.sealed is None:
+            self.sealed = self.amac
+
+    @property
+    def size(self):
+        return TRAILER_SIZE if self.generation == 0 else COMPACT_SIZE
+
+    def pack(self, mac_key=None, arena=None):
+        if self.generation == 0:
+            return TRAILER.pack(TRAILER_MAGIC, self.count, 0, self.end, self.amac, self.chain)
+        body = COMPACT.pack(COMPACT_MAGIC, self.count, self.generation, self.end, self.amac, self.chain,
+                            self.sealed)
+        return body + mac(mac_key, b"compacted", struct.pack("<I", arena), body[8:])
 
     @classmethod
     def unpack(cls, b):
+        """A generation-0 trailer from exactly its 88 bytes."""
         if len(b) != TRAILER_SIZE:
             raise ValueError("arena trailer truncated")
-        magic, count, _, end, amac, chain = TRAILER.unpack(b)
-        if magic != TRAILER_MAGIC:
+        magic, count, gen, end, amac, chain = TRAILER.unpack(b)
+        if magic != TRAILER_MAGIC or gen != 0:
             raise ValueError("arena trailer missing (bad magic)")
         return cls(count, end, amac, chain)
+
+    @classmethod
+    def from_tail(cls, tail, mac_key, arena):
+        """The trailer at the end of a sealed arena file, given its last
+        MAX_TRAILER bytes (or all of a shorter file); ValueError if none."""
+        tail = bytes(tail)
+        if len(tail) >= TRAILER_SIZE and tail[-TRAILER_SIZE:].startswith(TRAILER_MAGIC):
+            return cls.unpack(bytes(tail[-TRAILER_SIZE:]))
+        if len(tail) >= COMPACT_SIZE and tail[-COMPACT_SIZE:].startswith(COMPACT_MAGIC):
+            b = bytes(tail[-COMPACT_SIZE:])
+            body = b[:COMPACT.size]
+            _, count, gen, end, amac, chain, sealed = COMPACT.unpack(body)
+            if gen == 0 or not hmac.compare_digest(
+                    mac(mac_key, b"compacted", struct.pack("<I", arena), body[8:]), b[COMPACT.size:]):
+                raise ValueError("compacted arena trailer MAC mismatch (wrong key or tampered trailer)")
+            return cls(count, end, amac, chain, gen, sealed)
+        raise ValueError("arena trailer missing (bad magic)")
 
 
 # ---- head: the commit point, rewritten atomically at every sync ------------

@@ -109,6 +109,11 @@ class Index:
 
     # ---- writes ----------------------------------------------------------------
 
+    def mark_dirty(self):
+        """Entries may name records that are about to move: a crash from here on rebuilds the index."""
+        self._header(1)
+        self.disk.fsync(self.fd, "index")
+
     def _header(self, dirty, covered=None):
         self.h.dirty = dirty
         if covered is not None:

@@ -28,15 +28,22 @@ def scan_arena(store, n):
     size = os.fstat(fd).st_size
     buf = store.disk.pread(fd, "arena", 0, size)
     header, hb = lg._header(n, buf)
-    limit = size - F.TRAILER_SIZE if n < lg.open.n else size
+    tr = None
+    if n < lg.open.n:
+        try:
+            tr = F.Trailer.from_tail(memoryview(buf)[max(0, size - F.MAX_TRAILER):], store.keys.mac, n)
+        except ValueError as e:
+            from foundation.errors import DataCorrupt
+            raise DataCorrupt(f"arena {n} offset {size}: sealed arena has no valid trailer ({e})") from None
+    limit = size - tr.size if tr else size
     entries, end, err = lg.scan(n, header.iv, memoryview(buf)[F.ARENA_HEADER_SIZE:limit], F.ARENA_HEADER_SIZE)
-    return entries, end, err, hb, size, buf
+    return entries, end, err, hb, size, buf, tr
 
 
 def rebuild_summary(store, n, write=True):
     """(keys, addrs, types) of sealed arena n, by scanning it; writes the summary file."""
-    entries, end, err, hb, size, buf = scan_arena(store, n)
-    if err is not None or end + F.TRAILER_SIZE != size:
+    entries, end, err, hb, size, buf, tr = scan_arena(store, n)
+    if err is not None or end + tr.size != size:
         from foundation.errors import DataCorrupt
         raise DataCorrupt(f"arena {n} offset {end}: sealed arena does not scan to its trailer "
                           f"({err.kind if err else 'extra bytes'})")
@@ -44,7 +51,6 @@ def rebuild_summary(store, n, write=True):
     addrs = [F.addr(n, e[0]) for e in entries]
     types = bytes(e[1] for e in entries)
     if write:
-        tr = F.Trailer.unpack(bytes(buf[end:end + F.TRAILER_SIZE]))
         b = F.pack_summary(n, store.keylen, tr.amac, keys, addrs, types)
         atomic_write(os.path.join(store.path, F.SUMMARIES, F.summary_name(n)), b, sync=False)
         store.disk.count_write("summary", "sum%d" % n, 0, len(b))

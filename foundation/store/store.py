@@ -26,7 +26,7 @@ import pybloomfilter
 
 from foundation import native
 from foundation.crypto.keys import Keys, create_key_file, load_key_file
-from foundation.errors import (BadInput, DataCorrupt, DerivedCorrupt, KeyMissing, NotFound,
+from foundation.errors import (BadInput, DataCorrupt, StoreBusy, DerivedCorrupt, KeyMissing, NotFound,
                                StoreLocked, StoreMissing, StoreNotEmpty, UsageError, WrongKey)
 from foundation.store import format as F
 from foundation.store.arena import Log
@@ -156,7 +156,7 @@ class Store:
 
     def _init(self, path, key_file, passphrase, writable, tuning, master):
         self.path, self.writable, self.tuning = path, writable, tuning
-        self.lockfd = None
+        self.lockfd = self.readfd = None
         self.index = self.bloom = None
         self.log = None
         if not os.path.isdir(path):
@@ -180,6 +180,8 @@ class Store:
         self.keys = self._keys(key_file, passphrase, master)
         if writable:
             self._lock()
+        else:
+            self._share()
         self.disk = Disk(path)
         self.codec = _codec(self.keys, tuning.zlevel)
         self.venti = tuning.policy == "venti"
@@ -227,7 +229,42 @@ class Store:
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self.lockfd = fd
 
+    def _share(self):
+        """Readers hold a shared lock on `readers`, so gc never moves arenas under them."""
+        try:
+            fd = os.open(os.path.join(self.path, F.READERS), os.O_RDONLY | os.O_CREAT, 0o644)
+        except OSError:
+            return  # a read-only store disk: nothing can move arenas either
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise StoreBusy(f"garbage collection is running on store {self.path}; try again when it has finished") from None
+        self.readfd = fd
+
+    def exclusive(self):
+        """For gc: no reader may have the store open while arenas move."""
+        fd = os.open(os.path.join(self.path, F.READERS), os.O_RDONLY | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise StoreBusy(f"store {self.path} is open for reading (the /snapshot tree is mounted, or a restore "
+                            "or replicate is running); stop it and run gc again") from None
+        self.readfd = fd
+
     def _open_structures(self):
+        from foundation.gc import reflow
+        if reflow.pending(self.path):
+            if not self.writable:
+                raise StoreBusy(f"a garbage collection of store {self.path} was interrupted; run `foundation gc` "
+                                "(or any archive) to finish it")
+            reflow.finish(self.path)
+            self.repaired.append("finished the switch of an interrupted gc")
+        if self.writable:
+            for name in os.listdir(os.path.join(self.path, F.ARENAS)):
+                if name.endswith(".arena.gc"):  # a rewrite gc did not swap in: the old arena stands
+                    os.unlink(os.path.join(self.path, F.ARENAS, name))
         self.log = Log(self.path, self.disk, self.codec, self.keys, self.conf, self.writable)
         self.log.threads = self.tuning.threads
         self.log.on_seal = self._sealed
@@ -352,6 +389,16 @@ class Store:
     def __exit__(self, *exc):
         self.close(clean=exc[0] is None)
 
+    def suspend(self):
+        """Close the log and derived structures, keeping the locks (gc switches the log)."""
+        self._close_structures()
+
+    def resume(self):
+        self.summaries.clear()
+        self.summary_entries = 0
+        self.blocks.clear()
+        self._open_structures()
+
     def close(self, clean=True):
         try:
             if self.writable and clean and self.log is not None and self.index is not None:
@@ -365,18 +412,22 @@ class Store:
                 elif self.bloom is not None:
                     self._save_bloom()
         finally:
-            if self.index:
-                self.index.close()
-                self.index = None
-            if self.bloom is not None:
-                self.bloom.close()
-                self.bloom = None
-            if self.log:
-                self.log.close()
-                self.log = None
-            if self.lockfd is not None:
-                os.close(self.lockfd)
-                self.lockfd = None
+            self._close_structures()
+            for fd in (self.lockfd, self.readfd):
+                if fd is not None:
+                    os.close(fd)
+            self.lockfd = self.readfd = None
+
+    def _close_structures(self):
+        if self.index:
+            self.index.close()
+            self.index = None
+        if self.bloom is not None:
+            self.bloom.close()
+            self.bloom = None
+        if self.log:
+            self.log.close()
+            self.log = None
 
     def sync(self):
         """The commit point: everything written so far survives a crash."""

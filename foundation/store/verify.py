@@ -55,7 +55,14 @@ def verify(store, progress=None):
         tags = bytearray()
         count, off, ok = 0, F.ARENA_HEADER_SIZE, True
         sealed = n < last
-        limit = size - F.TRAILER_SIZE if sealed else size
+        tr = None
+        if sealed:
+            try:
+                tr = F.Trailer.from_tail(buf[max(0, size - F.MAX_TRAILER):], store.keys.mac, n)
+            except ValueError as e:
+                damage.append(Damage(n, max(0, size - F.TRAILER_SIZE), f"sealed arena {e} (truncated arena?)"))
+                chain = None
+        limit = size - tr.size if tr else size
         while off < limit:
             entries, end, err = lg.scan(n, header.iv, buf[off:limit], off)
             for e_off, btype, key, stored, raw, tag in entries:
@@ -85,22 +92,16 @@ def verify(store, progress=None):
                 continue
             damage.append(Damage(n, off, f"record is damaged ({err.kind}); the rest of the arena ({limit - off} bytes) cannot be parsed"))
             break
-        if sealed:
-            try:
-                tr = F.Trailer.unpack(bytes(buf[size - F.TRAILER_SIZE:size]))
-            except ValueError as e:
-                damage.append(Damage(n, size - F.TRAILER_SIZE, f"sealed arena {e} (truncated arena?)"))
-                chain = None
-                continue
+        if tr:
             if ok:
                 amac = F.arena_mac(store.keys.mac, hb, bytes(tags), count, tr.end)
                 if tr.count != count or tr.end != off or tr.amac != amac:
                     damage.append(Damage(n, tr.end, "arena MAC does not match its records (records dropped or replaced)"))
-            if chain is not None and tr.chain != F.chain_mac(store.keys.mac, chain, n, tr.amac):
-                damage.append(Damage(n, size - F.TRAILER_SIZE,
+            if chain is not None and tr.chain != F.chain_mac(store.keys.mac, chain, n, tr.sealed):
+                damage.append(Damage(n, size - tr.size,
                                      "arena chain MAC mismatch: an arena before it was dropped, reordered or rolled back"))
             chain = tr.chain
-        else:
+        elif not sealed:
             if off < lg.head.end:
                 damage.append(Damage(n, off, f"open arena ends before the committed end {lg.head.end}"))
         if progress:

@@ -1,0 +1,88 @@
+"""`foundation gc`: reclaim the space of blocks no kept snapshot reaches.
+
+Run after `forget` or `prune`. The store stays usable at every moment:
+killed at any point, every kept snapshot still restores and the next gc
+(or any archive, for a compare-by-value switch) finishes the job.
+"""
+
+import sys
+import time
+
+from foundation.cli.common import open_store
+from foundation.cli.init import size
+from foundation.cli.list import human
+from foundation.errors import UsageError
+
+NAME = "gc"
+HELP = "reclaim the space of blocks that no kept snapshot reaches (after forget/prune)"
+DESCRIPTION = (
+    "Mark every block the kept snapshots reach (one backward sweep of the log), then rewrite the arenas "
+    "whose share of garbage is at least --min-garbage without it. Needs the store to itself: unmount the "
+    "/snapshot tree first. Replicas named in the config follow at the end."
+)
+
+
+def add_arguments(p):
+    p.add_argument("--dry-run", action="store_true", help="mark and report what gc would reclaim; change nothing")
+    p.add_argument("--min-garbage", type=float, default=10.0, metavar="PCT",
+                   help="rewrite an arena only if at least PCT %% of it is garbage (default 10)")
+    p.add_argument("--max-time", type=float, metavar="SECONDS",
+                   help="stop rewriting after this long (compare-by-hash stores; the next gc goes on)")
+    p.add_argument("--target-free", type=size, metavar="SIZE",
+                   help="stop once this much space is free again, e.g. 20G (compare-by-hash stores)")
+    p.add_argument("--no-replicate", action="store_true", help="do not update the configured replicas afterwards")
+
+
+class _Steps:
+    """`gc: marking 12/40` on a terminal, nothing otherwise."""
+
+    def __init__(self):
+        self.on = sys.stderr.isatty()
+
+    def __call__(self, what, total):
+        last = [0.0]
+
+        def step(done):
+            now = time.monotonic()
+            if self.on and (now - last[0] > 0.2 or done >= total):
+                last[0] = now
+                sys.stderr.write(f"\rgc: {what} {done}/{total} arenas ")
+                if done >= total:
+                    sys.stderr.write("\n")
+                sys.stderr.flush()
+        return step
+
+
+def run(args):
+    from foundation.gc import collect
+
+    if not 0 <= args.min_garbage <= 100:
+        raise UsageError(f"--min-garbage must be a percentage from 0 to 100, not {args.min_garbage:g}")
+    with open_store(args, writable=True) as store:
+        rep = collect(store, min_garbage=args.min_garbage / 100, max_time=args.max_time,
+                      target_free=args.target_free, dry_run=args.dry_run, progress=_Steps())
+    print(f"marked: {rep.records:,} live records in {rep.arenas} arenas; "
+          f"{human(rep.garbage)} of garbage{' in sealed arenas' if rep.mode == 'hash' else ''}")
+    for n, why in rep.blocked:
+        print(f"skipped arena {n}: {why}")
+    if rep.dry_run:
+        print(f"dry run: {rep.candidates} arena(s) would be rewritten; nothing changed")
+        return 0
+    print(f"rewrote {len(rep.rewritten)} of {rep.candidates} arena(s); reclaimed {human(rep.reclaimed)} "
+          f"({human(rep.before)} -> {human(rep.after)}) in {rep.seconds:.1f} s")
+    if rep.stopped:
+        print(f"stopped early: {rep.stopped}; run gc again to go on")
+    if not args.no_replicate:
+        _replicate(args)
+    return 0
+
+
+def _replicate(args):
+    """Replicas follow: a rewritten arena replaces the old one remotely (after the new manifest)."""
+    try:
+        from foundation.replica import sync
+    except ImportError:
+        return
+    hook = getattr(sync, "after_change", None)
+    if hook is not None:
+        hook(args, "gc")

@@ -1,0 +1,205 @@
+"""Garbage collection: give back the space of blocks no kept snapshot reaches.
+
+Nothing is deleted unless the user asks (paper §7.1): `forget` and `prune`
+only rewrite the catalog, and `gc` then marks what the kept snapshots
+reach by one backward sweep of the log (mark.py) and rewrites the arenas
+whose share of garbage is worth it. In compare-by-hash mode each such
+arena is rewritten alone and swapped in by rename (compact.py), so gc can
+stop after any arena (--max-time, --target-free) and every step leaves a
+store in which every kept snapshot restores. In compare-by-value mode,
+where moving a block renames it, the log is rewritten from the first such
+arena to its end in one journaled switch (reflow.py).
+
+gc holds the writer lock and the readers lock (no /snapshot mount or
+restore may read arenas while they move); the index and Bloom filter are
+rebuilt at the end, or at the next open if gc is killed.
+"""
+
+import json
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+
+from foundation.catalog import Catalog
+from foundation.errors import DataCorrupt
+from foundation.gc import compact, mark, reflow
+from foundation.store import format as F
+from foundation.store.disk import atomic_write
+
+log = logging.getLogger(__name__)
+
+CRASH_ENV = "FOUNDATION_GC_CRASH"  # tests: "point" or "point:N" exits at the N-th time gc reaches it
+
+
+@dataclass
+class Report:
+    mode: str
+    arenas: int = 0              # arenas in the log
+    records: int = 0
+    garbage: int = 0             # bytes of records nothing kept reaches (in sealed arenas, for hash mode)
+    candidates: int = 0          # arenas with enough garbage to rewrite
+    rewritten: list = field(default_factory=list)
+    blocked: list = field(default_factory=list)  # (arena, why)
+    before: int = 0              # bytes of arena files before
+    after: int = 0               # and after
+    stopped: str = ""            # why gc stopped before rewriting every candidate
+    seconds: float = 0.0
+    dry_run: bool = False
+
+    @property
+    def reclaimed(self):
+        return self.before - self.after
+
+
+def _crash(point, _seen={}):
+    want = os.environ.get(CRASH_ENV)
+    if not want:
+        return
+    name, _, count = want.partition(":")
+    if name != point:
+        return
+    _seen[point] = _seen.get(point, 0) + 1
+    if _seen[point] >= int(count or 1):
+        sys.stderr.write(f"foundation: test crash at {point}\n")
+        sys.stderr.flush()
+        os._exit(137)
+
+
+def roots(cat):
+    """Refs the kept snapshots start from: every tree and blob the catalog names."""
+    out = []
+    for snap in cat.snapshots():
+        reflow.roots_map(snap.to_json(), lambda r: out.append(r) or r)
+    return out
+
+
+def catalog_roots(cat):
+    """The current catalog: its record and its blob."""
+    return [cat.ref, cat._blob.ref] if cat.ref is not None else []
+
+
+def collect(store, min_garbage=0.1, max_time=None, target_free=None, dry_run=False, progress=None):
+    """Run one gc over a writable store -> Report."""
+    t0 = time.monotonic()
+    if reflow.pending(store.path):
+        raise DataCorrupt("an interrupted gc switch is pending; reopen the store to finish it")
+    store.exclusive()
+    cat = Catalog.load(store)
+    arenas = mark.Arenas(store)
+    rep = Report(store.mode, arenas=arenas.last + 1, dry_run=dry_run)
+    rep.before = store.log_bytes()
+    step = progress("marking", arenas.last + 1) if progress else None
+    if store.mode == "hash":
+        live = mark.mark_hash(store, roots(cat) + catalog_roots(cat), step)
+        try:
+            _hash(store, arenas, live, rep, min_garbage, max_time, target_free, dry_run, progress, t0)
+        finally:
+            live.close()
+    else:
+        live = mark.mark_value(store, roots(cat), catalog_roots(cat), step)
+        _value(store, arenas, live, cat, rep, min_garbage, dry_run, progress)
+    rep.after = store.log_bytes()
+    rep.seconds = time.monotonic() - t0
+    return rep
+
+
+# ---- compare-by-hash: arena by arena ---------------------------------------------
+
+def _hash(store, arenas, live, rep, min_garbage, max_time, target_free, dry_run, progress, t0):
+    plans = []
+    for n in range(arenas.last):  # the open arena is still being written: never rewritten
+        p = compact.plan_hash(store, arenas, live, n)
+        rep.records += len(p.keep)
+        rep.garbage += p.garbage
+        if p.garbage and p.blocked:
+            rep.blocked.append((n, p.blocked))
+        elif p.garbage and p.share >= min_garbage:
+            plans.append(p)
+    rep.candidates = len(plans)
+    if dry_run or not plans:
+        return
+    # The most garbage first: a limited run frees the most space.
+    plans.sort(key=lambda p: -p.garbage)
+    step = progress("rewriting arenas", len(plans)) if progress else None
+    store.index.mark_dirty()  # from the first swap on, index entries may name moved records
+    freed = 0
+    for k, p in enumerate(plans):
+        if max_time is not None and time.monotonic() - t0 > max_time:
+            rep.stopped = f"--max-time {max_time:g}s reached"
+            break
+        if target_free is not None and freed >= target_free:
+            rep.stopped = f"--target-free reached ({freed:,} bytes freed)"
+            break
+        n = p.arena
+        _, addrs, _, _ = arenas.records(n)
+        tr = store.log.trailer(n)
+        old = os.path.getsize(store.log.path(n))
+        path, new, arrays = compact.rewrite(store, n, [addrs[i] for i in p.keep], tr.generation + 1,
+                                            tr.chain, tr.sealed)
+        _crash("gc.written")
+        compact.swap(store, n, path, new, arrays)
+        _crash("gc.swapped")
+        store.bad = {a for a in store.bad if a >> 32 != n}  # damaged records there were healed copies: dropped
+        freed += old - os.path.getsize(store.log.path(n))
+        rep.rewritten.append(n)
+        if step:
+            step(k + 1)
+    _rebuild(store)
+
+
+def _rebuild(store):
+    """Index, Bloom filter, caches and damaged.json after records moved."""
+    from foundation.store.rebuild import rebuild_bloom, rebuild_index
+    _save_damaged(store)
+    store.summaries.clear()
+    store.summary_entries = 0
+    store.blocks.clear()
+    rebuild_index(store)
+    rebuild_bloom(store)
+    store._reset_buffer()
+    store._catch_up(store.index.h.covered)
+
+
+def _save_damaged(store):
+    p = os.path.join(store.path, F.DAMAGED)
+    if os.path.exists(p):
+        recs = sorted(F.split(a) for a in store.bad)
+        atomic_write(p, json.dumps({"records": [list(r) for r in recs]}).encode())
+
+
+# ---- compare-by-value: one reflow from the first arena worth it ---------------------
+
+def _value(store, arenas, live, cat, rep, min_garbage, dry_run, progress):
+    first = None
+    for n in range(arenas.last + 1):
+        _, addrs, _, end = arenas.records(n)
+        sizes = compact.record_sizes(addrs, end)
+        flags = live.flags[n]
+        g = sum(s for s, f in zip(sizes, flags) if not f)
+        rep.records += sum(1 for f in flags if f & mark.LIVE)
+        rep.garbage += g
+        total = sum(sizes)
+        if first is None and g and g / total >= min_garbage:
+            first = n
+    if first is None or dry_run:
+        rep.candidates = 0 if first is None else arenas.last + 1 - first
+        return
+    rep.candidates = arenas.last + 1 - first
+    step = progress("rewriting arenas", arenas.last + 1 - first) if progress else None
+    out, rel = reflow.reflow(store, arenas, live, first, step)
+    if cat.ref is not None:
+        new = Catalog()
+        new._parse(reflow.translated_catalog(cat.serialize(), rel))
+        new.generation = cat.generation
+        new.commit(out)
+    head = out.finish()
+    _crash("gc.written")
+    old_last = arenas.last
+    store.suspend()  # nothing of the old log may be written after the journal; the locks stay
+    reflow.commit(store, first, out.files, old_last, head)
+    _crash("gc.journaled")
+    reflow.finish(store.path)
+    rep.rewritten = list(out.files)
+    store.resume()
