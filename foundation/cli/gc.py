@@ -30,6 +30,7 @@ def add_arguments(p):
                    help="stop rewriting after this long (compare-by-hash stores; the next gc goes on)")
     p.add_argument("--target-free", type=size, metavar="SIZE",
                    help="stop once this much space is free again, e.g. 20G (compare-by-hash stores)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--no-replicate", action="store_true", help="do not update the configured replicas afterwards")
 
 
@@ -61,6 +62,13 @@ def run(args):
     with open_store(args, writable=True) as store:
         rep = collect(store, min_garbage=args.min_garbage / 100, max_time=args.max_time,
                       target_free=args.target_free, dry_run=args.dry_run, progress=_Steps())
+    if rep.rewritten and not args.no_replicate:
+        _replicate(args)
+    if args.json:
+        import dataclasses
+        import json
+        print(json.dumps({**dataclasses.asdict(rep), "reclaimed": rep.reclaimed}))
+        return 0
     print(f"marked: {rep.records:,} live records in {rep.arenas} arenas; "
           f"{human(rep.garbage)} of garbage{' in sealed arenas' if rep.mode == 'hash' else ''}")
     for n, why in rep.blocked:
@@ -72,8 +80,6 @@ def run(args):
           f"({human(rep.before)} -> {human(rep.after)}) in {rep.seconds:.1f} s")
     if rep.stopped:
         print(f"stopped early: {rep.stopped}; run gc again to go on")
-    if not args.no_replicate:
-        _replicate(args)
     return 0
 
 

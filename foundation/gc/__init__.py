@@ -113,6 +113,7 @@ def _hash(store, arenas, live, rep, min_garbage, max_time, target_free, dry_run,
         p = compact.plan_hash(store, arenas, live, n)
         rep.records += len(p.keep)
         rep.garbage += p.garbage
+        p.keep = None  # found again when the arena is rewritten: memory stays per arena
         if p.garbage and p.blocked:
             rep.blocked.append((n, p.blocked))
         elif p.garbage and p.share >= min_garbage:
@@ -134,6 +135,7 @@ def _hash(store, arenas, live, rep, min_garbage, max_time, target_free, dry_run,
             break
         n = p.arena
         _, addrs, _, _ = arenas.records(n)
+        p = compact.plan_hash(store, arenas, live, n, p.healed)
         tr = store.log.trailer(n)
         old = os.path.getsize(store.log.path(n))
         path, new, arrays = compact.rewrite(store, n, [addrs[i] for i in p.keep], tr.generation + 1,

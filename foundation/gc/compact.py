@@ -29,6 +29,7 @@ class Plan:
     garbage: int        # bytes of records nothing kept reaches
     keep: list = field(default_factory=list)  # indexes (in summary order) of the records kept
     blocked: str = ""   # why the arena cannot be rewritten now
+    healed: set = field(default_factory=set)  # damaged records another copy replaces
 
     @property
     def share(self):
@@ -40,8 +41,9 @@ def record_sizes(addrs, end):
     return [offs[i + 1] - offs[i] for i in range(len(addrs))]
 
 
-def plan_hash(store, arenas, live, n):
-    """What arena n keeps: live scores, minus damaged records that another copy has healed."""
+def plan_hash(store, arenas, live, n, healed=None):
+    """What arena n keeps: live scores, minus damaged records that another copy has
+    healed (found through the index while it is current, or given as `healed`)."""
     keys, addrs, types, end = arenas.records(n)
     sizes = record_sizes(addrs, end)
     p = Plan(n, sum(sizes), 0)
@@ -50,8 +52,9 @@ def plan_hash(store, arenas, live, n):
         if key not in live:
             p.garbage += sizes[i]
         elif a in store.bad:
-            if _healed(store, key):
+            if a in healed if healed is not None else _healed(store, key):
                 p.garbage += sizes[i]
+                p.healed.add(a)
             else:
                 p.keep.append(i)
                 p.blocked = (f"offset {a & 0xFFFFFFFF} is damaged and still needed; "
