@@ -2,7 +2,9 @@
 # Set up everything Foundation needs on a fresh Debian 12 machine, as root:
 # the Debian packages (compiler headers for the C core, QEMU, libvirt, FUSE,
 # file-system tools for the tests), the Python package with its C core
-# built by cffi, and a running libvirtd. Idempotent; safe to run again.
+# built by cffi, the replica test servers (scripts/servers.sh install: pyftpdlib,
+# and MinIO built with Go once into /var/cache/foundation) and a running
+# libvirtd. Idempotent; safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -34,6 +36,9 @@ $PY -m pip install -q --disable-pip-version-check -e ".[vm,fuse,replica,test]" |
     say "pip install failed (see above)"; exit 1; }
 $PY -c "from foundation import native; assert native.backend == 'native', native.backend" || {
     say "the C core did not build; see the pip output above"; exit 1; }
+
+say "installing the replica test servers (FTP, FTPS, MinIO; the first MinIO build takes about 6 minutes)"
+PYTHON=$PY scripts/servers.sh install || { say "the replica test servers could not be installed (see above)"; exit 1; }
 
 if [ -x scripts/libvirt.sh ]; then
     scripts/libvirt.sh || say "warning: libvirtd did not start; VM tests will be skipped"

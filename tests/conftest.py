@@ -4,6 +4,7 @@ import random
 import pytest
 
 from foundation.store import Store, Tuning
+from servers import ftp_server, ftps_server, local_server, s3_server  # noqa: F401 (replica test servers)
 
 BS = 4096
 

@@ -1,0 +1,266 @@
+"""A replica in an S3-compatible object store (boto3): AWS, MinIO, and the many others.
+
+S3 objects appear whole or not at all, so a small object is one
+put_object. A large one is a multipart upload of PART-byte parts
+completed into place; when a put was cut, the newest unfinished upload of
+the key is found again (list_multipart_uploads, list_parts) and each part
+whose MD5 matches the local bytes is kept. Path-style addressing (the
+form every S3 clone accepts) and no retries inside botocore: `Retrying`
+does them.
+"""
+
+import base64
+import contextlib
+import hashlib
+
+from foundation.replica.backend import (
+    AuthFailed, Backend, Permanent, RemoteError, RemoteFull, RemoteMissing, Transient,
+    check_name, download, md5_of, span)
+
+PART = 8 << 20           # multipart part size; objects smaller than this go in one put_object
+
+_AUTH = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "InvalidToken", "ExpiredToken",
+         "InvalidClientTokenId", "AuthorizationHeaderMalformed", "403"}
+_FULL = {"XMinioStorageFull", "EntityTooLarge", "QuotaExceeded", "XMinioAdminBucketQuotaExceeded",
+         "StorageFull", "InsufficientStorage"}
+_TRANSIENT = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "InternalError",
+              "ServiceUnavailable", "XMinioServerNotInitialized", "RequestLimitExceeded"}
+_MISSING = {"NoSuchKey", "404", "NotFound"}
+
+
+class S3Backend(Backend):
+    def __init__(self, spec):
+        super().__init__()
+        self.spec = spec
+        self.url = spec.url
+        self.bucket = spec.bucket
+        self.base = spec.path
+        self._s3 = None
+
+    def _client(self):
+        """The boto3 client, made (and the bucket checked) at the first call."""
+        if self._s3 is None:
+            import boto3
+            from botocore.config import Config
+            s = self.spec
+            config = Config(s3={"addressing_style": "path"}, retries={"total_max_attempts": 1},
+                            connect_timeout=s.timeout, read_timeout=s.timeout, signature_version="s3v4",
+                            request_checksum_calculation="when_required",
+                            response_checksum_validation="when_required")
+            client = boto3.session.Session().client(
+                "s3", endpoint_url=s.endpoint, region_name=s.region, aws_access_key_id=s.access_key,
+                aws_secret_access_key=s.secret_key, config=config,
+                verify=s.ca_file or (False if s.insecure else None))
+            try:
+                client.head_bucket(Bucket=self.bucket)
+            except Exception as e:
+                if _code(e) in ("404", "NoSuchBucket"):
+                    raise Permanent(self.url, f"bucket {self.bucket} does not exist at "
+                                              f"{s.endpoint or 'AWS'}: create it, or correct the url") from None
+                raise
+            self._s3 = client
+        return self._s3
+
+    @contextlib.contextmanager
+    def _errors(self, what):
+        """Every failure as a RemoteError."""
+        from botocore import exceptions as bx
+        try:
+            yield
+        except RemoteError:
+            raise
+        except bx.ClientError as e:
+            code, status = _code(e), e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+            msg = f"{what}: the server answered {code} {e.response.get('Error', {}).get('Message', '')}".strip()
+            if code in _AUTH or status in (401, 403):
+                raise AuthFailed(self.url, msg) from e
+            if code in _FULL or status in (413, 507):
+                raise RemoteFull(self.url, msg) from e
+            if code in _TRANSIENT or status >= 500 or status == 429:
+                raise Transient(self.url, msg) from e
+            raise Permanent(self.url, msg) from e
+        except bx.NoCredentialsError as e:
+            raise AuthFailed(self.url, f"{what}: no credentials (set access_key and secret_key, or "
+                                       "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)") from e
+        except bx.SSLError as e:
+            if "CERTIFICATE_VERIFY_FAILED" in str(e):
+                raise Permanent(self.url, f"the endpoint's certificate is not trusted ({e}): set ca_file to the "
+                                          "certificate that signed it, or insecure = true") from e
+            raise Transient(self.url, f"{what}: {e}") from e
+        except (bx.HTTPClientError, bx.ConnectionError, bx.ResponseStreamingError, OSError) as e:
+            raise Transient(self.url, f"{what}: {e}") from e
+
+    def _key(self, name):
+        return f"{self.base}/{name}" if self.base else name
+
+    # -- the interface
+
+    def put(self, name, path, offset=0, length=None, token="", progress=None):
+        length = span(path, offset, length)
+        key = self._key(check_name(name))
+        with self._errors(f"uploading {name}"):
+            s3 = self._client()
+            if progress:
+                progress(0)
+            if length < PART:
+                data = self._read(path, offset, length)
+                s3.put_object(Bucket=self.bucket, Key=key, Body=data, ContentMD5=_md5(data)[1])
+                self.sent += length
+                if progress:
+                    progress(length)
+                return
+            uploads = self._uploads(key)
+            upload, parts = None, {}
+            if token and uploads:
+                upload = uploads[0]["UploadId"]
+                parts = self._parts(key, upload)
+            if upload is None:
+                upload = s3.create_multipart_upload(Bucket=self.bucket, Key=key)["UploadId"]
+            done, etags = 0, []
+            for number, start in enumerate(range(0, length, PART), 1):
+                n = min(PART, length - start)
+                old = parts.get(number)
+                if old and old["Size"] == n and old["ETag"].strip('"') == md5_of(path, offset + start, n):
+                    etag = old["ETag"]
+                else:
+                    data = self._read(path, offset + start, n)
+                    etag = s3.upload_part(Bucket=self.bucket, Key=key, UploadId=upload, PartNumber=number,
+                                          Body=data, ContentMD5=_md5(data)[1])["ETag"]
+                    if etag.strip('"') != _md5(data)[0]:
+                        raise Transient(self.url, f"uploading {name}: part {number} arrived damaged")
+                    self.sent += n
+                etags.append({"PartNumber": number, "ETag": etag})
+                done += n
+                if progress:
+                    progress(done)
+            s3.complete_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload,
+                                         MultipartUpload={"Parts": etags})
+            for u in uploads:          # older attempts that cannot be resumed any more
+                if u["UploadId"] != upload:
+                    self._abort(key, u["UploadId"])
+
+    def _read(self, path, offset, n):
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read(n)
+        if len(data) != n:
+            raise ValueError(f"{path} shrank while it was uploaded")
+        self._pace(n)
+        return data
+
+    def _uploads(self, key):
+        """The unfinished multipart uploads of exactly `key`, newest first."""
+        out = []
+        for page in self._client().get_paginator("list_multipart_uploads").paginate(Bucket=self.bucket,
+                                                                                   Prefix=key):
+            out += [u for u in page.get("Uploads", []) if u["Key"] == key]
+        return sorted(out, key=lambda u: u["Initiated"], reverse=True)
+
+    def _parts(self, key, upload):
+        """{part number: part} of an unfinished upload; {} if it is gone."""
+        from botocore.exceptions import ClientError
+        parts = {}
+        try:
+            for page in self._client().get_paginator("list_parts").paginate(Bucket=self.bucket, Key=key,
+                                                                            UploadId=upload):
+                parts.update((p["PartNumber"], p) for p in page.get("Parts", []))
+        except ClientError as e:
+            if _code(e) != "NoSuchUpload":
+                raise
+        return parts
+
+    def _abort(self, key, upload):
+        from botocore.exceptions import ClientError
+        with contextlib.suppress(ClientError):
+            self._client().abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload)
+
+    def _open(self, name, offset=0, length=None):
+        """The body stream of bytes [offset, offset+length) of object `name`, or None past its end."""
+        from botocore.exceptions import ClientError
+        kw = {}
+        if offset or length is not None:
+            kw["Range"] = f"bytes={offset}-" + ("" if length is None else str(offset + length - 1))
+        try:
+            return self._client().get_object(Bucket=self.bucket, Key=self._key(check_name(name)), **kw)["Body"]
+        except ClientError as e:
+            if _code(e) in _MISSING:
+                raise RemoteMissing(self.url, name) from None
+            if _code(e) == "InvalidRange":
+                return None
+            raise
+
+    def _stream(self, body, write):
+        with contextlib.closing(body):
+            while True:
+                n = self._chunk_size()
+                self._pace(n)
+                data = body.read(n)
+                if not data:
+                    return
+                self.received += len(data)
+                write(data)
+
+    def get(self, name, offset=0, length=None):
+        if length == 0:
+            return b""
+        out = bytearray()
+        with self._errors(f"reading {name}"):
+            body = self._open(name, offset, length)
+            if body is not None:
+                self._stream(body, out.extend)
+        return bytes(out)
+
+    def get_file(self, name, path, progress=None):
+        def fetch(write):
+            with self._errors(f"downloading {name}"):
+                self._stream(self._open(name), write)
+        download(path, fetch, progress)
+
+    def size(self, name):
+        from botocore.exceptions import ClientError
+        with self._errors(f"looking up {name}"):
+            try:
+                return self._client().head_object(Bucket=self.bucket, Key=self._key(check_name(name)))["ContentLength"]
+            except ClientError as e:
+                if _code(e) in _MISSING:
+                    return None
+                raise
+
+    def list(self, prefix=""):
+        out = {}
+        cut = len(self._key(""))
+        with self._errors("listing"):
+            for page in self._client().get_paginator("list_objects_v2").paginate(Bucket=self.bucket,
+                                                                                Prefix=self._key(prefix)):
+                out.update((o["Key"][cut:], o["Size"]) for o in page.get("Contents", []))
+        return out
+
+    def delete(self, name):
+        with self._errors(f"deleting {name}"):
+            self._client().delete_object(Bucket=self.bucket, Key=self._key(check_name(name)))
+
+    def cleanup(self, prefix=""):
+        start = self._key(prefix)
+        with self._errors("removing unfinished uploads"):
+            found = []      # listed for the whole bucket: MinIO answers a prefix only if it is a whole key
+            for page in self._client().get_paginator("list_multipart_uploads").paginate(Bucket=self.bucket):
+                found += [u for u in page.get("Uploads", []) if u["Key"].startswith(start)]
+            for u in found:
+                self._abort(u["Key"], u["UploadId"])
+            return len(found)
+
+    def close(self):
+        s3, self._s3 = self._s3, None
+        if s3 is not None:
+            with contextlib.suppress(Exception):
+                s3.close()
+
+
+def _code(e):
+    return getattr(e, "response", {}).get("Error", {}).get("Code", "")
+
+
+def _md5(data):
+    """(hex, base64) MD5 of data: the ETag S3 answers, and the Content-MD5 it checks."""
+    d = hashlib.md5(data, usedforsecurity=False).digest()
+    return d.hex(), base64.b64encode(d).decode()
