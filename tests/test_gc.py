@@ -2,8 +2,12 @@
 
 import hashlib
 import os
+import random
+import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from test_cli_images import ROOT, cli, day, write
@@ -46,35 +50,28 @@ def restores(path, history):
         return sorted(x.time.day for x in snaps)
 
 
-def forget(store, days):
+def forget(store, days, **kw):
     """Drop snapshots from the catalog in one commit, as `foundation forget` does."""
-    with open_store(store) as s:
+    with open_store(store, **kw) as s:
         cat = Catalog.load(s)
         cat.forget([x.id for x in cat.snapshots() if x.time.day in days])
         cat.commit(s)
 
 
 def unreachable(path):
+    """Bytes gc could reclaim: records of the arenas gc may rewrite that no kept snapshot reaches."""
+    mode, records, seen, last = walk(path)
+    return sum(size for ref, (a, size) in records.items() if ref not in seen and a >> 32 < last)
+
+
+def walk(path):
     """Oracle, independent of gc's sweep: walk every kept tree from its roots
-    (depth first, by refs) and sum the record bytes of sealed arenas that no
-    walk reached -> bytes gc could reclaim there."""
+    (depth first, by refs) -> (mode, {ref: (address, record bytes)}, refs
+    reached, first arena gc never rewrites)."""
     with open_store(path, writable=False) as s:
         cat = Catalog.load(s)
-        seen = set()
-        todo = [r for r in roots(cat)]
-        if s.mode == "hash" and cat.ref is not None:
-            todo += [cat.ref, cat._blob.ref]
-        while todo:
-            r = todo.pop()
-            if r == s.null_ref or r in seen:
-                continue
-            seen.add(r)
-            btype, data = _typed(s, r)
-            if btype == F.TREE:
-                todo += [data[i:i + s.ref_size] for i in range(0, len(data), s.ref_size)]
-        total = 0
-        last = s.log.open.n if s.mode == "hash" else s.log.open.n + 1
-        for n in range(last):
+        records = {}  # ref -> (address, record bytes)
+        for n in range(s.log.open.n + 1):
             if n == s.log.open.n:
                 keys, addrs, end = bytes(s.log.open.keys), list(s.log.open.addrs), s.log.open.end
             else:
@@ -83,18 +80,21 @@ def unreachable(path):
             offs = [a & 0xFFFFFFFF for a in addrs] + [end]
             for i, a in enumerate(addrs):
                 ref = keys[i * 32:(i + 1) * 32] if s.mode == "hash" else a.to_bytes(8, "big")
-                if ref not in seen:
-                    total += offs[i + 1] - offs[i]
-        return total
-
-
-def _typed(s, ref):
-    if s.mode == "hash":
-        a = s._locate(ref) or next(iter(s.index.lookup(ref)))
-    else:
-        a = int.from_bytes(ref, "big")
-    btype, _key, data = s.log.read(a)
-    return btype, data
+                records[bytes(ref)] = (a, offs[i + 1] - offs[i])
+        seen = set()
+        todo = roots(cat)
+        if s.mode == "hash" and cat.ref is not None:
+            todo += [cat.ref, cat._blob.ref]
+        while todo:
+            r = bytes(todo.pop())
+            if r == s.null_ref or r in seen:
+                continue
+            seen.add(r)
+            btype, _key, data = s.log.read(records[r][0])
+            if btype == F.TREE:
+                todo += [data[i:i + s.ref_size] for i in range(0, len(data), s.ref_size)]
+        # The open arena is never rewritten in hash mode; value mode rewrites it too.
+        return s.mode, records, seen, s.log.open.n if s.mode == "hash" else s.log.open.n + 1
 
 
 def files(path):
@@ -130,8 +130,9 @@ def test_gc_reclaims_what_forgotten_snapshots_alone_held(tmp_path, capsys, mode)
     rc, out, _ = cli(capsys, store, "gc", "--min-garbage", "0")
     assert rc == 0, out
     freed = size - log_bytes(store)
-    # Everything unreachable is given back, less the bigger trailers of rewritten arenas.
-    assert want - 64 * 40 <= freed <= want + 4096, (want, freed)
+    # Everything unreachable is given back, less the bigger trailers of rewritten
+    # arenas and the few records the mark's Bloom filter keeps by false positive (1 %).
+    assert want * 0.97 - 64 * 40 <= freed <= want + 4096, (want, freed)
     assert restores(store, history) == [1, 3, 5, 6]
     with open_store(store, writable=False) as s:
         damage, _ = verify(s)
@@ -150,23 +151,21 @@ def test_gc_reclaims_what_forgotten_snapshots_alone_held(tmp_path, capsys, mode)
 
 
 @pytest.mark.parametrize("mode", ["hash", "value"])
-def test_data_shared_with_kept_snapshots_stays(tmp_path, capsys, mode):
-    store = make_store(tmp_path / "s", mode=mode, encrypt=True, key_file=str(tmp_path / "k"))
-    os.environ["FOUNDATION_KEY_FILE"] = str(tmp_path / "k")
-    try:
-        history = churn_days(tmp_path, capsys, store, days=4)
-        forget(store, {1, 2, 3})  # only day 4 kept: everything it shares with them stays
-        size = log_bytes(store)
-        assert cli(capsys, store, "gc", "--min-garbage", "0")[0] == 0
-        assert log_bytes(store) < size
-        with open_store(store, writable=False, key_file=str(tmp_path / "k")) as s:
-            x = Catalog.load(s).snapshots("vm")
-            assert [y.time.day for y in x] == [4]
-            r = ImageReader(s, x[0].disks["vda"].root)
-            assert r.read(0, r.size) == history[4]
-            assert verify(s)[0] == []
-    finally:
-        del os.environ["FOUNDATION_KEY_FILE"]
+def test_data_shared_with_kept_snapshots_stays(tmp_path, capsys, monkeypatch, mode):
+    key = str(tmp_path / "k")
+    store = make_store(tmp_path / "s", mode=mode, encrypt=True, key_file=key)
+    monkeypatch.setenv("FOUNDATION_KEY_FILE", key)
+    history = churn_days(tmp_path, capsys, store, days=4)
+    forget(store, {1, 2, 3}, key_file=key)  # only day 4 kept: everything it shares with them stays
+    size = log_bytes(store)
+    assert cli(capsys, store, "gc", "--min-garbage", "0")[0] == 0
+    assert log_bytes(store) < size
+    with open_store(store, writable=False, key_file=key) as s:
+        x = Catalog.load(s).snapshots("vm")
+        assert [y.time.day for y in x] == [4]
+        r = ImageReader(s, x[0].disks["vda"].root)
+        assert r.read(0, r.size) == history[4]
+        assert verify(s)[0] == []
 
 
 def test_target_free_stops_early_and_the_next_gc_goes_on(tmp_path, capsys):
@@ -226,14 +225,23 @@ def test_unhealed_damage_blocks_only_its_arena(tmp_path, capsys):
     store = make_store(tmp_path / "s")
     churn_days(tmp_path, capsys, store, days=4)
     forget(store, {2})
-    with open(os.path.join(store, "arenas", F.arena_name(0)), "r+b") as f:
-        f.seek(72 + 64 + 10)
+    with open_store(store) as s:
+        candidates = collect(s, min_garbage=0.0, dry_run=True).candidates
+    # Damage a record a kept snapshot needs in an arena gc would rewrite.
+    _, records, seen, _ = walk(store)
+    live = sorted(a for ref, (a, _) in records.items() if ref in seen)
+    n = next(c for c in candidates if any(a >> 32 == c for a in live))
+    a = next(a for a in live if a >> 32 == n)
+    with open(os.path.join(store, "arenas", F.arena_name(n)), "r+b") as f:
+        f.seek((a & 0xFFFFFFFF) + 64 + 10)
         f.write(b"XXXX")
     with open_store(store) as s:
         verify(s)
         rep = collect(s, min_garbage=0.0)
-    assert rep.blocked and rep.blocked[0][0] == 0 and "damaged" in rep.blocked[0][1]
-    assert 0 not in rep.rewritten and rep.rewritten
+    assert [b[0] for b in rep.blocked] == [n] and "damaged and still needed" in rep.blocked[0][1]
+    assert n not in rep.rewritten and sorted(rep.rewritten) == sorted(c for c in candidates if c != n)
+    with open_store(store, writable=False) as s:  # the damage is still reported, nothing else
+        assert [(d.arena, d.offset) for d in verify(s)[0]] == [(n, a & 0xFFFFFFFF)]
 
 
 CRASHER = """
@@ -257,24 +265,40 @@ def test_gc_killed_at_any_point_resumes(tmp_path, capsys, mode):
     history = churn_days(tmp_path, capsys, pristine)
     forget(pristine, {2, 4})
     reference = str(tmp_path / "reference")
-    import shutil
     shutil.copytree(pristine, reference)
+    garbage = unreachable(reference)
     assert run_gc(reference).returncode == 0
     final = log_bytes(reference)
 
     points = ["gc.written", "gc.journaled"] if mode == "value" else \
         ["gc.written", "gc.written:3", "gc.swapped", "gc.swapped:2", "gc.swapped:5"]
-    for point in points:
-        trial = str(tmp_path / f"trial-{point.replace(':', '-')}")
+    rng = random.Random(5)
+    kills = [(p, None) for p in points] + [(None, rng.uniform(0.2, 0.9)) for _ in range(6)]
+    for k, (point, delay) in enumerate(kills):
+        trial = str(tmp_path / f"trial-{k}")
         shutil.copytree(pristine, trial)
-        p = run_gc(trial, point)
-        assert p.returncode == 137 and "test crash" in p.stderr, p.stderr
-        assert restores(trial, history) == [1, 3, 5, 6] if mode == "hash" or point == "gc.written" \
-            else True  # a pending value-mode switch: readers wait for a writer to finish it
+        if point:
+            p = run_gc(trial, point)
+            assert p.returncode == 137 and "test crash" in p.stderr, p.stderr
+        else:
+            p = subprocess.Popen([sys.executable, "-c", CRASHER, "--store", trial, "gc", "--min-garbage", "0"],
+                                 env=dict(os.environ, PYTHONPATH=ROOT), stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL)
+            time.sleep(delay)
+            p.send_signal(signal.SIGKILL)
+            p.wait()
+        if os.path.exists(os.path.join(trial, "gc.json")):
+            # A committed value-mode switch: readers wait until a writer finishes it.
+            with pytest.raises(StoreBusy, match="was interrupted"):
+                open_store(trial, writable=False)
+        else:
+            assert restores(trial, history) == [1, 3, 5, 6]
         with open_store(trial) as s:  # a writer finishes or discards what gc left
             assert not [x for x in os.listdir(os.path.join(trial, "arenas")) if x.endswith(".gc")]
             assert verify(s)[0] == []
         assert restores(trial, history) == [1, 3, 5, 6]
         assert run_gc(trial).returncode == 0
         assert restores(trial, history) == [1, 3, 5, 6]
-        assert abs(log_bytes(trial) - final) <= 64 * 8, (point, log_bytes(trial), final)
+        # The same space as one uninterrupted gc, give or take the records
+        # each run's Bloom filter keeps by false positive.
+        assert abs(log_bytes(trial) - final) <= 0.01 * garbage + 512, (point, delay, log_bytes(trial), final)

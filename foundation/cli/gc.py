@@ -74,9 +74,9 @@ def run(args):
     for n, why in rep.blocked:
         print(f"skipped arena {n}: {why}")
     if rep.dry_run:
-        print(f"dry run: {rep.candidates} arena(s) would be rewritten; nothing changed")
+        print(f"dry run: {len(rep.candidates)} arena(s) would be rewritten; nothing changed")
         return 0
-    print(f"rewrote {len(rep.rewritten)} of {rep.candidates} arena(s); reclaimed {human(rep.reclaimed)} "
+    print(f"rewrote {len(rep.rewritten)} of {len(rep.candidates)} arena(s); reclaimed {human(rep.reclaimed)} "
           f"({human(rep.before)} -> {human(rep.after)}) in {rep.seconds:.1f} s")
     if rep.stopped:
         print(f"stopped early: {rep.stopped}; run gc again to go on")

@@ -39,7 +39,7 @@ class Report:
     arenas: int = 0              # arenas in the log
     records: int = 0
     garbage: int = 0             # bytes of records nothing kept reaches (in sealed arenas, for hash mode)
-    candidates: int = 0          # arenas with enough garbage to rewrite
+    candidates: list = field(default_factory=list)  # arenas with enough garbage to rewrite
     rewritten: list = field(default_factory=list)
     blocked: list = field(default_factory=list)  # (arena, why)
     before: int = 0              # bytes of arena files before
@@ -118,11 +118,11 @@ def _hash(store, arenas, live, rep, min_garbage, max_time, target_free, dry_run,
             rep.blocked.append((n, p.blocked))
         elif p.garbage and p.share >= min_garbage:
             plans.append(p)
-    rep.candidates = len(plans)
-    if dry_run or not plans:
-        return
     # The most garbage first: a limited run frees the most space.
     plans.sort(key=lambda p: -p.garbage)
+    rep.candidates = [p.arena for p in plans]
+    if dry_run or not plans:
+        return
     step = progress("rewriting arenas", len(plans)) if progress else None
     store.index.mark_dirty()  # from the first swap on, index entries may name moved records
     freed = 0
@@ -185,10 +185,9 @@ def _value(store, arenas, live, cat, rep, min_garbage, dry_run, progress):
         total = sum(sizes)
         if first is None and g and g / total >= min_garbage:
             first = n
+    rep.candidates = [] if first is None else list(range(first, arenas.last + 1))
     if first is None or dry_run:
-        rep.candidates = 0 if first is None else arenas.last + 1 - first
         return
-    rep.candidates = arenas.last + 1 - first
     step = progress("rewriting arenas", arenas.last + 1 - first) if progress else None
     out, rel = reflow.reflow(store, arenas, live, first, step)
     if cat.ref is not None:

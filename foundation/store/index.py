@@ -72,7 +72,7 @@ class Index:
             if h.keylen != keylen or h.uuid != uuid:
                 raise ValueError("index belongs to another store or mode")
             if h.dirty:
-                raise ValueError("a flush was interrupted")
+                raise ValueError("a flush or a gc was interrupted")
             if os.fstat(fd).st_size < F.INDEX_HEADER_SIZE + h.nfile * h.bucket_size:
                 raise ValueError("index file is truncated")
         except ValueError as e:
