@@ -10,6 +10,13 @@ needs nothing but the arenas. `commit` ends with `store.sync()`: that is
 the commit point of a snapshot. Lookup by time follows TimeLine: the
 snapshot for time t is the latest one whose time is not after t.
 
+Forgetting (`forget`, for `foundation forget` and `prune`) writes a new
+generation of the list without the forgotten lines, in one commit like a
+snapshot: a crash leaves the old list or the new one. Ids are never
+reused: while the greatest id ever given is no longer listed, the header
+line carries the next one. `live_roots` names every tree the list keeps
+alive, which is what `foundation gc` marks from.
+
 The byte layout is in docs/format.md (section "System catalog").
 """
 
@@ -182,7 +189,9 @@ class Catalog:
 
     def __init__(self):
         self._snaps = []  # in order of addition (the order of the lines)
-        self._lines = [_line(HEADER_LINE)]
+        self._head = dict(HEADER_LINE)  # the header line's object, next_id aside
+        self._lines = [_line(HEADER_LINE)]  # [0] is rewritten by serialize()
+        self.next_id = 1  # the id the next add() gives; never lower than the greatest id + 1
         self._text = None  # bytes of the committed blob
         self._blob = None  # its Root
         self.generation = 0
@@ -222,6 +231,10 @@ class Catalog:
             raise CatalogCorrupt("the catalog header line is not a Foundation catalog header")
         if head.get("version") != VERSION:
             raise CatalogTooNew(head.get("version"), VERSION)
+        next_id = head.pop("next_id", 1)
+        if type(next_id) is not int or next_id < 1:
+            raise CatalogCorrupt(f"the catalog header's next_id {next_id!r} is not a positive integer")
+        self._head = head
         self._lines = [lines[0]]
         for n, line in enumerate(lines[1:], 2):
             try:
@@ -237,6 +250,11 @@ class Catalog:
                 raise CatalogCorrupt(f"catalog line {n} is malformed ({e})") from None
             self._snaps.append(snap)
             self._lines.append(line)
+        # A writer that predates next_id may have added past it: never go below max + 1.
+        self.next_id = max(next_id, self._max_id() + 1)
+
+    def _max_id(self):
+        return max((s.id for s in self._snaps), default=0)
 
     # ---- queries ---------------------------------------------------------------
     def snapshots(self, name=None):
@@ -280,6 +298,40 @@ class Catalog:
         except NotFound:
             return None
 
+    @property
+    def blob(self):
+        """The Root of the committed catalog blob (None before the first commit)."""
+        return self._blob
+
+    def live_roots(self):
+        """Every tree root the listed snapshots keep alive, each once, in catalog order.
+
+        Each disk's root, and every tree root in `meta` (any JSON object
+        with exactly the keys ref, size and depth: the domain XML, the
+        NVRAM blob, and whatever later writers add the same way). Roots with
+        the null ref (all-zero images) are included; they reach no record.
+        The catalog's own record and blob (`ref`, `blob`) are not: gc adds
+        them itself. A malformed root raises CatalogCorrupt, so that gc
+        never mistakes a damaged catalog for one that keeps less alive.
+        """
+        out, seen = [], set()
+
+        def add(root):
+            key = (root.ref, root.size, root.depth)
+            if key not in seen:
+                seen.add(key)
+                out.append(root)
+
+        for s in self._snaps:
+            for entry in s.disks.values():
+                add(entry.root)
+            try:
+                _meta_roots(s.meta, add)
+            except DataCorrupt as e:
+                raise CatalogCorrupt(f"snapshot {s.id} of {s.name!r} has a malformed root in its meta "
+                                     f"({e.args[0] if e.args else e})") from None
+        return out
+
     # ---- changes -----------------------------------------------------------------
     def add(self, snap):
         """Add a snapshot (id assigned here); it is durable only after commit()."""
@@ -288,13 +340,37 @@ class Catalog:
         for s in self._snaps:
             if s.name == snap.name and s.time == snap.time:
                 raise DuplicateSnapshot(snap.name, format_time(snap.time), s.id)
-        snap.id = max((s.id for s in self._snaps), default=0) + 1
+        snap.id = self.next_id
         line = _line({"op": "add", **snap.to_json()})
         self._snaps.append(snap)
         self._lines.append(line)
+        self.next_id += 1
         return snap
 
+    def forget(self, ids):
+        """Take the snapshots with these ids out of the list -> them, oldest first.
+
+        All or nothing: an id not in the catalog raises NotFound and nothing
+        is taken out. Like add(), the change is durable only after commit(),
+        which writes a new generation of the blob without their lines; the
+        ids stay used (next_id does not move back).
+        """
+        want = set(ids)
+        known = {s.id for s in self._snaps}
+        missing = sorted(want - known)
+        if missing:
+            raise NotFound(f"no snapshot with id {', '.join(map(str, missing))} in the catalog")
+        gone = [s for s in self._snaps if s.id in want]
+        keep = [(s, line) for s, line in zip(self._snaps, self._lines[1:]) if s.id not in want]
+        self._snaps = [s for s, _ in keep]
+        self._lines = self._lines[:1] + [line for _, line in keep]
+        return sorted(gone, key=lambda s: (s.time, s.id))
+
     def serialize(self):
+        head = dict(self._head)
+        if self.next_id != self._max_id() + 1:  # only then: the header stays put as lines are added
+            head["next_id"] = self.next_id
+        self._lines[0] = _line(head)
         return "".join(self._lines).encode("utf-8")
 
     def commit(self, store):
@@ -310,6 +386,19 @@ class Catalog:
         store.sync()
         self._text, self._blob, self.generation, self.ref = text, blob, gen, ref
         return ref
+
+
+def _meta_roots(obj, add):
+    """Call add(Root) for every tree root in a JSON value (the rule of format.md §11.2)."""
+    if isinstance(obj, dict):
+        if set(obj) == {"ref", "size", "depth"} and isinstance(obj["ref"], str):
+            add(Root.from_json(obj))
+            return
+        for v in obj.values():
+            _meta_roots(v, add)
+    elif isinstance(obj, list):
+        for v in obj:
+            _meta_roots(v, add)
 
 
 def _unpack_record(rec, ref_size):

@@ -69,15 +69,12 @@ def _crash(point, _seen={}):
 
 def roots(cat):
     """Refs the kept snapshots start from: every tree and blob the catalog names."""
-    out = []
-    for snap in cat.snapshots():
-        reflow.roots_map(snap.to_json(), lambda r: out.append(r) or r)
-    return out
+    return [r.ref for r in cat.live_roots()]
 
 
 def catalog_roots(cat):
     """The current catalog: its record and its blob."""
-    return [cat.ref, cat._blob.ref] if cat.ref is not None else []
+    return [cat.ref, cat.blob.ref] if cat.ref is not None else []
 
 
 def collect(store, min_garbage=0.1, max_time=None, target_free=None, dry_run=False, progress=None):

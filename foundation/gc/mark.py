@@ -8,7 +8,7 @@ gets there. Only TREE records are read; leaves are judged from the
 summaries alone.
 
 In compare-by-hash mode a ref is a score, and the live set is a Bloom
-filter of scores (about 1.2 bytes per record of the log): a false positive
+filter of scores (about 1.8 bytes per record of the log): a false positive
 only keeps a little garbage. In compare-by-value mode a ref is an address,
 and the live set is exact: one byte per record, found by its position in
 its arena's summary.
@@ -23,7 +23,7 @@ import pybloomfilter
 from foundation.errors import DataCorrupt
 from foundation.store import format as F
 
-LIVE_ERROR = 0.01  # Bloom false positives: the share of garbage a sweep may keep
+LIVE_ERROR = 0.001  # Bloom false positives: the share of garbage a sweep may keep
 LIVE_FILE = "gc.live"
 
 
