@@ -4,7 +4,10 @@ import random
 import pytest
 
 from foundation.store import Store, Tuning
-from servers import ftp_server, ftps_server, local_server, s3_server  # noqa: F401 (replica test servers)
+try:  # the replica test servers, as fixtures
+    from servers import ftp_server, ftps_server, local_server, s3_server  # noqa: F401
+except ImportError:  # imported as tests.conftest by a test's helper script: no fixtures needed
+    pass
 
 BS = 4096
 
