@@ -46,70 +46,88 @@ def verify(store, progress=None):
         fd = lg.fd(n)
         size = os.fstat(fd).st_size
         buf = memoryview(store.disk.pread(fd, "arena", 0, size))
-        try:
-            header, hb = lg._header(n, buf)
-        except Exception as e:  # DataCorrupt naming the header
-            damage.append(Damage(n, 0, str(e).split(": ", 2)[-1]))
-            chain = None
-            continue
-        tags = bytearray()
-        count, off, ok = 0, F.ARENA_HEADER_SIZE, True
-        sealed = n < last
-        tr = None
-        if sealed:
-            try:
-                tr = F.Trailer.from_tail(buf[max(0, size - F.MAX_TRAILER):], store.keys.mac, n)
-            except ValueError as e:
-                damage.append(Damage(n, max(0, size - F.TRAILER_SIZE), f"sealed arena {e} (truncated arena?)"))
-                chain = None
-        limit = size - tr.size if tr else size
-        while off < limit:
-            entries, end, err = lg.scan(n, header.iv, buf[off:limit], off)
-            for e_off, btype, key, stored, raw, tag in entries:
-                tags += tag
-                count += 1
-                checked += 1
-                rec = buf[e_off:e_off + native.HEADER_SIZE + stored]
-                try:
-                    _, fullkey, data = native.unpack(store.codec, n, header.iv, e_off, rec)
-                except native.RecordError as e:
-                    damage.append(Damage(n, e_off, f"record does not decode ({e.kind})", True))
-                    ok = False
-                    continue
-                if store.mode == "hash" and data:
-                    if native.scores(data, len(data), btype, key=store.keys.score) != fullkey:
-                        damage.append(Damage(n, e_off, "block content does not match its score", True))
-                        ok = False
-            off = end
-            if err is None or off >= limit:
-                break
-            ok = False
-            stored = int.from_bytes(buf[off + 8:off + 12], "little") if off + 12 <= limit else -1
-            if err.kind in ("tag", "decompress", "length") and buf[off:off + 4] == native.RECORD_MAGIC \
-                    and 0 <= stored and off + native.HEADER_SIZE + stored <= limit:
-                damage.append(Damage(n, off, f"record is damaged ({err.kind})", True))
-                off += native.HEADER_SIZE + stored
-                continue
-            damage.append(Damage(n, off, f"record is damaged ({err.kind}); the rest of the arena ({limit - off} bytes) cannot be parsed"))
-            break
-        if tr:
-            if ok:
-                amac = F.arena_mac(store.keys.mac, hb, bytes(tags), count, tr.end)
-                if tr.count != count or tr.end != off or tr.amac != amac:
-                    damage.append(Damage(n, tr.end, "arena MAC does not match its records (records dropped or replaced)"))
-            if chain is not None and tr.chain != F.chain_mac(store.keys.mac, chain, n, tr.sealed):
-                damage.append(Damage(n, size - tr.size,
-                                     "arena chain MAC mismatch: an arena before it was dropped, reordered or rolled back"))
-            chain = tr.chain
-        elif not sealed:
-            if off < lg.head.end:
-                damage.append(Damage(n, off, f"open arena ends before the committed end {lg.head.end}"))
+        found, count, _tr, chain = verify_arena(store, n, buf, n < last, chain)
+        damage += found
+        checked += count
         if progress:
             progress(n)
     if chain is not None and chain != lg.head.chain:
         damage.append(Damage(last, 0, "the head's chain MAC does not match the sealed arenas (log rolled back or truncated)"))
     _record(store, [d for d in damage if d.record])
     return damage, checked
+
+
+def verify_arena(store, n, buf, sealed, chain, committed=None):
+    """Check the bytes of arena n (a whole file) -> (damage, records checked, trailer, chain).
+
+    `store` needs only .log (its _header and scan), .codec, .keys and .mode,
+    so a file that is not in the store (a replica's copy) is checked the
+    same way. `chain` is the chain of arena n - 1, or None to skip the chain
+    check; the chain returned is this arena's (None if unknown). An open
+    arena (not `sealed`) must hold records up to `committed` (default: the
+    store's head).
+    """
+    lg = store.log
+    damage = []
+    checked = 0
+    size = len(buf)
+    try:
+        header, hb = lg._header(n, buf)
+    except Exception as e:  # DataCorrupt naming the header
+        return [Damage(n, 0, str(e).split(": ", 2)[-1])], 0, None, None
+    tags = bytearray()
+    count, off, ok = 0, F.ARENA_HEADER_SIZE, True
+    tr = None
+    if sealed:
+        try:
+            tr = F.Trailer.from_tail(buf[max(0, size - F.MAX_TRAILER):], store.keys.mac, n)
+        except ValueError as e:
+            damage.append(Damage(n, max(0, size - F.TRAILER_SIZE), f"sealed arena {e} (truncated arena?)"))
+    limit = size - tr.size if tr else size
+    while off < limit:
+        entries, end, err = lg.scan(n, header.iv, buf[off:limit], off)
+        for e_off, btype, key, stored, raw, tag in entries:
+            tags += tag
+            count += 1
+            checked += 1
+            rec = buf[e_off:e_off + native.HEADER_SIZE + stored]
+            try:
+                _, fullkey, data = native.unpack(store.codec, n, header.iv, e_off, rec)
+            except native.RecordError as e:
+                damage.append(Damage(n, e_off, f"record does not decode ({e.kind})", True))
+                ok = False
+                continue
+            if store.mode == "hash" and data:
+                if native.scores(data, len(data), btype, key=store.keys.score) != fullkey:
+                    damage.append(Damage(n, e_off, "block content does not match its score", True))
+                    ok = False
+        off = end
+        if err is None or off >= limit:
+            break
+        ok = False
+        stored = int.from_bytes(buf[off + 8:off + 12], "little") if off + 12 <= limit else -1
+        if err.kind in ("tag", "decompress", "length") and buf[off:off + 4] == native.RECORD_MAGIC \
+                and 0 <= stored and off + native.HEADER_SIZE + stored <= limit:
+            damage.append(Damage(n, off, f"record is damaged ({err.kind})", True))
+            off += native.HEADER_SIZE + stored
+            continue
+        damage.append(Damage(n, off, f"record is damaged ({err.kind}); the rest of the arena ({limit - off} bytes) cannot be parsed"))
+        break
+    if tr:
+        if ok:
+            amac = F.arena_mac(store.keys.mac, hb, bytes(tags), count, tr.end)
+            if tr.count != count or tr.end != off or tr.amac != amac:
+                damage.append(Damage(n, tr.end, "arena MAC does not match its records (records dropped or replaced)"))
+        if chain is not None and tr.chain != F.chain_mac(store.keys.mac, chain, n, tr.sealed):
+            damage.append(Damage(n, size - tr.size,
+                                 "arena chain MAC mismatch: an arena before it was dropped, reordered or rolled back"))
+        return damage, checked, tr, tr.chain
+    if not sealed:
+        committed = lg.head.end if committed is None else committed
+        if off < committed:
+            damage.append(Damage(n, off, f"open arena ends before the committed end {committed}"))
+        return damage, checked, None, chain
+    return damage, checked, None, None
 
 
 def _record(store, damage):
