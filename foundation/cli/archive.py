@@ -59,6 +59,10 @@ def run(args):
     finally:
         if results:
             print(summary(results), flush=True)
+    if results:
+        from foundation.cli.replicate import after_write
+
+        after_write(args)  # configured replicas; a failure there only warns, the status stays
     return 0 if all(r.status in ("ok", "unchanged") for r in results) else 1
 
 

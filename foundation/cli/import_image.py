@@ -96,6 +96,9 @@ def run(args):
         print(msg, file=sys.stderr)
     else:
         log.debug(msg)
+    from foundation.cli.replicate import after_write
+
+    after_write(args)  # configured replicas; a failure there only warns
     return 0
 
 

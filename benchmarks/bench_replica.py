@@ -1,0 +1,153 @@
+#!/usr/bin/env python3
+"""Replication throughput to each server on loopback, and recovery time, against the size of the store.
+
+For each store size (an encrypted compare-by-hash store, 16 MiB arenas,
+one image of mixed random, text-like and zero blocks imported as day 1)
+and each server (a directory, FTP and FTPS by pyftpdlib, S3 by MinIO,
+all started here on loopback as the tests start them):
+  - the first `replicate` (everything goes up): MB/s of bytes sent;
+  - a second day changing ~3 % of the blocks, then `replicate` again
+    (new arenas and the open arena's new part only);
+  - `recover` into an empty directory: download, checks, rebuilding the
+    summaries, index and Bloom filter, and the final verify.
+Results go to stdout and benchmarks/results/replica-<time>.json.
+
+    python benchmarks/bench_replica.py [--sizes 64,256,1024] [--servers file,ftp,ftps,s3]
+"""
+
+import argparse
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+
+from foundation.cli import main  # noqa: E402
+from foundation.replica.recover import recover  # noqa: E402
+from foundation.replica.sync import Local, replicate  # noqa: E402
+from foundation.store import Store  # noqa: E402
+
+MIB = 1 << 20
+BS = 4096
+
+
+def image(path, mb, seed=1):
+    """mb MiB: 45 % random blocks, 35 % text-like, 20 % zero (compresses to about 60 %)."""
+    rng = random.Random(seed)
+    words = [b"virtual ", b"machine ", b"kernel ", b"config ", b"\n", b"usr/lib/", b"0x7f3a "]
+    with open(path, "wb") as f:
+        for _ in range(mb * MIB // BS):
+            r = rng.random()
+            if r < 0.45:
+                f.write(rng.randbytes(BS))
+            elif r < 0.8:
+                b = bytearray()
+                while len(b) < BS:
+                    b += rng.choice(words)
+                f.write(b[:BS])
+            else:
+                f.write(bytes(BS))
+
+
+def change(path, share, seed=2):
+    rng = random.Random(seed)
+    n = os.path.getsize(path) // BS
+    with open(path, "r+b") as f:
+        for _ in range(int(n * share)):
+            f.seek(rng.randrange(n) * BS)
+            f.write(rng.randbytes(BS))
+
+
+def run(argv):
+    rc = main(argv)
+    if rc:
+        raise SystemExit(f"foundation {' '.join(argv)} failed ({rc})")
+
+
+def start(kind, d):
+    import servers
+    if kind == "file":
+        root = os.path.join(d, "root")
+        os.makedirs(root)
+        return servers.Server("file", f"file://{root}/", {}, root=root)
+    if kind in ("ftp", "ftps"):
+        return servers.start_ftpd(d, tls=kind == "ftps")
+    return servers.start_minio(d)
+
+
+def main_(a):
+    tmp = tempfile.mkdtemp(prefix="bench-replica-", dir=a.tmp)
+    srvs = {}
+    rows = []
+    try:
+        for kind in a.servers:
+            try:
+                srvs[kind] = start(kind, os.path.join(tmp, f"server-{kind}"))
+            except Exception as e:  # noqa: BLE001 - a missing server program skips its column
+                print(f"{kind}: not measured ({e})", flush=True)
+        for mb in a.sizes:
+            d = os.path.join(tmp, f"{mb}M")
+            os.makedirs(d)
+            store, key, img = os.path.join(d, "store"), os.path.join(d, "key"), os.path.join(d, "disk.raw")
+            os.makedirs(store)
+            Store.create(store, key_file=key)
+            image(img, mb)
+            g = ["--store", store, "--key-file", key]
+            run(g + ["import-image", "vm", img, "--at", "2024-05-01"])
+            log_bytes = sum(os.path.getsize(os.path.join(store, "arenas", x))
+                            for x in os.listdir(os.path.join(store, "arenas")))
+            change(img, 0.03)
+            subs = {kind: srv.sub(f"s{mb}") for kind, srv in srvs.items()}
+            got = {kind: {"size_mb": mb, "server": kind, "log_bytes": log_bytes} for kind in subs}
+            for kind, sub in subs.items():          # day 1 everywhere, then day 2 everywhere
+                with Local(store, key) as loc, sub.backend() as b:
+                    r = replicate(loc, b)
+                got[kind].update(first_s=r.seconds, first_sent=r.bytes_sent, first_mb_s=r.bytes_sent / r.seconds / 1e6)
+            run(g + ["import-image", "vm", img, "--at", "2024-05-02"])
+            for kind, sub in subs.items():
+                with Local(store, key) as loc, sub.backend() as b:
+                    r = replicate(loc, b)
+                got[kind].update(next_s=r.seconds, next_sent=r.bytes_sent)
+            for kind, sub in subs.items():
+                target = os.path.join(d, f"recovered-{kind}")
+                with sub.backend() as b:
+                    rec = recover(b, target, key)
+                assert not rec.damage and rec.snapshots == 2, rec
+                shutil.rmtree(target)
+                row = got[kind]
+                row.update(recover_s=rec.seconds, recover_mb_s=rec.downloaded / rec.seconds / 1e6,
+                           recovered_bytes=rec.downloaded)
+                rows.append(row)
+                print(f"{mb:6d} MiB image ({log_bytes / 1e6:7.1f} MB of arenas)  {kind:5s}  "
+                      f"replicate {row['first_sent'] / 1e6:7.1f} MB in {row['first_s']:6.2f} s = "
+                      f"{row['first_mb_s']:6.1f} MB/s  next day {row['next_sent'] / 1e6:6.1f} MB in "
+                      f"{row['next_s']:5.2f} s  recover {rec.seconds:6.2f} s = {row['recover_mb_s']:6.1f} MB/s",
+                      flush=True)
+            shutil.rmtree(d)
+    finally:
+        for s in srvs.values():
+            s.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    out = os.path.join(ROOT, "benchmarks", "results", time.strftime("replica-%Y%m%d-%H%M%S.json"))
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump({"benchmark": "bench_replica", "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                   "cpus": os.cpu_count(), "args": {"sizes": a.sizes, "servers": a.servers},
+                   "units": {"*_s": "seconds", "*_mb_s": "MB/s (10^6 bytes)", "*_sent": "bytes"},
+                   "rows": rows}, f, indent=1)
+    print(f"results: {out}")
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")], default=[64, 256, 1024],
+                    help="store sizes: MiB of image imported (default 64,256,1024)")
+    ap.add_argument("--servers", type=lambda s: s.split(","), default=["file", "ftp", "ftps", "s3"])
+    ap.add_argument("--tmp", help="directory for stores and servers (default: the system's temp directory)")
+    main_(ap.parse_args())

@@ -1,0 +1,209 @@
+"""Rebuilding a whole store from a replica and the key alone.
+
+Only primary data comes down — the config, every arena, the open arena's
+segments and the head the manifest carries — and each arena is checked
+(record tags, decoding, scores, arena MAC, chain) against the manifest
+before it takes its final name. Nothing is written until the key has been
+checked against the replica's config; `recovering.json` then marks the
+directory as a partial recovery that the same command resumes, and the
+config goes last, so a directory without it is never taken for a store
+(docs/format.md §3). A writable open finally rebuilds summaries, index
+and Bloom filter, and `verify` reads every record once.
+"""
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+from foundation.errors import Error
+from foundation.replica.backend import RemoteMissing
+from foundation.replica.sync import MANIFEST, STORE_JSON, Local, Manifest, ReplicaTampered, verify_bytes
+from foundation.store import format as F
+from foundation.store.disk import atomic_write, fsync_dir
+
+PARTIAL = "recovering.json"   # in the target directory while a recovery is under way
+
+
+class RecoverRefused(Error):
+    """Refusing to recover into {}: {}"""
+
+    code = 53
+
+
+@dataclass
+class Recovered:
+    path: str
+    arenas: int = 0
+    bytes: int = 0
+    downloaded: int = 0
+    seconds: float = 0.0
+    resumed: bool = False
+    damage: list = field(default_factory=list)     # [Damage] found by the final verify
+    records: int = 0
+    snapshots: int = 0
+
+
+def recover(backend, dest, key_file=None, progress=None):
+    """Make the store `dest` (absent, empty, or a partial recovery of the same store) from the replica."""
+    t0, got0 = time.monotonic(), backend.received
+    dest = os.path.abspath(dest)
+    res = Recovered(dest)
+    res.resumed = _check_target(dest)
+    try:
+        conf_b = backend.get(STORE_JSON)
+    except RemoteMissing:
+        raise RecoverRefused(dest, f"replica {backend.url} has no store.json: nothing was ever replicated there, "
+                                   "or the URL is wrong") from None
+    local = Local(dest, key_file, config=conf_b)   # the key is checked here: WrongKey, KeyMissing
+    try:
+        if res.resumed:
+            _check_partial(dest, local)
+        try:
+            m = Manifest.unpack(backend.get(MANIFEST), local.keys.mac, local.uuid, backend.url)
+        except RemoteMissing:
+            raise ReplicaTampered(backend.url, "it has a store.json but no manifest (a first replicate that "
+                                               "never finished, or a deleted manifest)") from None
+        # From here on the directory is ours, marked as a partial recovery.
+        if not res.resumed:
+            os.makedirs(dest, exist_ok=True)
+            atomic_write(os.path.join(dest, PARTIAL), json.dumps(
+                {"store": local.uuid, "from": backend.url,
+                 "started": datetime.now(timezone.utc).isoformat(timespec="seconds")}).encode())
+        os.makedirs(os.path.join(dest, F.ARENAS), exist_ok=True)
+        os.makedirs(os.path.join(dest, F.SUMMARIES), exist_ok=True)
+        total = sum(a.size for a in m.arenas) + m.head.end
+        sink = progress(total) if progress else None
+        chain = F.ZERO_CHAIN
+        for a in m.arenas:
+            _fetch_sealed(local, backend, a, chain, sink)
+            chain = F.chain_mac(local.keys.mac, chain, a.n, a.sealed)
+            res.arenas += 1
+            res.bytes += a.size
+        if m.open.parts:
+            _fetch_open(local, backend, m, sink)
+            res.bytes += m.open.end
+        res.arenas += 1
+        fsync_dir(os.path.join(dest, F.ARENAS))
+        _empty_derived(dest, local)
+        atomic_write(os.path.join(dest, F.HEAD), m.head_bytes)
+        atomic_write(os.path.join(dest, F.CONFIG), conf_b)   # now it is a store
+        os.unlink(os.path.join(dest, PARTIAL))
+        fsync_dir(dest)
+    finally:
+        local.close()
+    res.downloaded = backend.received - got0
+    _finish(dest, local.master, res)
+    res.seconds = time.monotonic() - t0
+    return res
+
+
+def _check_target(dest):
+    """True if dest holds a partial recovery to resume; RecoverRefused if it holds anything else."""
+    if not os.path.exists(dest):
+        return False
+    if not os.path.isdir(dest):
+        raise RecoverRefused(dest, "it is not a directory")
+    names = os.listdir(dest)
+    if F.CONFIG in names:
+        raise RecoverRefused(dest, "it already holds a store; recover into a new, empty directory")
+    if names and PARTIAL not in names:
+        raise RecoverRefused(dest, "the directory is not empty; recover into a new, empty directory")
+    return bool(names)
+
+
+def _check_partial(dest, local):
+    try:
+        with open(os.path.join(dest, PARTIAL)) as f:
+            store = json.load(f).get("store")
+    except (OSError, ValueError, AttributeError):
+        store = None
+    if store != local.uuid:
+        raise RecoverRefused(dest, f"it holds a partial recovery of store {store}, not of the replica's store "
+                                   f"{local.uuid}; use another directory")
+
+
+def _fetch_sealed(local, backend, a, chain, sink):
+    """Download sealed arena a (unless a resumed recovery already has it) and check it."""
+    final = local.arena_path(a.n)
+    if os.path.exists(final) and os.path.getsize(final) == a.size:
+        if sink:
+            sink(a.size)
+        return  # checked before it took this name
+    tmp = final + ".download"
+    done = [0]
+
+    def step(n):
+        if sink and n > done[0]:
+            sink(n - done[0])
+        done[0] = n
+
+    backend.get_file(a.name, tmp, progress=step)
+    with open(tmp, "rb") as f:
+        buf = f.read()
+    if len(buf) != a.size:
+        raise ReplicaTampered(backend.url, f"object {a.name} holds {len(buf)} bytes, the manifest says {a.size}")
+    damage, tr, _ = verify_bytes(local, a.n, buf, True, chain)
+    if tr is None or (tr.generation, tr.amac, tr.sealed) != (a.generation, a.amac, a.sealed):
+        raise ReplicaTampered(backend.url, f"object {a.name} is not the arena the manifest names"
+                                           f"{' (' + str(damage[0]) + ')' if damage else ''}")
+    # Damaged records in an authentic arena: still the best copy there is; the final verify names them.
+    os.rename(tmp, final)
+
+
+def _fetch_open(local, backend, m, sink):
+    """Download the open arena's segments into one file and check its committed records."""
+    final = local.arena_path(m.open.n)
+    tmp = final + ".download"
+    with open(tmp, "wb") as f:
+        for name, s, e in m.open.objects():
+            data = backend.get(name)
+            if len(data) != e - s:
+                raise ReplicaTampered(backend.url, f"object {name} holds {len(data)} bytes, the manifest "
+                                                   f"says {e - s}")
+            f.write(data)
+            if sink:
+                sink(len(data))
+        f.flush()
+        os.fsync(f.fileno())
+    with open(tmp, "rb") as f:
+        tag = f.read(F.ARENA_HEADER_SIZE)[F.ARENA_HEADER_SIZE - 16:]
+    if not tag.startswith(m.open.ident):
+        raise ReplicaTampered(backend.url, f"the segments of open arena {m.open.n} are not of the arena the "
+                                           "manifest names")
+    os.replace(tmp, final)   # its records are checked by the writable open and the final verify
+
+
+def _empty_derived(dest, local):
+    """An empty index and Bloom filter, as `init` makes them: the first writable open then takes every
+    record in from the summaries (one pass over the arenas) instead of sweeping a whole index sized for
+    max_log_size, and merges them at its first flush."""
+    import pybloomfilter
+
+    from foundation.store.index import Index, plan
+    from foundation.store.store import BLOOM_ERROR
+
+    conf, disk = local.conf, local.log.disk
+    home, nfile = plan(conf["max_log_size"] // conf["block_size"], local.log.keylen)
+    Index.create(os.path.join(dest, F.INDEX), disk, local.log.keylen, home, nfile, local.log.uuid).install(
+        os.path.join(dest, F.INDEX))
+    pybloomfilter.BloomFilter(max(1024, conf["max_log_size"] // conf["block_size"]), BLOOM_ERROR,
+                              os.path.join(dest, F.BLOOM)).close()
+    atomic_write(os.path.join(dest, F.BLOOM_STATE), b'{"covered": 0}')
+
+
+def _finish(dest, master, res):
+    """Open writable once (summaries, index, Bloom filter are rebuilt), then verify every record."""
+    from foundation.catalog import Catalog
+    from foundation.store import Store
+    from foundation.store.verify import verify
+
+    with Store.open(dest, master=master, writable=True):
+        pass   # summaries are written as the records are taken in
+    with Store.open(dest, master=master) as s:
+        res.damage, res.records = verify(s)
+        try:
+            res.snapshots = len(Catalog.load(s).snapshots())
+        except Error as e:
+            res.damage.append(f"the catalog cannot be read: {e}")

@@ -1,0 +1,400 @@
+"""Repairing damaged arenas: from a replica's good copy, or from blocks still on a disk (paper §3.4).
+
+A damaged arena is replaced by a replica's copy of the same chain position
+once that copy verifies on its own (record tags, decoding, scores, arena
+MAC) and its chain MAC fits the local arenas around it: downloaded beside
+the arena, fsynced, renamed over it, with the writer lock and the readers'
+lock held. A record no replica can give back may still be on a disk: its
+bytes are a function of the block, the arena's IV and its offset (zstd at
+the store's level is deterministic, AES-CTR at the same position gives the
+same ciphertext), so the block found again in an image, by its score, is
+re-encoded at the very same place and the arena MAC verifies again. In
+compare-by-hash mode a block that re-encodes to another length is stored
+again at the log's end instead, which heals every snapshot that names it.
+"""
+
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+
+from foundation import native
+from foundation.errors import Error
+from foundation.store import format as F
+from foundation.store.disk import atomic_write, fsync_dir
+from foundation.replica.sync import Local, read_remote, verify_bytes
+
+log = logging.getLogger(__name__)
+
+ZLEVELS = (1, 3, 2, 4, 5, 6, 0)   # the store writes at level 1 (Tuning.zlevel); others were possible
+IMAGE_CHUNK = 1024                # blocks read and scored per image read
+
+
+@dataclass
+class Repaired:
+    found: list = field(default_factory=list)      # [Damage] before
+    healed: list = field(default_factory=list)     # [str] what was repaired, and how
+    restored: list = field(default_factory=list)   # [(arena, offset)] damaged records whose block was stored again
+    lost: list = field(default_factory=list)       # [Damage] still damaged and not readable
+    notes: list = field(default_factory=list)
+
+
+def repair(path, key_file=None, backends=(), images=(), progress=None):
+    """Repair the store at path from the backends (replicas) and images ([(path, format or None)])."""
+    res = Repaired()
+    local = Local(path, key_file)
+    later = []
+    try:
+        local.exclusive()
+        _, head = local.read_head()
+        damage = scan(local, head)
+        res.found = [d for ds in damage.values() for d in ds]
+        if damage and backends:
+            _from_replicas(local, head, damage, backends, res)
+        if any(d.record or "cannot be parsed" in d.what for ds in damage.values() for d in ds) and images:
+            later = _from_images(local, head, damage, images, res)
+        _record_damaged(local, damage)
+    finally:
+        local.close()
+    if later:
+        _store_again(path, local.master, later, res)
+    _final(path, local.master, res)
+    return res
+
+
+def scan(local, head):
+    """{arena: [Damage]} of every damaged arena, checked as `verify` does (without opening the store)."""
+    from foundation.store.verify import Damage
+
+    out = {}
+    chain = F.ZERO_CHAIN
+    for n in range(head.arena + 1):
+        buf = _read(local, n)
+        if buf is None:
+            if n < head.arena or head.end > F.ARENA_HEADER_SIZE:
+                out[n] = [Damage(n, 0, "arena file is missing")]
+            chain = None
+            continue
+        damage, _, c = verify_bytes(local, n, buf, n < head.arena, chain, head.end)
+        chain = c if n < head.arena else chain
+        if damage:
+            out[n] = damage
+    if chain is not None and chain != head.chain:
+        out.setdefault(head.arena, []).append(
+            Damage(head.arena, 0, "the head's chain MAC does not match the sealed arenas"))
+    return out
+
+
+def _read(local, n):
+    try:
+        with open(local.arena_path(n), "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+
+
+def _install(local, n, data):
+    """Put new bytes of arena n in place atomically: temp file, fsync, rename, fsync the directory."""
+    final = local.arena_path(n)
+    tmp = final + ".repair"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, final)
+    fsync_dir(os.path.dirname(final))
+
+
+def _trailer(local, n):
+    buf = _read(local, n)
+    if buf is None:
+        return None
+    try:
+        return F.Trailer.from_tail(buf[-F.MAX_TRAILER:], local.keys.mac, n)
+    except ValueError:
+        return None
+
+
+# ---- from a replica ---------------------------------------------------------------------------
+
+def _from_replicas(local, head, damage, backends, res):
+    manifests = []
+    for b in backends:
+        try:
+            _, m, why = read_remote(local, b)
+        except Error as e:
+            res.notes.append(f"replica {b.url} not used: {e}")
+            continue
+        if m is None:
+            res.notes.append(f"replica {b.url} not used: {why or 'it has no manifest'}")
+            continue
+        manifests.append((b, m))
+    for n in sorted(damage):
+        for b, m in manifests:
+            try:
+                ok = (_sealed_from(local, head, n, b, m, res) if n < head.arena
+                      else _open_from(local, head, n, b, m, res))
+            except Error as e:
+                res.notes.append(f"arena {n}: the copy on {b.url} could not be used ({e})")
+                ok = False
+            if ok:
+                again = scan_one(local, head, n)
+                if again:
+                    damage[n] = again
+                else:
+                    del damage[n]
+                break
+
+
+def scan_one(local, head, n):
+    buf = _read(local, n)
+    prev = F.ZERO_CHAIN if n == 0 else getattr(_trailer(local, n - 1), "chain", None)
+    damage, _, _ = verify_bytes(local, n, buf, n < head.arena, prev if n < head.arena else None, head.end)
+    return damage
+
+
+def _sealed_from(local, head, n, b, m, res):
+    """Replace sealed arena n by the replica's copy if it verifies and fits the local chain."""
+    if n >= len(m.arenas):
+        return False
+    a = m.arenas[n]
+    prev = F.ZERO_CHAIN if n == 0 else getattr(_trailer(local, n - 1), "chain", None)
+    if n + 1 < head.arena:
+        nxt = _trailer(local, n + 1)
+        after = (lambda c: nxt.chain == F.chain_mac(local.keys.mac, c, n + 1, nxt.sealed)) if nxt else None
+    else:
+        after = lambda c: c == head.chain  # noqa: E731
+    if prev is None and after is None:
+        res.notes.append(f"arena {n}: the arenas around it are damaged too; its chain position cannot be checked")
+        return False
+    data = b.get(a.name)
+    if len(data) != a.size:
+        res.notes.append(f"arena {n}: the copy on {b.url} has {len(data)} bytes, its manifest says {a.size}")
+        return False
+    damage, tr, _ = verify_bytes(local, n, data, True, prev)
+    if damage or tr is None or (after is not None and not after(tr.chain)):
+        why = damage[0] if damage else "its chain does not fit the local arenas"
+        res.notes.append(f"arena {n}: the copy on {b.url} is not usable ({why})")
+        return False
+    old = _trailer(local, n)
+    _install(local, n, data)
+    if old is None or (old.generation, old.amac) != (tr.generation, tr.amac):
+        _forget_derived(local, n)
+    res.healed.append(f"arena {n}: replaced by the replica's copy ({b.url}, generation {tr.generation})")
+    return True
+
+
+def _open_from(local, head, n, b, m, res):
+    """Mend the open arena's committed bytes from the replica's segments of the same arena."""
+    if m.open.n != n or not m.open.parts:
+        return False
+    mine = _read(local, n) or b""
+    if mine[:F.ARENA_HEADER_SIZE] and mine[F.ARENA_HEADER_SIZE - 16:F.ARENA_HEADER_SIZE - 16 + len(m.open.ident)] \
+            != m.open.ident:
+        res.notes.append(f"arena {n}: the replica holds another open arena {n} (the local one was rewritten)")
+        return False
+    theirs = b"".join(b.get(name) for name, _, _ in m.open.objects())
+    if len(theirs) != m.open.end:
+        res.notes.append(f"arena {n}: the replica's segments hold {len(theirs)} bytes, its manifest says "
+                         f"{m.open.end}")
+        return False
+    new = theirs + mine[len(theirs):]
+    before = verify_bytes(local, n, mine, False, None, head.end)[0] if mine else ["missing"]
+    after = verify_bytes(local, n, new, False, None, head.end)[0]
+    if any(d.offset < len(theirs) for d in after) or len(after) >= len(before):
+        res.notes.append(f"arena {n}: the replica's segments (up to offset {len(theirs)}) do not mend it")
+        return False
+    _install(local, n, new)
+    res.healed.append(f"arena {n} (open): committed bytes up to offset {len(theirs)} replaced by the replica's "
+                      f"segments ({b.url})")
+    return True
+
+
+def _forget_derived(local, n):
+    """The arena's records moved: its summary, the index and the Bloom filter state are rebuilt at the next
+    writable open."""
+    for name in (os.path.join(F.SUMMARIES, F.summary_name(n)), F.INDEX, F.BLOOM_STATE):
+        try:
+            os.unlink(os.path.join(local.path, name))
+        except FileNotFoundError:
+            pass
+
+
+# ---- from disk images ------------------------------------------------------------------------
+
+@dataclass
+class _Want:
+    arena: int
+    offset: int
+    btype: int
+    key: bytes       # 32-byte key field: the score, or the weak hash and 24 zero bytes
+    length: int      # bytes the record occupies
+    tag: bytes       # the tag it carries (may itself be damaged)
+
+
+def _from_images(local, head, damage, images, res):
+    """Re-encode damaged records in place from blocks found in images; -> [(want, block)] that did not fit."""
+    from foundation.image import open_image
+
+    bs = local.conf["block_size"]
+    wants = {}
+    for n, ds in damage.items():
+        for w in _damaged_records(local, head, n, ds):
+            wants.setdefault(w.key[:32 if local.mode == "hash" else 8], []).append(w)
+    if not wants:
+        return []
+    found = {}   # (arena, offset) -> (want, block, image)
+    for path, fmt in images:
+        src = open_image(path, fmt)
+        try:
+            for off in range(0, src.size, IMAGE_CHUNK * bs):
+                buf = bytearray(src.read(off, min(IMAGE_CHUNK * bs, src.size - off)))
+                buf += bytes(-len(buf) % bs)
+                if local.mode == "hash":
+                    keys, kl = native.scores(buf, bs, F.DATA, key=local.keys.score), 32
+                else:
+                    keys, kl = native.weak_hashes(buf, bs, F.DATA, local.keys.weak_seed), 8
+                for i in range(len(buf) // bs):
+                    for w in wants.get(bytes(keys[i * kl:(i + 1) * kl]), ()):
+                        if w.btype == F.DATA and (w.arena, w.offset) not in found:
+                            found[(w.arena, w.offset)] = (w, bytes(buf[i * bs:(i + 1) * bs]), path)
+        finally:
+            src.close()
+    later = []
+    patched = {}
+    for (n, off), (w, block, path) in sorted(found.items()):
+        buf = patched.get(n)
+        if buf is None:
+            buf = patched[n] = bytearray(_read(local, n))
+        iv = bytes(buf[32:48])
+        rec = _reencode(local, w, iv, block)
+        if rec is not None:
+            buf[off:off + len(rec)] = rec
+            res.healed.append(f"arena {n} offset {off}: record written again in place from {path}")
+        elif local.mode == "hash":
+            later.append((w, block, path))
+        else:
+            res.notes.append(f"arena {n} offset {off}: a block with its weak hash is in {path}, but it does not "
+                             "re-encode to the same record (compare-by-value cannot store it elsewhere)")
+    for n, buf in patched.items():
+        before = len(damage.get(n, ()))
+        _install(local, n, bytes(buf))
+        again = scan_one(local, head, n)
+        if again:
+            damage[n] = again
+        else:
+            damage.pop(n, None)
+        if len(again) >= before:
+            res.notes.append(f"arena {n}: rewriting records in place did not reduce its damage")
+    return later
+
+
+def _reencode(local, w, iv, block):
+    """The record for block at w's place, if some zstd level gives back exactly its length (and, where
+    the score does not prove the block, its tag)."""
+    for level in ZLEVELS:
+        codec = native.Codec(local.keys.enc, local.keys.mac, level)
+        rec, _ = native.pack(codec, w.arena, iv, w.offset, w.btype, block, len(block), w.key)
+        if len(rec) == w.length and (local.mode == "hash" or rec[48:64] == w.tag):
+            return rec
+    return None
+
+
+def _damaged_records(local, head, n, damage):
+    """_Want for each damaged record of arena n: offsets and keys from its summary when there is a sound
+    one (a damaged header then loses nothing), else from the record headers."""
+    buf = _read(local, n)
+    if buf is None or len(buf) < F.ARENA_HEADER_SIZE:
+        return []
+    records = _records(local, head, n, buf)
+    single = {d.offset for d in damage if d.record}
+    cut = min((d.offset for d in damage if "cannot be parsed" in d.what), default=None)
+    out = []
+    for off, btype, key, length in records:
+        if off in single or cut is not None and off >= cut:
+            out.append(_Want(n, off, btype, key, length, bytes(buf[off + 48:off + 64])))
+    return out
+
+
+def _records(local, head, n, buf):
+    """[(offset, type, 32-byte key field, length)] of arena n's records."""
+    tr = None
+    if n < head.arena:
+        try:
+            tr = F.Trailer.from_tail(buf[-F.MAX_TRAILER:], local.keys.mac, n)
+        except ValueError:
+            pass
+    summary = _summary(local, n, tr)
+    if summary is not None:
+        keys, addrs, types = summary
+        kl = 32 if local.mode == "hash" else 8
+        offs = [a & 0xFFFFFFFF for a in addrs] + [tr.end]
+        return [(offs[i], types[i], bytes(keys[i * kl:(i + 1) * kl]).ljust(32, b"\0"), offs[i + 1] - offs[i])
+                for i in range(len(addrs))]
+    limit = len(buf) - tr.size if tr else (head.end if n == head.arena else len(buf))
+    out, off = [], F.ARENA_HEADER_SIZE
+    while off + native.HEADER_SIZE <= limit and buf[off:off + 4] == native.RECORD_MAGIC:
+        stored = int.from_bytes(buf[off + 8:off + 12], "little")
+        length = native.HEADER_SIZE + stored
+        if off + length > limit:
+            break
+        out.append((off, buf[off + 4], bytes(buf[off + 16:off + 48]), length))
+        off += length
+    return out
+
+
+def _summary(local, n, tr):
+    """(keys, addrs, types) from a summary of this very arena (same arena MAC), or None."""
+    if tr is None:
+        return None
+    try:
+        with open(os.path.join(local.path, F.SUMMARIES, F.summary_name(n)), "rb") as f:
+            arena, keylen, amac, keys, addrs, types = F.unpack_summary(f.read())
+    except (OSError, ValueError):
+        return None
+    if arena != n or amac != tr.amac or keylen != (32 if local.mode == "hash" else 8):
+        return None
+    return keys, addrs, types
+
+
+def _record_damaged(local, damage):
+    """damaged.json as verify would write it, so deduplication skips what is still damaged."""
+    recs = sorted({(d.arena, d.offset) for ds in damage.values() for d in ds if d.record})
+    p = os.path.join(local.path, F.DAMAGED)
+    if recs or os.path.exists(p):
+        atomic_write(p, json.dumps({"records": recs}).encode())
+
+
+# ---- storing blocks again, and the final check ---------------------------------------------
+
+def _store_again(path, master, later, res):
+    """Compare-by-hash: append blocks whose damaged record could not be rewritten in place; every
+    snapshot naming them reads the new copy (the damaged record is skipped by deduplication)."""
+    from foundation.store import Store
+
+    with Store.open(path, master=master, writable=True) as s:
+        s.bad |= {F.addr(w.arena, w.offset) for w, _, _ in later}
+        for w, block, src in later:
+            s.write(block, w.btype)
+        s.sync()
+        for w, block, src in later:
+            try:
+                ok = s.read(w.key) == block
+            except Error:
+                ok = False
+            if ok:
+                res.restored.append((w.arena, w.offset))
+                res.healed.append(f"arena {w.arena} offset {w.offset}: block stored again at the log's end from "
+                                  f"{src} (it re-encodes to another length; `verify` keeps naming the old record)")
+
+
+def _final(path, master, res):
+    """Open the store (writable: derived structures are rebuilt) and verify it."""
+    from foundation.store import Store
+    from foundation.store.verify import verify
+
+    with Store.open(path, master=master, writable=True):
+        pass
+    with Store.open(path, master=master) as s:
+        damage, _ = verify(s)
+    res.lost = [d for d in damage if (d.arena, d.offset) not in set(res.restored)]

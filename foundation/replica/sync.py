@@ -1,0 +1,650 @@
+"""Replicating the log (paper §4): sealed arenas once, the open arena's new committed part each time, the manifest last.
+
+A replica holds only what cannot be rebuilt: the store's config, every
+arena, and a manifest that is the replica's commit point, as the head is
+the store's. Objects are named by what they hold (arena number,
+generation and arena MAC; open-arena segments by the arena's header tag
+and byte range), so an upload never replaces an object the committed
+manifest names: the new objects go up first, then the manifest
+(atomically), and only then are objects it no longer names deleted. An
+interrupted replicate, or a gc that rewrote arenas meanwhile, therefore
+never leaves a replica without an arena a snapshot it lists needs. The
+manifest is MACed with the store's key: a replica of another store, or
+one someone changed, is recognised. docs/format.md §13 has every byte.
+
+Replicate reads the store as a reader does, trusting only what the head
+commits, so it runs beside an archive or the /snapshot tree; it holds the
+readers' lock, so gc waits for it (and it for gc).
+"""
+
+import fcntl
+import hmac
+import json
+import logging
+import mmap
+import os
+import re
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+from foundation import native
+from foundation.crypto.keys import Keys, load_key_file
+from foundation.errors import DataCorrupt, Error, KeyMissing, StoreBusy, StoreLocked, StoreMissing, WrongKey
+from foundation.replica.backend import RemoteMissing
+from foundation.store import format as F
+from foundation.store.arena import Log
+from foundation.store.disk import Disk
+
+log = logging.getLogger(__name__)
+
+STORE_JSON = "store.json"        # the store's foundation.json, byte for byte
+MANIFEST = "manifest"            # the replica's commit point
+MANIFEST_FORMAT = "foundation-replica"
+MANIFEST_VERSION = 1
+MANIFEST_MAC = b"foundation replica manifest"
+MAX_PARTS = 16                   # more segments of one open arena are merged into one upload
+ID_BYTES = 8                     # bytes of a MAC or tag (as hex) that name an object
+
+_ARENA_OBJ = re.compile(r"arenas/(\d{8})\.(\d+)\.([0-9a-f]{16})\.arena")
+_PART_OBJ = re.compile(r"open/(\d{8})\.([0-9a-f]{16})\.(\d{10})-(\d{10})\.part")
+
+
+# ---- errors -------------------------------------------------------------------------------
+
+class ForeignReplica(Error):
+    """Replica {} holds store {}, not this store ({}). Give every store its own URL (another directory or prefix); nothing was written."""
+
+    code = 48
+
+
+class NotAReplica(Error):
+    """Replica {} is not empty and holds no Foundation replica (it has {}). Give an empty directory or prefix; nothing was written."""
+
+    code = 49
+
+
+class ReplicaTampered(Error):
+    """Replica {}: {}. Do not trust it: `foundation audit` lists what is wrong, `foundation replicate` writes the replica again."""
+
+    code = 50
+
+
+class PlaintextRefused(Error):
+    """Store {} is not encrypted, so replica {} would hold your data in the clear. Set allow_plaintext = true in its [replicas.NAME] table (or pass --allow-plaintext) only if the server is yours; nothing was sent."""
+
+    code = 51
+
+
+class ReplicaBusy(Error):
+    """Another `foundation replicate` of store {} is running; wait for it to finish."""
+
+    code = 52
+
+
+# ---- object names ---------------------------------------------------------------------------
+
+def arena_object(n, generation, amac):
+    """The replica's name of sealed arena n in this generation, with this arena MAC."""
+    return f"arenas/{n:08d}.{generation}.{amac[:ID_BYTES].hex()}.arena"
+
+
+def part_object(n, ident, start, end):
+    """The replica's name of bytes [start, end) of open arena n, whose header tag begins with ident."""
+    return f"open/{n:08d}.{ident.hex()}.{start:010d}-{end:010d}.part"
+
+
+def is_replica_object(name):
+    """True for the names replicate makes in arenas/ and open/ (and so may delete)."""
+    return bool(_ARENA_OBJ.fullmatch(name) or _PART_OBJ.fullmatch(name))
+
+
+# ---- the manifest ---------------------------------------------------------------------------
+
+@dataclass
+class Sealed:
+    """A sealed arena as the replica holds it."""
+
+    n: int
+    generation: int
+    size: int
+    amac: bytes      # its arena MAC (trailer)
+    sealed: bytes    # the arena MAC its chain covers (= amac in generation 0)
+
+    @property
+    def name(self):
+        return arena_object(self.n, self.generation, self.amac)
+
+
+@dataclass
+class OpenParts:
+    """The open arena as the replica holds it: segments [start, end) covering [0, head.end)."""
+
+    n: int
+    ident: bytes     # first ID_BYTES of the arena header's tag
+    parts: list      # [(start, end)], contiguous from 0
+
+    def objects(self):
+        return [(part_object(self.n, self.ident, s, e), s, e) for s, e in self.parts]
+
+    @property
+    def end(self):
+        return self.parts[-1][1] if self.parts else F.ARENA_HEADER_SIZE
+
+
+@dataclass
+class Manifest:
+    store: str
+    head_bytes: bytes
+    head: F.Head
+    arenas: list                  # [Sealed], arenas 0 .. head.arena - 1
+    open: OpenParts
+    written: str = ""
+
+    def objects(self):
+        """{name: size} of every object this manifest names (store.json and itself aside)."""
+        out = {a.name: a.size for a in self.arenas}
+        out.update((name, e - s) for name, s, e in self.open.objects())
+        return out
+
+    def pack(self, mac_key):
+        body = {
+            "format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "store": self.store,
+            "written": self.written, "head": self.head_bytes.hex(),
+            "arenas": [[a.n, a.generation, a.size, a.amac.hex(), a.sealed.hex()] for a in self.arenas],
+            "open": {"arena": self.open.n, "id": self.open.ident.hex(), "parts": [list(p) for p in self.open.parts]},
+        }
+        line = json.dumps(body, separators=(",", ":"), sort_keys=True).encode() + b"\n"
+        return line + b"mac " + F.mac(mac_key, MANIFEST_MAC, line).hex().encode() + b"\n"
+
+    @classmethod
+    def unpack(cls, b, mac_key, uuid, url):
+        """The manifest in b; ForeignReplica if it is another store's, ReplicaTampered if it fails a check."""
+        def bad(what):
+            raise ReplicaTampered(url, f"its manifest {what}")
+
+        line, sep, rest = bytes(b).partition(b"\n")
+        line += sep
+        try:
+            body = json.loads(line)
+            store = body["store"]
+        except (ValueError, KeyError, TypeError):
+            bad("is not readable")
+        if store != uuid:
+            raise ForeignReplica(url, store, uuid)
+        if not (rest.startswith(b"mac ") and rest.endswith(b"\n")) or not hmac.compare_digest(
+                rest[4:-1], F.mac(mac_key, MANIFEST_MAC, line).hex().encode()):
+            bad("fails its MAC (changed by someone without the key, or damaged)")
+        if body.get("format") != MANIFEST_FORMAT or body.get("version") != MANIFEST_VERSION:
+            bad(f"has format {body.get('format')!r} version {body.get('version')!r}, "
+                f"which this Foundation does not read")
+        try:
+            hb = bytes.fromhex(body["head"])
+            head = F.Head.unpack(hb, mac_key)
+            arenas = [Sealed(n, g, size, bytes.fromhex(am), bytes.fromhex(sm))
+                      for n, g, size, am, sm in body["arenas"]]
+            o = body["open"]
+            op = OpenParts(o["arena"], bytes.fromhex(o["id"]), [tuple(p) for p in o["parts"]])
+        except (ValueError, KeyError, TypeError) as e:
+            bad(f"is malformed ({e})")
+        m = cls(store, hb, head, arenas, op, body.get("written", ""))
+        problem = m.inconsistency(mac_key)
+        if problem:
+            bad(problem)
+        return m
+
+    def inconsistency(self, mac_key):
+        """What makes this manifest impossible (arenas out of order, a chain that does not reach
+        the head, segments with gaps), or None."""
+        h = self.head
+        if [a.n for a in self.arenas] != list(range(h.arena)):
+            return f"does not list arenas 0 to {h.arena - 1} in order"
+        chain = F.ZERO_CHAIN
+        for a in self.arenas:
+            chain = F.chain_mac(mac_key, chain, a.n, a.sealed)
+        if chain != h.chain:
+            return "lists arenas whose chain does not reach its head (an arena dropped, replaced or reordered)"
+        if self.open.n != h.arena:
+            return f"names open arena {self.open.n}, its head {h.arena}"
+        pos = 0
+        for s, e in self.open.parts:
+            if s != pos or e <= s:
+                return f"has a gap or overlap in the segments of open arena {h.arena} at offset {pos}"
+            pos = e
+        if self.open.parts and pos != h.end or not self.open.parts and h.end != F.ARENA_HEADER_SIZE:
+            return f"has segments of open arena {h.arena} ending at {pos}, its head at {h.end}"
+        return None
+
+
+# ---- the local store, without its caches ------------------------------------------------------
+
+def load_keys(conf, where, key_file=None, master=None):
+    """(keys, master key or None) of the store whose config is conf; WrongKey/KeyMissing as Store.open."""
+    from foundation.store.store import _ask_passphrase, default_key_path
+
+    if not conf["encrypted"]:
+        keys = Keys.unkeyed()
+    else:
+        if master is None:
+            key_file = key_file or default_key_path(conf["uuid"])
+            if not os.path.exists(key_file):
+                raise KeyMissing(f"store {where} is encrypted: pass --key-file (or set FOUNDATION_KEY_FILE) "
+                                 f"to its key file ({key_file} does not exist)")
+            master = load_key_file(key_file, conf["uuid"], _ask_passphrase)
+        keys = Keys.derive(master, conf["uuid"])
+    if keys.check_value() != conf["key_check"]:
+        raise WrongKey(f"wrong key for store {where}: the key does not match the store's key check")
+    return keys, master
+
+
+class Local:
+    """A store's primary files (config, head, arenas) with its keys, but none of its caches.
+
+    Enough to copy, check and replace arenas: while an archive writes (a
+    reader trusts only what the head commits), or when the store cannot
+    open at all (repair). `config` (bytes of a foundation.json) stands in for
+    the store's own, for a store still being recovered. It also checks
+    arena files that are not in the store: foundation.store.verify.verify_arena
+    needs only .log, .codec, .keys and .mode.
+    """
+
+    def __init__(self, path, key_file=None, config=None, master=None):
+        self.path = path
+        if config is None:
+            if not os.path.isdir(path):
+                raise StoreMissing(path)
+            try:
+                with open(os.path.join(path, F.CONFIG), "rb") as f:
+                    config = f.read()
+            except FileNotFoundError:
+                raise StoreMissing(f"{path} (no {F.CONFIG}: not a Foundation store, or the backup disk "
+                                   "is not mounted)") from None
+        try:
+            self.conf = F.unpack_config(config)
+        except (ValueError, KeyError) as e:
+            raise DataCorrupt(f"store config of {path} is unreadable ({e})") from None
+        self.config = bytes(config)
+        self.uuid = self.conf["uuid"]
+        self.mode = self.conf["mode"]
+        self.keys, self.master = load_keys(self.conf, path, key_file, master)
+        self.codec = native.Codec(self.keys.enc, self.keys.mac, 1)
+        self.log = Log(path, Disk(path), self.codec, self.keys, self.conf, False)
+        self._locks = []
+
+    def read_head(self):
+        """(bytes, Head) of the store's commit point."""
+        p = os.path.join(self.path, F.HEAD)
+        try:
+            with open(p, "rb") as f:
+                b = f.read()
+            return b, F.Head.unpack(b, self.keys.mac)
+        except FileNotFoundError:
+            raise DataCorrupt(f"the head file {p} is missing: open the store for writing once "
+                              "(it is rebuilt from the arenas)") from None
+        except ValueError as e:
+            raise DataCorrupt(f"head file {p} is damaged ({e})") from None
+
+    def arena_path(self, n):
+        return self.log.path(n)
+
+    # -- locks: the store's own flock files (docs/format.md §1)
+
+    def _flock(self, name, how, busy, write_pid=False):
+        try:
+            fd = os.open(os.path.join(self.path, name), (os.O_RDWR if write_pid else os.O_RDONLY) | os.O_CREAT, 0o644)
+        except OSError:
+            if write_pid:
+                raise
+            return None  # a read-only store disk: nobody can change the arenas either
+        try:
+            fcntl.flock(fd, how | fcntl.LOCK_NB)
+        except BlockingIOError:
+            who = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise busy(who) from None
+        if write_pid:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._locks.append(fd)
+        return fd
+
+    def share(self):
+        """Hold the readers' lock (gc waits for us) and the one-replicate-at-a-time lock, an
+        flock on the config file itself; release() lets both go."""
+        from foundation.gc import reflow
+
+        self._flock(F.READERS, fcntl.LOCK_SH, lambda _: StoreBusy(
+            f"garbage collection is running on store {self.path}; replicate when it has finished"))
+        if reflow.pending(self.path):
+            raise StoreBusy(f"a garbage collection of store {self.path} was interrupted; run `foundation gc` "
+                            "(or any archive) to finish it, then replicate")
+        self._flock(F.CONFIG, fcntl.LOCK_EX, lambda _: ReplicaBusy(self.path))
+
+    def exclusive(self):
+        """Hold the writer lock and the readers' lock exclusively, as gc does (repair)."""
+        self._flock(F.LOCK, fcntl.LOCK_EX, lambda pid: StoreLocked(self.path, pid), write_pid=True)
+        self._flock(F.READERS, fcntl.LOCK_EX, lambda _: StoreBusy(
+            f"store {self.path} is open for reading (the /snapshot tree is mounted, or a restore, audit or "
+            "replicate is running); stop it and run again"))
+
+    def release(self):
+        for fd in self._locks:
+            os.close(fd)
+        self._locks = []
+
+    def close(self):
+        self.log.close()
+        self.release()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def verify_bytes(local, n, buf, sealed, chain=None, committed=None):
+    """foundation.store.verify.verify_arena on a buffer -> (damage, trailer, chain)."""
+    from foundation.store.verify import verify_arena
+
+    damage, _count, tr, chain = verify_arena(local, n, memoryview(buf), sealed, chain, committed)
+    return damage, tr, chain
+
+
+# ---- the local log as replicate sees it --------------------------------------------------------
+
+@dataclass
+class ArenaFile:
+    """One arena file the head names. Under the readers' lock nothing rewrites it: a writer only
+    appends past the head's end and seals in place, so the bytes replicate reads stay as they were."""
+
+    n: int
+    path: str
+    size: int                    # 0: the file is missing
+    trailer: F.Trailer | None = None
+    ident: bytes = b""           # open arena: first ID_BYTES of its header tag (b"" if unreadable)
+
+    def view(self, start=0, end=None):
+        """Bytes [start, end) through mmap: a large arena is not copied."""
+        end = self.size if end is None else end
+        with open(self.path, "rb") as f:
+            m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        return memoryview(m)[start:end]
+
+
+def arena_files(local, head):
+    """The arenas the head names: sealed ones with their trailers (None if unreadable), the open one
+    with its header tag."""
+    out = []
+    for n in range(head.arena + 1):
+        p = ArenaFile(n, local.arena_path(n), 0)
+        try:
+            fd = os.open(p.path, os.O_RDONLY)
+        except FileNotFoundError:
+            out.append(p)
+            continue
+        try:
+            p.size = os.fstat(fd).st_size
+            if n < head.arena:
+                k = min(p.size, F.MAX_TRAILER)
+                try:
+                    p.trailer = F.Trailer.from_tail(os.pread(fd, k, p.size - k), local.keys.mac, n)
+                except ValueError:
+                    pass
+            else:
+                try:
+                    F.ArenaHeader.unpack(os.pread(fd, F.ARENA_HEADER_SIZE, 0), local.keys.mac)
+                    p.ident = os.pread(fd, ID_BYTES, F.ARENA_HEADER_SIZE - 16)
+                except ValueError as e:
+                    if head.end > F.ARENA_HEADER_SIZE:
+                        raise DataCorrupt(f"arena {n} offset 0: the open arena's header is damaged ({e}); "
+                                          "run `foundation repair`") from None
+        finally:
+            os.close(fd)
+        out.append(p)
+    return out
+
+
+# ---- the remote side ------------------------------------------------------------------------
+
+def read_remote(local, backend):
+    """(store.json bytes or None, Manifest or None, why the manifest was not usable or None).
+
+    Raises ForeignReplica for another store's replica and NotAReplica for a
+    prefix with other files; a manifest that fails its checks is returned as
+    the reason, for the caller to report (audit) or replace (replicate).
+    """
+    try:
+        conf_b = backend.get(STORE_JSON)
+    except RemoteMissing:
+        conf_b = None
+    if conf_b is not None:
+        try:
+            other = F.unpack_config(conf_b)["uuid"]
+        except (ValueError, KeyError, TypeError):
+            other = "? (its store.json is unreadable)"
+        if other != local.uuid:
+            raise ForeignReplica(backend.url, other, local.uuid)
+    try:
+        mb = backend.get(MANIFEST)
+    except RemoteMissing:
+        mb = None
+    if conf_b is None and mb is None:
+        found = backend.list()
+        if found:
+            names = sorted(found)
+            raise NotAReplica(backend.url, ", ".join(names[:3]) + (" …" if len(names) > 3 else ""))
+        return None, None, None
+    if mb is None:
+        return conf_b, None, None
+    try:
+        return conf_b, Manifest.unpack(mb, local.keys.mac, local.uuid, backend.url), None
+    except ReplicaTampered as e:
+        return conf_b, None, str(e)
+
+
+class ByteProgress:
+    """Turns the backends' per-object `done` counts into a running total for Progress."""
+
+    def __init__(self, sink):
+        self.sink, self.last = sink, 0
+
+    def start(self):
+        self.last = 0
+        return self
+
+    def __call__(self, done):
+        if self.sink and done > self.last:
+            self.sink(done - self.last)
+        self.last = done  # a retried transfer starts again from 0
+
+
+def put_bytes(backend, name, data):
+    """Upload a small object made in memory (the manifest, store.json)."""
+    with tempfile.NamedTemporaryFile(prefix="foundation-") as f:
+        f.write(data)
+        f.flush()
+        backend.put(name, f.name, token="")
+
+
+# ---- replicate ------------------------------------------------------------------------------
+
+@dataclass
+class Result:
+    url: str
+    head: F.Head = None
+    arenas_sent: int = 0
+    arenas_kept: int = 0
+    parts_sent: int = 0
+    bytes_sent: int = 0
+    deleted: int = 0
+    seconds: float = 0.0
+    warnings: list = field(default_factory=list)   # local damage: needs the user's attention
+    notes: list = field(default_factory=list)      # what replicate found and mended on the replica
+
+    def summary(self):
+        rate = self.bytes_sent / self.seconds / 1e6 if self.seconds > 0 else 0.0
+        return (f"replica {self.url}: up to date at arena {self.head.arena} offset {self.head.end}; "
+                f"sent {self.arenas_sent} sealed arena(s) and {self.parts_sent} open-arena segment(s), "
+                f"{self.bytes_sent / 1e6:,.1f} MB in {self.seconds:.1f} s ({rate:,.1f} MB/s); "
+                f"{self.arenas_kept} arena(s) already there; {self.deleted} old object(s) removed")
+
+
+def replicate(local, backend, allow_plaintext=False, progress=None):
+    """Bring the replica up to the local head (module docstring) -> Result; writes nothing locally.
+
+    progress(total bytes) -> a callable taking byte counts (cli.common.Progress).
+    """
+    if not local.conf["encrypted"] and not allow_plaintext:
+        raise PlaintextRefused(local.path, backend.url)
+    t0, sent0 = time.monotonic(), backend.sent
+    res = Result(backend.url)
+    local.share()
+    try:
+        conf_b, old, why = read_remote(local, backend)
+        if why:
+            res.notes.append(f"{why}; every object was sent again")
+        existing = backend.list()
+        head_b, head = local.read_head()
+        res.head = head
+        files = arena_files(local, head)
+        plan = _plan(local, head, files, old, existing, res, trust_names=old is None and not why)
+        if conf_b != local.config:
+            put_bytes(backend, STORE_JSON, local.config)   # claims the prefix before any arena goes up
+        total = sum(p.size for _, p in plan.sealed_up) + sum(e - s for _, s, e in plan.parts_up)
+        sink = ByteProgress(progress(total) if progress else None)
+        for entry, p in plan.sealed_up:
+            backend.put(entry.name, p.path, 0, p.size, token=entry.amac.hex(), progress=sink.start())
+            res.arenas_sent += 1
+        for name, s, e in plan.parts_up:
+            backend.put(name, files[-1].path, s, e - s, token=_part_token(name), progress=sink.start())
+            res.parts_sent += 1
+        new = Manifest(local.uuid, head_b, head, plan.entries, plan.open,
+                       datetime.now(timezone.utc).isoformat(timespec="seconds"))
+        if old is None or (old.head_bytes, old.arenas, old.open) != (head_b, new.arenas, new.open):
+            put_bytes(backend, MANIFEST, new.pack(local.keys.mac))   # the commit point
+        # Only now may the objects the new manifest does not name go.
+        keep = new.objects()
+        for name in sorted(existing):
+            if name not in keep and is_replica_object(name):
+                backend.delete(name)
+                res.deleted += 1
+        backend.cleanup("arenas/")
+        backend.cleanup("open/")
+    finally:
+        local.release()
+    res.bytes_sent = backend.sent - sent0
+    res.seconds = time.monotonic() - t0
+    return res
+
+
+def _part_token(name):
+    return name.split("/", 1)[1][:-len(".part")]
+
+
+@dataclass
+class _Plan:
+    entries: list = field(default_factory=list)     # [Sealed] of the new manifest
+    sealed_up: list = field(default_factory=list)   # [(Sealed, ArenaFile)] to upload
+    open: OpenParts = None
+    parts_up: list = field(default_factory=list)    # [(name, start, end)] to upload
+
+
+def _plan(local, head, files, old, existing, res, trust_names=False):
+    """Which copy of each arena the new manifest names, and what must go up for it.
+
+    With `trust_names` (no manifest yet: a first replicate was cut), an arena object already complete
+    under the very name the local arena would get is kept, so the first upload resumes too.
+    """
+    plan = _Plan()
+    have = {a.n: a for a in old.arenas} if old else {}
+    if trust_names:
+        for p in files[:-1]:
+            if p.trailer is not None:
+                t = p.trailer
+                have[p.n] = Sealed(p.n, t.generation, p.size, t.amac, t.sealed)
+    chain = F.ZERO_CHAIN
+    for p in files[:-1]:
+        n, tr, mine = p.n, p.trailer, have.get(p.n)
+        there = mine is not None and existing.get(mine.name) == mine.size
+        if tr is not None and tr.chain == F.chain_mac(local.keys.mac, chain, n, tr.sealed):
+            ours = Sealed(n, tr.generation, p.size, tr.amac, tr.sealed)
+            if there and (mine.generation, mine.amac, mine.sealed) == (ours.generation, ours.amac, ours.sealed):
+                plan.entries.append(mine)
+                res.arenas_kept += 1
+            elif _damaged(local, p, chain, res, keeps=there and mine.sealed == ours.sealed):
+                plan.entries.append(mine)   # the replica keeps its good copy of this chain position
+                res.arenas_kept += 1
+            else:
+                plan.entries.append(ours)
+                plan.sealed_up.append((ours, p))
+        elif there:
+            _warn(res, f"local arena {n} is damaged (missing, no valid trailer, or off the chain); "
+                       "the replica keeps its copy: run `foundation repair`")
+            plan.entries.append(mine)
+            res.arenas_kept += 1
+        else:
+            raise DataCorrupt(f"arena {n} offset 0: the local arena is damaged (missing, no valid trailer, or off "
+                              "the chain) and the replica has no copy of it; run `foundation verify`")
+        chain = F.chain_mac(local.keys.mac, chain, n, plan.entries[-1].sealed)
+    if chain != head.chain:
+        raise DataCorrupt(f"arena {head.arena} offset 0: the sealed arenas do not chain up to the head "
+                          "(log rolled back or an arena replaced); run `foundation verify`")
+    _plan_open(local, head, files[-1], old, existing, plan, res)
+    return plan
+
+
+def _damaged(local, p, chain, res, keeps):
+    """Check a local sealed arena before it goes up. True if it is damaged and the replica's
+    copy (`keeps`) is to stay; a damaged arena with no better copy goes up as it is."""
+    damage, _, _ = verify_bytes(local, p.n, p.view(), True, chain)
+    if damage:
+        where = "the replica keeps its copy" if keeps else "it is replicated as it is (no better copy exists)"
+        _warn(res, f"local arena {p.n} is damaged ({damage[0]}{' …' if len(damage) > 1 else ''}); "
+                   f"{where}: run `foundation repair`")
+    return bool(damage) and keeps
+
+
+def _warn(res, msg):
+    log.warning("%s", msg)
+    res.warnings.append(msg)
+
+
+def _plan_open(local, head, p, old, existing, plan, res):
+    n, end = head.arena, head.end
+    if not p.size or not p.ident:
+        if end > F.ARENA_HEADER_SIZE:
+            raise DataCorrupt(f"arena {n} is missing (the open arena, committed up to offset {end}); "
+                              "run `foundation repair`")
+        plan.open = OpenParts(n, b"\0" * ID_BYTES, [])
+        return
+    if p.size < end:
+        raise DataCorrupt(f"arena {n} offset {p.size}: the open arena ends before the committed end {end}")
+    prev = old.open if old else None
+    parts = []
+    if prev and prev.n == n and prev.ident == p.ident and prev.end <= end and all(
+            existing.get(name) == e - s for name, s, e in prev.objects()):
+        parts = list(prev.parts)
+    start = parts[-1][1] if parts else 0
+    if end > start:
+        parts.append((start, end))
+    if len(parts) > MAX_PARTS:
+        parts = [(0, end)]
+        start = 0
+    plan.open = OpenParts(n, p.ident, parts)
+    if end > start:
+        damage, _, _ = verify_bytes(local, n, p.view(0, end), False, None, end)
+        new = [d for d in damage if d.offset >= start]
+        if new:
+            _warn(res, f"local open arena {n} has damaged committed records ({new[0]}); replicated as they are")
+        plan.parts_up = [(name, s, e) for name, s, e in plan.open.objects() if s >= start]
+
+
+def after_change(args, why):
+    """For commands that changed the store outside `archive`/`import-image` (gc): bring the configured
+    replicas up to date. Never raises; a failure is a warning and the next run catches up."""
+    from foundation.cli.replicate import after_write
+
+    log.debug("replicating after %s", why)
+    after_write(args)

@@ -1,0 +1,497 @@
+"""Replicas end to end: replicate, audit, recover and repair against real servers on loopback.
+
+The servers are tests/servers.py's: a directory (file://), pyftpdlib for
+FTP and FTPS, MinIO for S3; each test gets a fresh replica inside one. The
+stores are real and encrypted unless a test says otherwise, and are driven
+through the `foundation` command as a user would.
+"""
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from servers import free_port, ftp_server, ftps_server, local_server, s3_server, start_ftpd  # noqa: F401
+from test_image_support import BS, content, make_store, seeded
+
+from foundation.cli import main
+from foundation.errors import WrongKey
+from foundation.replica import open_backend, spec_from_url
+from foundation.replica import repair as repair_mod
+from foundation.replica.recover import PARTIAL, recover
+from foundation.replica.sync import Local, replicate
+from foundation.store import format as F
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MARKER = b"FOUNDATION-PLAINTEXT-MARKER-5c1e"   # written into every image: must never reach a server
+VM = "secret-vm-name"
+SERVERS = ("file", "ftp", "ftps", "s3")
+_count = [0]
+
+
+@pytest.fixture(params=SERVERS)
+def srv(request):
+    """A fresh, empty replica on each kind of server."""
+    return fresh(request, request.param)
+
+
+def fresh(request, kind):
+    base = request.getfixturevalue({"file": "local_server"}.get(kind, f"{kind}_server"))
+    _count[0] += 1
+    return base.sub(f"{re.sub(r'[^a-z0-9]+', '-', request.node.name.lower())}-{_count[0]}")
+
+
+class Site:
+    """A store with its key, one image imported day by day, and a config file naming replicas."""
+
+    def __init__(self, tmp_path, capsys, mode="hash", encrypt=True, size=3 << 20, arena_size=256 << 10, seed=11):
+        self.tmp, self.capsys = tmp_path, capsys
+        self.key = str(tmp_path / "store.key") if encrypt else None
+        self.store = make_store(tmp_path / "store", mode=mode, encrypt=encrypt, key_file=self.key,
+                                arena_size=arena_size)
+        self.rng = seeded(seed)
+        self.img = bytearray(content(self.rng, size))
+        for off in range(0, size, 64 * BS):      # the marker in many blocks, never at a block start
+            self.img[off + 100:off + 100 + len(MARKER)] = MARKER
+        self.image = tmp_path / f"{VM}-disk.raw"
+        self.history = {}
+        self.config = None
+
+    def use(self, srv, name="offsite", **extra):
+        """Write a config file whose [replicas.NAME] table is srv (plus extra keys)."""
+        lines = [f"[replicas.{name}]", f"url = {json.dumps(srv.url)}"]
+        lines += [f"{k} = {json.dumps(v)}" for k, v in {**srv.options, **extra}.items()]
+        self.config = self.tmp / f"foundation-{name}.toml"
+        self.config.write_text("\n".join(lines) + "\n")
+        return self.config
+
+    def cli(self, *args, store=None, config=True):
+        """`foundation --store … --key-file … [--config …] ARGS` in-process -> (status, stdout, stderr)."""
+        argv = ["--store", str(store or self.store)]
+        if self.key:
+            argv += ["--key-file", self.key]
+        if config and self.config:
+            argv += ["--config", str(self.config)]
+        self.capsys.readouterr()
+        rc = main(argv + [str(a) for a in args])
+        out, err = self.capsys.readouterr()
+        return rc, out, err
+
+    def day(self, d, changes=6, config=True):
+        """Change a few blocks and import the image as day d (the hook replicates when configured)."""
+        if d > 1:
+            for _ in range(changes):
+                off = self.rng.randrange(len(self.img) // BS) * BS
+                self.img[off:off + BS] = self.rng.randbytes(BS)
+        self.image.write_bytes(self.img)
+        rc, _, err = self.cli("import-image", VM, self.image, "--at", f"2024-05-{d:02d}T01:00:00Z", config=config)
+        assert rc == 0, err
+        self.history[d] = bytes(self.img)
+
+    def restores(self, store=None):
+        for d, data in self.history.items():
+            out = self.tmp / "restored.raw"
+            rc, _, err = self.cli("restore", f"{VM}@2024-05-{d:02d}T01:00:00Z", out, "--force", store=store)
+            assert rc == 0, err
+            assert out.read_bytes() == data, f"day {d} differs"
+
+    def local(self, store=None):
+        return Local(str(store or self.store), self.key)
+
+
+@pytest.fixture
+def site(tmp_path, capsys):
+    return Site(tmp_path, capsys)
+
+
+def tree_hashes(path):
+    """{relative path: sha256} of every file of a store, to show it was not touched."""
+    out = {}
+    for d, _, files in os.walk(path):
+        for f in files:
+            if f in ("lock", "readers"):
+                continue
+            p = os.path.join(d, f)
+            with open(p, "rb") as fh:
+                out[os.path.relpath(p, path)] = hashlib.sha256(fh.read()).hexdigest()
+    return out
+
+
+def objects(srv, prefix="arenas/"):
+    return sorted(n for n in srv.stored() if n.startswith(prefix) and ".tmp-" not in n)
+
+
+def flip(srv, name, at=None):
+    data = bytearray(srv.read(name))
+    at = len(data) // 2 if at is None else at
+    data[at] ^= 0x5A
+    srv.write(name, bytes(data))
+
+
+# ---- replicate, audit, recover: the whole round on each server ---------------------------------
+
+def test_replicate_days_then_recover_everything(srv, site, tmp_path):
+    site.use(srv)
+    for d in (1, 2, 3):
+        site.day(d)                           # import-image replicates at its end
+    stored = srv.stored()
+    assert {"store.json", "manifest"} <= set(stored) and objects(srv) and objects(srv, "open/")
+    assert not [n for n in stored if ".tmp-" in n or n.endswith(".multipart")]
+    # A day changes little: only its new arenas and the open arena's new part go up.
+    site.day(4, config=False)
+    with site.local() as loc, srv.backend() as b:
+        res = replicate(loc, b)
+    total = sum(srv.stored().values())
+    assert 0 < res.bytes_sent < total / 3, (res.bytes_sent, total)
+    rc, out, _ = site.cli("audit")
+    assert rc == 0 and out.startswith("ok: replica offsite"), out
+    # The server holds ciphertext and MACs only: no image bytes, no names.
+    for name in srv.stored():
+        data = srv.read(name)
+        for secret in (MARKER, VM.encode(), site.image.name.encode()):
+            assert secret not in data, f"{secret!r} in {name}"
+    # The local disk is lost: the replica and the key bring every day back.
+    shutil.rmtree(site.store)
+    new = tmp_path / "recovered"
+    rc, out, err = site.cli("recover", "--from", "offsite", "--store", new)
+    assert rc == 0, out + err
+    assert "4 snapshot(s)" in out and "ok:" in out
+    site.restores(store=new)
+    assert site.cli("verify", store=new)[0] == 0
+    # The recovered store goes on as the same store, replicating to the same replica.
+    site.store = str(new)
+    site.day(5)
+    rc, out, _ = site.cli("audit")
+    assert rc == 0, out
+
+
+def test_audit_finds_missing_corrupt_stale_and_tampered(srv, site):
+    site.use(srv)
+    site.day(1)
+    site.day(2)
+    arenas = objects(srv)
+    srv.remove(arenas[0])
+    flip(srv, arenas[1])
+    site.day(3, config=False)                 # a day the replica has not seen
+    rc, out, _ = site.cli("audit")
+    assert rc == 1
+    assert f"MISSING {arenas[0]}:" in out
+    assert f"CORRUPT {arenas[1]}:" in out
+    assert "STALE replica: " in out
+    rc, out, _ = site.cli("audit", "--fix")
+    assert "fixed: replica" in out
+    assert site.cli("audit")[0] == 0
+    # Someone without the key edits the manifest: caught, and a replicate writes it again.
+    m = srv.read("manifest").replace(b'"written":"2', b'"written":"1')
+    srv.write("manifest", m)
+    rc, out, _ = site.cli("audit")
+    assert rc == 1 and "TAMPERED manifest: " in out, out
+    rc, out, _ = site.cli("replicate")
+    assert rc == 0, out
+    assert site.cli("audit")[0] == 0
+
+
+def test_audit_sample_and_presence_only(request, site):
+    srv = fresh(request, "file")
+    site.use(srv)
+    site.day(1)
+    flip(srv, objects(srv)[2])
+    rc, out, _ = site.cli("audit", "--sample", "0")       # presence and sizes only: the flip is not seen
+    assert rc == 0 and "0 downloaded" in out, out
+    rc, out, _ = site.cli("audit", "--sample", "100")
+    assert rc == 1 and "CORRUPT" in out
+
+
+# ---- an upload killed midway resumes ------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["file", "ftp", "s3"])
+def test_killed_upload_resumes(request, tmp_path, capsys, kind):
+    srv = fresh(request, kind)
+    site = Site(tmp_path, capsys, size=4 << 20, arena_size=16 << 20)
+    site.img = bytearray(site.rng.randbytes(20 << 20))   # incompressible: arena 0 seals at ~16 MiB
+    site.day(1)
+    site.use(srv, bandwidth="8M")
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    p = subprocess.Popen([sys.executable, "-m", "foundation", "--store", site.store, "--key-file", site.key,
+                          "--config", str(site.config), "replicate"], env=env, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    partial = 0
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and p.poll() is None:
+        partial = max([s for n, s in srv.stored().items() if ".tmp-" in n or n.endswith(".multipart")], default=0)
+        if partial >= 8 << 20:
+            break
+        time.sleep(0.05)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    assert partial >= 8 << 20, "the upload was not caught midway"
+    assert "manifest" not in srv.stored()
+    with site.local() as loc, srv.backend() as b:
+        res = replicate(loc, b)
+    total = sum(srv.stored().values())
+    assert res.bytes_sent <= total - (8 << 20), (res.bytes_sent, total)
+    assert not [n for n in srv.stored() if ".tmp-" in n or n.endswith(".multipart")]
+    rc, out, _ = site.cli("audit")
+    assert rc == 0, out
+
+
+def test_replicate_sends_only_committed_bytes(request, site, tmp_path):
+    """An archive writing beside replicate: what is past the head is not replicated."""
+    from foundation.store import Store
+
+    srv = fresh(request, "file")
+    site.day(1)
+    with Store.open(site.store, key_file=site.key, writable=True) as s:
+        s.write_blocks(site.rng.randbytes(8 * BS))     # appended, not yet committed
+        with site.local() as loc, srv.backend() as b:
+            res = replicate(loc, b)
+        end = s.log.open.end
+        assert res.head.end < end
+    new = tmp_path / "recovered"
+    with srv.backend() as b:
+        recover(b, str(new), site.key)
+    with open(os.path.join(new, "head"), "rb") as f:
+        assert f.read() == res.head.pack(Local(site.store, site.key).keys.mac)
+    site.restores(store=new)
+
+
+# ---- repair -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["file", "ftps", "s3"])
+def test_repair_from_replica(request, site, kind):
+    srv = fresh(request, kind)
+    site.use(srv)
+    site.day(1)
+    site.day(2)
+    arenas = os.path.join(site.store, "arenas")
+    with open(os.path.join(arenas, F.arena_name(1)), "r+b") as f:   # bit rot in a sealed arena
+        f.seek(72 + 64 + 10)
+        f.write(b"\xff\xfe\xfd")
+    os.unlink(os.path.join(arenas, F.arena_name(3)))                   # and a lost one
+    assert site.cli("verify")[0] != 0
+    rc, out, err = site.cli("repair")
+    assert rc == 0, out + err
+    assert "HEALED arena 1: replaced by the replica's copy" in out
+    assert "HEALED arena 3: replaced by the replica's copy" in out
+    rc, out, _ = site.cli("verify")
+    assert rc == 0, out
+    site.restores()
+
+
+def test_repair_open_arena_from_replica(request, site):
+    srv = fresh(request, "file")
+    site.use(srv)
+    site.day(1)
+    _, head = site.local().read_head()
+    path = os.path.join(site.store, "arenas", F.arena_name(head.arena))
+    with open(path, "r+b") as f:
+        f.seek(72 + 64 + 3)
+        f.write(b"\x00\x01")
+    assert site.cli("verify")[0] == 1
+    rc, out, err = site.cli("repair")
+    assert rc == 0 and "(open): committed bytes" in out, out + err
+    assert site.cli("verify")[0] == 0
+    site.restores()
+
+
+def zstd_data_records(store, n, count):
+    """Offsets of the first `count` DATA records of arena n compressed with zstd (codec 1)."""
+    with open(os.path.join(store, "arenas", F.arena_name(n)), "rb") as f:
+        buf = f.read()
+    out, off = [], 72
+    while len(out) < count and buf[off:off + 4] == b"FDNr":
+        stored = int.from_bytes(buf[off + 8:off + 12], "little")
+        if buf[off + 4] == F.DATA and buf[off + 5] == 1:
+            out.append(off)
+        off += 64 + stored
+    return out
+
+
+@pytest.mark.parametrize("mode", ["hash", "value"])
+def test_repair_from_image_without_replica(tmp_path, capsys, mode):
+    """Damaged records healed in place from the disk image: the arena MAC verifies again."""
+    site = Site(tmp_path, capsys, mode=mode)
+    site.day(1)
+    a, b = zstd_data_records(site.store, 1, 2)
+    with open(os.path.join(site.store, "arenas", F.arena_name(1)), "r+b") as f:
+        f.seek(a + 64 + 7)
+        f.write(b"\x13\x37")                   # the payload
+        f.seek(b + 16 + 3 if mode == "hash" else b + 64 + 1)
+        f.write(b"\x42")                       # the score in the header (hash), the payload (value)
+    rc, out, _ = site.cli("verify")
+    assert rc == 1 and f"arena 1 offset {a}" in out and f"arena 1 offset {b}" in out
+    rc, out, _ = site.cli("repair", "--no-replica")
+    assert rc == 1 and f"LOST arena 1 offset {a}" in out
+    rc, out, err = site.cli("repair", "--no-replica", "--image", site.image)
+    assert rc == 0, out + err
+    assert f"HEALED arena 1 offset {a}: record written again in place" in out
+    assert f"HEALED arena 1 offset {b}: record written again in place" in out
+    assert site.cli("verify")[0] == 0
+    site.restores()
+
+
+def test_repair_stores_again_what_does_not_fit(site, monkeypatch):
+    """Compare-by-hash: a block that re-encodes to another length is stored at the log's end instead."""
+    site.day(1)
+    (a,) = zstd_data_records(site.store, 0, 1)
+    with open(os.path.join(site.store, "arenas", F.arena_name(0)), "r+b") as f:
+        f.seek(a + 64 + 2)
+        f.write(b"\xee")
+    assert site.cli("restore", VM, site.tmp / "x.raw")[0] == 20       # the damage is seen
+    monkeypatch.setattr(repair_mod, "ZLEVELS", (0,))                   # as if the store's level were unknown
+    res = repair_mod.repair(site.store, site.key, images=[(str(site.image), None)])
+    assert res.restored == [(0, a)] and not res.lost
+    site.restores()
+    rc, out, _ = site.cli("verify")
+    assert rc == 1 and f"arena 0 offset {a}" in out                    # the old record stays damaged
+
+
+# ---- refusals and errors leave the store untouched ---------------------------------------------
+
+def test_errors_leave_the_store_untouched(request, site, tmp_path):
+    site.day(1)
+    before = tree_hashes(site.store)
+    ftp = fresh(request, "ftp")
+    # wrong credentials
+    site.use(ftp, password="wrong")
+    rc, _, err = site.cli("replicate")
+    assert rc == 44 and "refused the credentials" in err
+    s3 = fresh(request, "s3")
+    site.use(s3, secret_key="wrong-secret")
+    rc, _, err = site.cli("replicate")
+    assert rc == 44 and "refused the credentials" in err and "wrong-secret" not in err
+    # a server that is not there
+    spec = spec_from_url(f"ftp://u@127.0.0.1:{free_port()}/x", password="p", timeout=2)
+    with site.local() as loc, open_backend(spec, attempts=2, backoff=0.01) as b:
+        with pytest.raises(Exception) as e:
+            replicate(loc, b)
+    assert e.value.code == 42 and "cannot be reached" in str(e.value)
+    # a full server
+    full = start_ftpd(str(tmp_path / "full"), quota=300_000)
+    try:
+        site.use(full)
+        rc, _, err = site.cli("replicate")
+        assert rc == 45 and "is full" in err
+    finally:
+        full.stop()
+    # a replica of another store, and a prefix holding other files
+    (tmp_path / "other").mkdir()
+    other = Site(tmp_path / "other", site.capsys, seed=3)
+    other.day(1)
+    srv = fresh(request, "ftp")
+    other.use(srv)
+    assert other.cli("replicate")[0] == 0
+    stored = srv.stored()
+    site.use(srv)
+    rc, _, err = site.cli("replicate")
+    assert rc == 48 and "not this store" in err
+    assert srv.stored() == stored
+    junk = fresh(request, "s3")
+    junk.write("holiday.jpg", b"not a replica")
+    site.use(junk)
+    rc, _, err = site.cli("replicate")
+    assert rc == 49 and "holiday.jpg" in err
+    assert set(junk.stored()) == {"holiday.jpg"}
+    assert tree_hashes(site.store) == before
+    site.restores()
+
+
+def test_unencrypted_store_is_refused_unless_allowed(request, tmp_path, capsys):
+    site = Site(tmp_path, capsys, encrypt=False)
+    site.day(1)
+    srv = fresh(request, "file")
+    site.use(srv)
+    rc, _, err = site.cli("replicate")
+    assert rc == 51 and "not encrypted" in err
+    assert srv.stored() == {}
+    rc, _, err = site.cli("replicate", "--to", srv.url, "--allow-plaintext", config=False)
+    assert rc == 0, err
+    site.use(srv, allow_plaintext=True)
+    site.day(2)
+    rc, out, _ = site.cli("audit")
+    assert rc == 0, out
+
+
+def test_recover_refusals_and_resume(request, site, tmp_path):
+    srv = fresh(request, "ftp")
+    site.use(srv)
+    site.day(1)
+    site.day(2)
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "photo.jpg").write_bytes(b"x")
+    rc, _, err = site.cli("recover", "--from", "offsite", "--store", busy)
+    assert rc == 53 and "not empty" in err
+    # the key of another store: refused before anything is written
+    (tmp_path / "o").mkdir()
+    other = Site(tmp_path / "o", site.capsys)
+    target = tmp_path / "target"
+    rc, _, err = site.cli("recover", "--from", "offsite", "--store", target, "--key-file", other.key)
+    assert rc == WrongKey.code and not target.exists()
+    # interrupted after two arenas, then resumed
+    calls = [0]
+
+    class Cut(Exception):
+        pass
+
+    with srv.backend() as b:
+        get_file = b.get_file
+
+        def cut(name, path, progress=None):
+            calls[0] += 1
+            if calls[0] > 2:
+                raise Cut()
+            return get_file(name, path, progress)
+
+        b.get_file = cut
+        with pytest.raises(Cut):
+            recover(b, str(target), site.key)
+    assert (target / PARTIAL).exists() and not (target / "foundation.json").exists()
+    assert site.cli("list", store=target)[0] == 10                   # not a store yet, and says so
+    rc, out, err = site.cli("recover", "--from", "offsite", "--store", target)
+    assert rc == 0 and out.startswith("resumed and finished"), out + err
+    site.restores(store=target)
+
+
+def test_replica_failure_does_not_fail_the_import(site, tmp_path, caplog):
+    share = tmp_path / "share"
+    site.config = tmp_path / "foundation.toml"
+    site.config.write_text(f'[replicas.nas]\nurl = "file://{share}"\n')
+    site.day(1)                                                        # the share is not mounted
+    assert "was NOT updated" in caplog.text
+    share.mkdir()
+    site.day(2)
+    rc, out, _ = site.cli("audit")
+    assert rc == 0, out
+
+
+# ---- gc: rewritten arenas replace the old ones remotely ------------------------------------------
+
+@pytest.mark.parametrize("mode", ["hash", "value"])
+def test_replica_follows_gc(request, tmp_path, capsys, mode):
+    site = Site(tmp_path, capsys, mode=mode, size=2 << 20)
+    srv = fresh(request, "file")
+    site.use(srv)
+    for d in range(1, 5):
+        site.day(d)
+        big = site.rng.randbytes(1 << 20) if d % 2 else bytes(1 << 20)   # a large file comes and goes
+        site.img[1 << 20:2 << 20] = big
+    old = set(objects(srv))
+    rc, out, err = site.cli("forget", f"{VM}@2024-05-01T01:00:00Z", f"{VM}@2024-05-03T01:00:00Z")
+    assert rc == 0, out + err
+    rc, out, err = site.cli("gc", "--min-garbage", "1")               # replicates at its end
+    assert rc == 0 and "rewrote" in out, out + err
+    now = set(objects(srv))
+    assert now != old and any(".1." in n for n in now), now            # new generations went up
+    rc, out, _ = site.cli("audit")
+    assert rc == 0, out
+    del site.history[1], site.history[3]
+    new = tmp_path / "recovered"
+    assert site.cli("recover", "--from", "offsite", "--store", new)[0] == 0
+    site.restores(store=new)
