@@ -276,3 +276,40 @@ def test_vms_deduplicated_together(make_vm, store):
         (sa,), (sb,) = cat.snapshots(a.name), cat.snapshots(b.name)
     assert sa.added_bytes > 4 * MiB
     assert sb.added_bytes < 256 << 10, sb.added_bytes
+
+
+def test_repair_heals_damaged_records_from_the_vms_current_disk(make_vm, store, tmp_path, capsys):
+    """Paper §3.4: no replica, but the blocks are still on the VM's disk: `repair --vm` heals the arena."""
+    import random
+
+    from foundation.store import format as F
+
+    vm = make_vm([DiskSpec("vda", "raw", size=8 * MiB)])
+    rng = random.Random(7)
+    vm.write_bytes("vda", 0, b"".join(rng.choice([b"disk ", b"block\n", rng.randbytes(5)]) for _ in range(400_000)))
+    assert archive(store, vm.name).returncode == 0
+    states = [vm.state()]
+    arena = os.path.join(store.path, "arenas", F.arena_name(1))
+    with open(arena, "rb") as f:
+        buf = f.read()
+    off, hit = 72, None
+    while buf[off:off + 4] == b"FDNr":      # the first data record of arena 1 with a payload
+        stored = int.from_bytes(buf[off + 8:off + 12], "little")
+        if buf[off + 4] == F.DATA and stored > 16:
+            hit = off
+            break
+        off += 64 + stored
+    assert hit is not None
+    with open(arena, "r+b") as f:
+        f.seek(hit + 64 + 5)
+        f.write(b"\x5a\xa5")
+    argv = [*store.args, "verify"]
+    assert main(argv) == 1 and f"arena 1 offset {hit}" in capsys.readouterr().out
+    assert main([*store.args, "repair", "--no-replica"]) == 1       # nothing to heal it from
+    assert f"LOST arena 1 offset {hit}" in capsys.readouterr().out
+    vm.destroy()                            # repair reads the disk: the guest must not write meanwhile
+    assert main([*store.args, "repair", "--no-replica", "--vm", vm.name]) == 0
+    out = capsys.readouterr().out
+    assert f"HEALED arena 1 offset {hit}: record written again in place" in out, out
+    assert main(argv) == 0
+    assert [d for _, d in restored(store, tmp_path, vm.name)] == states

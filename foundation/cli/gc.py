@@ -62,8 +62,8 @@ def run(args):
     with open_store(args, writable=True) as store:
         rep = collect(store, min_garbage=args.min_garbage / 100, max_time=args.max_time,
                       target_free=args.target_free, dry_run=args.dry_run, progress=_Steps())
-    if rep.rewritten and not args.no_replicate:
-        _replicate(args)
+    if not (args.dry_run or args.no_replicate):
+        _replicate(args)  # also after a gc that only finished an interrupted one: the log changed then too
     if args.json:
         import dataclasses
         import json
@@ -85,10 +85,6 @@ def run(args):
 
 def _replicate(args):
     """Replicas follow: a rewritten arena replaces the old one remotely (after the new manifest)."""
-    try:
-        from foundation.replica import sync
-    except ImportError:
-        return
-    hook = getattr(sync, "after_change", None)
-    if hook is not None:
-        hook(args, "gc")
+    from foundation.cli.replicate import after_write
+
+    after_write(args)

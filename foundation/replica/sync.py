@@ -640,11 +640,3 @@ def _plan_open(local, head, p, old, existing, plan, res):
             _warn(res, f"local open arena {n} has damaged committed records ({new[0]}); replicated as they are")
         plan.parts_up = [(name, s, e) for name, s, e in plan.open.objects() if s >= start]
 
-
-def after_change(args, why):
-    """For commands that changed the store outside `archive`/`import-image` (gc): bring the configured
-    replicas up to date. Never raises; a failure is a warning and the next run catches up."""
-    from foundation.cli.replicate import after_write
-
-    log.debug("replicating after %s", why)
-    after_write(args)
