@@ -5,7 +5,7 @@ For each image size and garbage share, imports DAYS snapshots of one image
 in which every other day writes a fresh region (a large file) that the
 next day deletes, forgets enough of those days to make about the wanted
 share of the log unreachable, and runs `foundation gc --json` in a child
-process: wall time, peak RSS of the child (wait4), the bytes the sweep
+process: wall time, peak RSS of the child (GNU time), the bytes the sweep
 found unreachable and the bytes actually given back. Both modes. Results
 go to stdout and benchmarks/results/gc-<time>.json.
 
@@ -17,37 +17,41 @@ import json
 import os
 import random
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 from foundation.catalog import Catalog  # noqa: E402
 from foundation.cli import main as cli  # noqa: E402
+import measure  # noqa: E402
 from foundation.store import Store  # noqa: E402
 
 MIB = 1 << 20
 DAYS = 6
+ARENA = 4 * MIB   # small arenas: the open arena (never rewritten) holds little of the garbage
 
 
 def build(path, mode, mb, garbage, seed=1):
     """A store whose forgotten days hold about `garbage` of its bytes -> log bytes."""
-    Store.create(path, mode=mode, encrypt=False)
+    Store.create(path, mode=mode, encrypt=False, arena_size=ARENA)
     rng = random.Random(seed)
     base = mb * MIB
     # Region written on even days, deleted on odd ones: sized so that the
     # forgotten even days hold about `garbage` of the log.
     region = int(base * garbage / max(1e-9, (1 - garbage)) / (DAYS // 2 - 1)) // 4096 * 4096 if garbage else 0
-    img = bytearray(rng.randbytes(base) + bytes(region))
+    img = bytearray(b"".join(rng.randbytes(MIB) for _ in range(mb)) + bytes(region))
     image = os.path.join(os.path.dirname(path), "disk.raw")
     for d in range(1, DAYS + 1):
         for _ in range(16):
-            img[rng.randrange(0, base // 4096) * 4096:][:4096] = rng.randbytes(4096)
+            o = rng.randrange(0, base // 4096) * 4096
+            img[o:o + 4096] = rng.randbytes(4096)
         if region:
-            img[base:] = rng.randbytes(region) if d % 2 == 0 else bytes(region)
+            img[base:] = b"".join(rng.randbytes(MIB) for _ in range(region // MIB)) + rng.randbytes(
+                region % MIB) if d % 2 == 0 else bytes(region)
         with open(image, "wb") as f:
             f.write(img)
         assert cli(["--store", path, "import-image", "vm", image, "--at", f"2026-11-{d:02d}T01:00:00Z"]) == 0
@@ -65,15 +69,10 @@ def log_bytes(path):
 
 
 def run_gc(path):
-    t0 = time.perf_counter()
-    p = subprocess.Popen([sys.executable, "-m", "foundation", "--store", path, "gc", "--min-garbage", "0", "--json"],
-                         stdout=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=ROOT))
-    out = p.stdout.read()
-    _, status, usage = os.wait4(p.pid, 0)
-    secs = time.perf_counter() - t0
-    if status != 0:
-        raise SystemExit(f"gc failed ({status})")
-    return secs, usage.ru_maxrss * 1024, json.loads(out)
+    """`foundation gc --json` in a child -> (seconds, peak RSS, report)."""
+    secs, peak, out = measure.run([sys.executable, "-m", "foundation", "--store", path, "gc", "--min-garbage", "0",
+                                   "--json"], env=dict(PYTHONPATH=ROOT), capture=True)
+    return secs, peak, json.loads(out)
 
 
 def main():
@@ -107,7 +106,7 @@ def main():
     os.makedirs(os.path.join(ROOT, "benchmarks", "results"), exist_ok=True)
     out = os.path.join(ROOT, "benchmarks", "results", time.strftime("gc-%Y%m%d-%H%M%S.json"))
     with open(out, "w") as f:
-        json.dump({"host_cores": os.cpu_count(), "days": DAYS, "rows": rows}, f, indent=1)
+        json.dump({"host_cores": os.cpu_count(), "days": DAYS, "arena_size": ARENA, "rows": rows}, f, indent=1)
     print(f"results: {out}")
 
 

@@ -36,36 +36,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
+import measure  # noqa: E402
 from workload import generate, parse_size, sha256_file, sparse_copy  # noqa: E402
 
 PASSWORD = "benchmark-password"
 
 
 def run(cmd, cwd=None, env=None):
-    """Run a command -> (seconds, peak RSS in bytes); raise on failure.
-
-    Peak memory comes from GNU time when installed: a child forked from this
-    (large) Python process would otherwise report our RSS as its own peak,
-    since Linux carries the high-water mark across fork and exec.
-    """
-    e = dict(os.environ, **(env or {}))
-    gtime = shutil.which("time") or ("/usr/bin/time" if os.path.exists("/usr/bin/time") else None)
-    with tempfile.TemporaryFile() as err, tempfile.NamedTemporaryFile("r") as rss:
-        full = [gtime, "-f", "%M", "-o", rss.name, *map(str, cmd)] if gtime else list(map(str, cmd))
-        t0 = time.perf_counter()
-        p = subprocess.Popen(full, cwd=cwd, env=e, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
-        _, status, ru = os.wait4(p.pid, 0)
-        dt = time.perf_counter() - t0
-        p.returncode = os.waitstatus_to_exitcode(status)
-        if p.returncode != 0:
-            err.seek(0)
-            raise RuntimeError(f"{' '.join(map(str, cmd))} failed ({p.returncode}): {err.read().decode()[-2000:]}")
-        peak = ru.ru_maxrss * 1024
-        if gtime:
-            lines = [x for x in rss.read().split() if x.isdigit()]
-            if lines:
-                peak = int(lines[-1]) * 1024
-    return dt, peak
+    """Run a command -> (seconds, peak RSS in bytes); raise on failure."""
+    return measure.run(cmd, cwd, env)[:2]
 
 
 def disk_usage(path):

@@ -43,6 +43,7 @@ class Index:
         self.path, self.disk, self.fd, self.h = path, disk, fd, header
         self.entsize = header.keylen + 8
         self.cap = (header.bucket_size - 4) // self.entsize
+        self.blank = False   # every bucket is known to be empty: a merge need not read them
 
     @classmethod
     def create(cls, path, disk, keylen, home, nfile, uuid, covered=0, bucket_size=BUCKET_SIZE):
@@ -52,7 +53,9 @@ class Index:
         # A sparse file: empty buckets are zeros and cost no disk space.
         os.ftruncate(fd, F.INDEX_HEADER_SIZE + nfile * bucket_size)
         disk.pwrite(fd, "index", 0, h.pack())
-        return cls(tmp, disk, fd, h)
+        idx = cls(tmp, disk, fd, h)
+        idx.blank = True
+        return idx
 
     def install(self, path):
         """Make a freshly created index the store's index (atomic rename)."""
@@ -129,6 +132,7 @@ class Index:
             self._header(1)
             self.disk.fsync(self.fd, "index")
             self._merge(entries)
+            self.blank = False
             h.entries += n
             # The buckets must be on disk before the header calls them clean.
             self.disk.fsync(self.fd, "index")
@@ -166,7 +170,10 @@ class Index:
             stop = first + count
             j = self._first_home_at_or_after(mv, i, n, stop)
             batch = spill + bytes(mv[i * es:j * es])
-            region = bytearray(self.disk.pread(self.fd, "index", self._off(first), count * h.bucket_size))
+            if self.blank:  # a rebuild's first pass: the buckets are zeros, reading them is wasted time
+                region = bytearray(count * h.bucket_size)
+            else:
+                region = bytearray(self.disk.pread(self.fd, "index", self._off(first), count * h.bucket_size))
             spill = native.merge(region, first, count, h.bucket_size, h.keylen, batch, h.nbuckets)
             self.disk.pwrite(self.fd, "index", self._off(first), region)
             i = j

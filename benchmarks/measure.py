@@ -1,0 +1,38 @@
+"""Running a command and measuring it: wall time and peak memory.
+
+Peak memory comes from GNU time: a child forked from a large Python
+process (a benchmark holding an image in memory) would otherwise report
+the parent's RSS as its own peak, since Linux carries the high-water mark
+across fork and exec. GNU time's own child is forked from a small process.
+"""
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+
+
+def run(cmd, cwd=None, env=None, capture=False):
+    """Run a command -> (seconds, peak RSS in bytes, stdout bytes if capture); raise on failure."""
+    e = dict(os.environ, **(env or {}))
+    gtime = shutil.which("time") or ("/usr/bin/time" if os.path.exists("/usr/bin/time") else None)
+    with tempfile.TemporaryFile() as err, tempfile.TemporaryFile() as out, \
+            tempfile.NamedTemporaryFile("r") as rss:
+        full = [gtime, "-f", "%M", "-o", rss.name, *map(str, cmd)] if gtime else list(map(str, cmd))
+        t0 = time.perf_counter()
+        p = subprocess.Popen(full, cwd=cwd, env=e, stdin=subprocess.DEVNULL,
+                             stdout=out if capture else subprocess.DEVNULL, stderr=err)
+        _, status, ru = os.wait4(p.pid, 0)
+        dt = time.perf_counter() - t0
+        code = os.waitstatus_to_exitcode(status)
+        if code != 0:
+            err.seek(0)
+            raise RuntimeError(f"{' '.join(map(str, cmd))} failed ({code}): {err.read().decode()[-2000:]}")
+        peak = ru.ru_maxrss * 1024   # an upper bound only (see the module docstring)
+        if gtime:
+            lines = [x for x in rss.read().split() if x.isdigit()]
+            if lines:
+                peak = int(lines[-1]) * 1024
+        out.seek(0)
+        return dt, peak, out.read() if capture else None
