@@ -184,6 +184,29 @@ def test_target_free_stops_early_and_the_next_gc_goes_on(tmp_path, capsys):
     assert restores(store, history) == [1, 3, 5, 6]
 
 
+def test_max_time_stops_before_the_next_arena(tmp_path, capsys):
+    store = make_store(tmp_path / "s", mode="hash")
+    history = churn_days(tmp_path, capsys, store)
+    forget(store, {2, 4})
+    size = log_bytes(store)
+    rc, out, _ = cli(capsys, store, "gc", "--min-garbage", "0", "--max-time", "0")
+    assert rc == 0 and "stopped early: --max-time 0s reached" in out and "rewrote 0 of" in out, out
+    assert log_bytes(store) == size and restores(store, history) == [1, 3, 5, 6]
+    rc, out, _ = cli(capsys, store, "gc", "--min-garbage", "0", "--max-time", "600")
+    assert rc == 0 and "stopped early" not in out
+    assert log_bytes(store) < size and restores(store, history) == [1, 3, 5, 6]
+
+
+def test_value_mode_says_limits_do_not_apply(tmp_path, capsys):
+    store = make_store(tmp_path / "s", mode="value")
+    history = churn_days(tmp_path, capsys, store, days=4)
+    forget(store, {2})
+    size = log_bytes(store)
+    rc, out, err = cli(capsys, store, "gc", "--min-garbage", "0", "--target-free", "1")
+    assert rc == 0 and "do not apply to a compare-by-value store" in err
+    assert log_bytes(store) < size and restores(store, history) == [1, 3, 4]
+
+
 def test_gc_and_readers_exclude_each_other(tmp_path, capsys):
     store = make_store(tmp_path / "s")
     churn_days(tmp_path, capsys, store, days=2)

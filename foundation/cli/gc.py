@@ -60,6 +60,9 @@ def run(args):
     if not 0 <= args.min_garbage <= 100:
         raise UsageError(f"--min-garbage must be a percentage from 0 to 100, not {args.min_garbage:g}")
     with open_store(args, writable=True) as store:
+        if store.mode == "value" and (args.max_time is not None or args.target_free is not None):
+            print("gc: note: --max-time and --target-free do not apply to a compare-by-value store: its log is "
+                  "rewritten from the first arena worth it in one journaled pass", file=sys.stderr)
         rep = collect(store, min_garbage=args.min_garbage / 100, max_time=args.max_time,
                       target_free=args.target_free, dry_run=args.dry_run, progress=_Steps())
     if not (args.dry_run or args.no_replicate):
