@@ -17,7 +17,8 @@ import sys
 import time
 
 import pytest
-from servers import free_port, ftp_server, ftps_server, local_server, s3_server, start_ftpd  # noqa: F401
+from servers import (NotAvailable, free_port, ftp_server, ftps_server, local_server, s3_server,  # noqa: F401
+                     start_ftpd, start_minio)
 from test_image_support import BS, content, make_store, seeded
 
 from foundation.cli import main
@@ -400,6 +401,42 @@ def test_errors_leave_the_store_untouched(request, site, tmp_path):
     assert set(junk.stored()) == {"holiday.jpg"}
     assert tree_hashes(site.store) == before
     site.restores()
+
+
+def test_full_s3_server_then_room_again(tmp_path, capsys):
+    """MinIO on a small tmpfs fills up for real: a clear error, the store untouched; with room, replicate goes on."""
+    disk = tmp_path / "minio"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=40m", "tmpfs", str(disk)]).returncode != 0:
+        pytest.skip("cannot mount a tmpfs (needs root)")
+    try:
+        try:
+            srv = start_minio(str(disk))
+        except NotAvailable as e:
+            pytest.skip(str(e))
+        try:
+            site = Site(tmp_path, capsys, arena_size=4 << 20)
+            site.img = bytearray(site.rng.randbytes(64 << 20))      # incompressible: 64 MB of arenas
+            site.day(1)
+            before = tree_hashes(site.store)
+            site.use(srv.sub("full"))
+            rc, _, err = site.cli("replicate")
+            assert rc == 45 and "is full" in err, err
+            assert tree_hashes(site.store) == before
+            subprocess.run(["mount", "-o", "remount,size=256m", str(disk)], check=True)
+            deadline = time.monotonic() + 60
+            while True:            # MinIO looks at its free space again only every few seconds
+                rc, out, err = site.cli("replicate")
+                if rc != 45 or time.monotonic() > deadline:
+                    break
+                time.sleep(1)
+            assert rc == 0, out + err
+            rc, out, _ = site.cli("audit", "--sample", "100")
+            assert rc == 0, out
+        finally:
+            srv.stop()
+    finally:
+        subprocess.run(["umount", "-l", str(disk)])
 
 
 def test_unencrypted_store_is_refused_unless_allowed(request, tmp_path, capsys):

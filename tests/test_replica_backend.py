@@ -326,16 +326,19 @@ def test_error_mapping_s3(s3_server):
 
     b = s3_server.backend().inner
 
-    def raised(code, status):
+    def raised(code, status, message="m"):
         with pytest.raises(Exception) as e:
             with b._errors("uploading x"):
-                raise ClientError({"Error": {"Code": code, "Message": "m"},
+                raise ClientError({"Error": {"Code": code, "Message": message},
                                    "ResponseMetadata": {"HTTPStatusCode": status}}, "PutObject")
         return type(e.value)
     assert raised("XMinioStorageFull", 507) is RemoteFull
     assert raised("EntityTooLarge", 400) is RemoteFull
     assert raised("SlowDown", 503) is Transient
     assert raised("InternalError", 500) is Transient
+    assert raised("InternalError", 500, "We encountered an internal error: cause(no space left on device)") \
+        is RemoteFull                                     # what a MinIO whose disk filled says
+    assert raised("IncompleteBody", 400) is Transient
     assert raised("InvalidAccessKeyId", 403) is AuthFailed
     assert raised("SignatureDoesNotMatch", 403) is AuthFailed
     assert raised("InvalidArgument", 400) is Permanent

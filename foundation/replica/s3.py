@@ -24,7 +24,8 @@ _AUTH = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "Invalid
 _FULL = {"XMinioStorageFull", "EntityTooLarge", "QuotaExceeded", "XMinioAdminBucketQuotaExceeded",
          "StorageFull", "InsufficientStorage"}
 _TRANSIENT = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "InternalError",
-              "ServiceUnavailable", "XMinioServerNotInitialized", "RequestLimitExceeded"}
+              "ServiceUnavailable", "XMinioServerNotInitialized", "RequestLimitExceeded",
+              "IncompleteBody"}   # the body was cut on the way (MinIO also says so as its disk fills)
 _MISSING = {"NoSuchKey", "404", "NotFound"}
 
 
@@ -74,7 +75,8 @@ class S3Backend(Backend):
             msg = f"{what}: the server answered {code} {e.response.get('Error', {}).get('Message', '')}".strip()
             if code in _AUTH or status in (401, 403):
                 raise AuthFailed(self.url, msg) from e
-            if code in _FULL or status in (413, 507):
+            # A MinIO whose disk filled up answers 500 InternalError "...(no space left on device)".
+            if code in _FULL or status in (413, 507) or "no space left on device" in msg.lower():
                 raise RemoteFull(self.url, msg) from e
             if code in _TRANSIENT or status >= 500 or status == 429:
                 raise Transient(self.url, msg) from e
