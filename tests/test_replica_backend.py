@@ -310,6 +310,25 @@ def test_full_ftp_server(tmp_path, tls, big):
         srv.stop()
 
 
+def test_ftp_server_whose_disk_fills(tmp_path, big):
+    """pyftpdlib on a tmpfs that fills: it only answers "426 None; transfer aborted", so the message hints at it."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=30m", "tmpfs", str(disk)]).returncode != 0:
+        pytest.skip("cannot mount a tmpfs (needs root)")
+    srv = start_ftpd(str(disk))
+    try:
+        with srv.backend() as b:
+            b.put("arenas/00000000.arena", big, token="a")
+            with pytest.raises(Unreachable, match="its disk or your quota may be full"):
+                b.put("arenas/00000001.arena", big, token="b")
+            assert b.list() == {"arenas/00000000.arena": 20 * MiB}
+            assert b.get("arenas/00000000.arena") == content(big)
+    finally:
+        srv.stop()
+        subprocess.run(["umount", "-l", str(disk)])
+
+
 def test_ftps_certificate_checked(ftps_server, caplog):
     options = dict(ftps_server.options)
     del options["ca_file"]

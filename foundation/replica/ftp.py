@@ -25,6 +25,12 @@ def _code(e):
     return str(e)[:3]
 
 
+def _full(e):
+    """452/552, or any refusal that says the disk is full (pyftpdlib: "426 No space left on device; ...")."""
+    text = str(e).lower()
+    return _code(e) in _FULL or "no space left" in text or "disk full" in text or "quota" in text
+
+
 class FTPBackend(Backend):
     def __init__(self, spec):
         super().__init__()
@@ -87,7 +93,7 @@ class FTPBackend(Backend):
             if code in _AUTH:
                 self._drop()
                 raise AuthFailed(self.url, msg) from e
-            if code in _FULL:
+            if _full(e):
                 raise RemoteFull(self.url, msg) from e
             self._drop()   # the dialogue may be out of step after an unexpected answer
             if code in _TRANSIENT or code.startswith("4"):
@@ -118,13 +124,16 @@ class FTPBackend(Backend):
         self.dirs.add(d)
 
     def _why_cut(self, ftp):
-        """Read the reply to a cut upload (within 5 s); raise it if it says the server is full."""
+        """Read the reply to a cut upload (within 5 s); raise it if it says the server is full or aborted."""
         try:
             ftp.sock.settimeout(5)
             ftp.voidresp()
         except ftplib.Error as e:
-            if _code(e) in _FULL:
+            if _full(e):
                 raise
+            if _code(e) == "426":    # some servers (pyftpdlib) say only this when their disk is full
+                raise Transient(self.url, f"the server aborted the upload ({str(e).strip()}); if this repeats, "
+                                          "its disk or your quota may be full") from e
         except Exception:
             pass
         finally:
