@@ -12,6 +12,14 @@ except ImportError:  # imported as tests.conftest by a test's helper script: no 
 BS = 4096
 
 
+@pytest.fixture(autouse=True)
+def host_state(tmp_path, monkeypatch):
+    """The host's state directory (journals, the replicas' last runs) is the test's own, not /var/lib/foundation."""
+    d = tmp_path / "host-state"
+    monkeypatch.setenv("FOUNDATION_STATE_DIR", str(d))
+    return d
+
+
 def blocks(n, seed=0, compressible=0.5, bs=BS):
     """n deterministic blocks: a mix of text-like (compressible) and random bytes."""
     rnd = random.Random(seed)

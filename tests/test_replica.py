@@ -574,3 +574,28 @@ def test_replica_keeps_what_kept_snapshots_need_when_gc_is_cut(request, tmp_path
     assert rc == 0, out
     recovers(3)
     site.restores()
+
+
+def test_status_shows_each_replicas_last_run(request, site):
+    good, ftp = fresh(request, "file"), fresh(request, "ftp")
+    site.use(good)
+    table = {"url": ftp.url, **ftp.options, "password": "pw-5ecret"}
+    bad = "\n".join(f"{k} = {json.dumps(v)}" for k, v in table.items())
+    site.config.write_text(site.config.read_text() + f"[replicas.broken]\n{bad}\n")
+    rc, out, _ = site.cli("status")
+    assert rc == 0
+    assert f"replica offsite ({good.url}): never replicated from this host" in out, out
+    assert f"replica broken ({ftp.url}): never replicated from this host" in out
+    site.day(1)                                 # replicates at its end: one replica works, one refuses us
+    _, head = site.local().read_head()
+    rc, out, _ = site.cli("status")
+    assert f"replica offsite ({good.url}): replicated 20" in out, out
+    assert f"up to arena {head.arena} offset {head.end}" in out
+    assert f"replica broken ({ftp.url}): FAILED 20" in out and "(never succeeded)" in out
+    assert "refused the credentials" in out and "pw-5ecret" not in out
+    site.config.write_text(site.config.read_text().replace('password = "pw-5ecret"',
+                                                           f'password = {json.dumps(ftp.options["password"])}'))
+    rc, out, err = site.cli("replicate", "--replica", "broken")
+    assert rc == 0, out + err
+    rc, out, _ = site.cli("status")
+    assert f"replica broken ({ftp.url}): replicated 20" in out, out

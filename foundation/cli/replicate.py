@@ -5,10 +5,12 @@ the manifest last; then what the manifest no longer names is removed
 (foundation.replica.sync). The store is read as a reader reads it, so this
 runs beside an archive or the /snapshot tree. `archive` and `import-image`
 call `after_write` when they have committed: a replica that fails there
-only warns, and the next run (or this command) catches up.
+only warns, and the next run (or this command) catches up. Every attempt
+is written down for `foundation status` (foundation.replica.lastrun).
 """
 
 import logging
+import os
 import sys
 
 from foundation.cli.common import Progress, key_file, store_path
@@ -50,7 +52,7 @@ def replicas(args, names=None, urls=None):
 
 
 def replicate_one(args, spec, allow=False, progress=True):
-    from foundation.replica import open_backend
+    from foundation.replica import lastrun, open_backend
     from foundation.replica.sync import Local, replicate
 
     bars = []
@@ -59,13 +61,25 @@ def replicate_one(args, spec, allow=False, progress=True):
         bars.append(Progress(f"replica {spec.name or spec.url}", total))
         return bars[-1]
 
-    with Local(store_path(args), key_file(args)) as local, open_backend(spec) as backend:
+    with Local(store_path(args), key_file(args)) as local:
         try:
-            return replicate(local, backend, allow_plaintext=allow or spec.allow_plaintext,
-                             progress=bar if progress else None)
+            with open_backend(spec) as backend:
+                res = replicate(local, backend, allow_plaintext=allow or spec.allow_plaintext,
+                                progress=bar if progress else None)
+        except Exception as e:
+            lastrun.record(state_dir(args), local.uuid, spec, error=e)
+            raise
         finally:
             for b in bars:
                 b.finish()
+        lastrun.record(state_dir(args), local.uuid, spec, res)
+        return res
+
+
+def state_dir(args):
+    """Where `status` finds the replicas' last runs: --state-dir, $FOUNDATION_STATE_DIR or the config's."""
+    return (getattr(args, "state_dir", None) or os.environ.get("FOUNDATION_STATE_DIR")
+            or load_config(getattr(args, "config", None)).state_dir)
 
 
 def run(args):

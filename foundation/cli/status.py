@@ -1,9 +1,11 @@
-"""`foundation status [VM...]`: the last run of each VM, its chain, the next timer run.
+"""`foundation status [VM...]`: the last run of each VM, its chain, the replicas, the next timer run.
 
 Read-only, and useful when things are wrong: it reads the archiver's
 journal (no store needed), checks each disk's chain against libvirt and
 the image headers, adds the store's snapshot count when the store is
-reachable, and asks systemd when the timer fires next.
+reachable, shows each configured replica's last replicate from this host
+(foundation.replica.lastrun; no network), and asks systemd when the timer
+fires next.
 """
 
 import os
@@ -13,7 +15,7 @@ from foundation.config import load_config
 from foundation.errors import Error
 
 NAME = "status"
-HELP = "show each VM's last archive run, its disk chains and the next timer run"
+HELP = "show each VM's last archive run, its disk chains, the replicas' last runs and the next timer run"
 TIMER = "foundation-archive.timer"
 
 
@@ -43,6 +45,7 @@ def run(args):
         lines.append(f"libvirt: {why}")
     if store_note:
         lines.append(f"store: {store_note}")
+    lines += _replicas(args, conf, state_dir)
     lines.append(f"next run: {next_timer_run()}")
     print("\n".join(lines))
     return 0
@@ -75,6 +78,38 @@ def _store_counts(args):
             return counts, None
     except Error as e:
         return None, f"{path}: {e}"
+
+
+def _replicas(args, conf, state_dir):
+    """A line per configured replica: its last replicate from this host, and the last success."""
+    from foundation.cli.common import store_path
+    from foundation.replica import lastrun, replicas_from_config
+    from foundation.store import format as F
+
+    try:
+        specs = replicas_from_config(conf)
+        if not specs:
+            return []
+        with open(os.path.join(store_path(args), F.CONFIG), "rb") as f:
+            uuid = F.unpack_config(f.read())["uuid"]
+    except Error as e:
+        return [f"replicas: {e}"]
+    except (OSError, ValueError, KeyError) as e:
+        return [f"replicas: {len(specs)} configured; their last runs are unknown while the store cannot be read ({e})"]
+    runs = lastrun.load(state_dir, uuid)
+    out = []
+    for spec in specs:
+        r = runs.get(lastrun.key(spec))
+        label = f"replica {spec.name} ({spec.url})"
+        if not r:
+            out.append(f"{label}: never replicated from this host (run `foundation replicate`)")
+        elif r.get("ok"):
+            arena, offset = r.get("head", ["?", "?"])
+            out.append(f"{label}: replicated {_when(r['attempt'])}, up to arena {arena} offset {offset}")
+        else:
+            since = f"last success {_when(r['success'])}" if r.get("success") else "never succeeded"
+            out.append(f"{label}: FAILED {_when(r['attempt'])} ({since}): {r.get('error')}")
+    return out
 
 
 def _vm(name, rec, conn, state_dir, counts):
