@@ -96,7 +96,7 @@ def rebuild_index(store, min_entries=0):
     if store.index is not None:
         store.index.close()
     store.index = idx
-    log.info("index rebuilt: %d entries in %d buckets", records, nfile)
+    log.debug("index rebuilt: %d entries in %d buckets", records, nfile)
 
 
 def grow_index(store, entries, covered):
