@@ -22,7 +22,7 @@ from servers import (NotAvailable, free_port, ftp_server, ftps_server, local_ser
 from test_image_support import BS, content, make_store, seeded
 
 from foundation.cli import main
-from foundation.errors import WrongKey
+from foundation.errors import DataCorrupt, WrongKey
 from foundation.replica import open_backend, spec_from_url
 from foundation.replica import repair as repair_mod
 from foundation.replica.recover import PARTIAL, recover
@@ -296,7 +296,7 @@ def test_repair_open_arena_from_replica(request, site):
         f.write(b"\x00\x01")
     assert site.cli("verify")[0] == 1
     rc, out, err = site.cli("repair")
-    assert rc == 0 and "(open): committed bytes" in out, out + err
+    assert rc == 0 and "(open): bytes up to offset" in out, out + err
     assert site.cli("verify")[0] == 0
     site.restores()
 
@@ -599,3 +599,165 @@ def test_status_shows_each_replicas_last_run(request, site):
     assert rc == 0, out + err
     rc, out, _ = site.cli("status")
     assert f"replica broken ({ftp.url}): replicated 20" in out, out
+
+
+# ---- what review found: rollbacks, local rot, audit --fix, a forged store.json ---------------------
+
+def test_a_store_rolled_back_sends_its_new_bytes(request, site, tmp_path):
+    """Recovered from an older replica B, the store grows past where replica A was: A must get the new
+    bytes of the open arena, not keep its segments of the lost timeline."""
+    a, b = fresh(request, "file"), fresh(request, "file")
+    site.day(1, config=False)
+    for srv in (a, b):
+        with site.local() as loc, srv.backend() as be:
+            replicate(loc, be)
+    site.day(2, config=False)
+    with site.local() as loc, a.backend() as be:
+        replicate(loc, be)
+    shutil.rmtree(site.store)                          # the disk dies; only B answers
+    with b.backend() as be:
+        recover(be, str(tmp_path / "rolled-back"), site.key)
+    site.store = str(tmp_path / "rolled-back")
+    del site.history[2]
+    site.day(3, changes=10, config=False)
+    site.use(a)
+    rc, out, err = site.cli("replicate")
+    assert rc == 0, out + err
+    rc, out, _ = site.cli("audit", "--sample", "100")
+    assert rc == 0, out
+    with a.backend() as be:
+        recover(be, str(tmp_path / "from-a"), site.key)
+    site.restores(store=tmp_path / "from-a")
+
+
+def rot_open_arena(site):
+    _, head = site.local().read_head()
+    with open(os.path.join(site.store, "arenas", F.arena_name(head.arena)), "r+b") as f:
+        f.seek(72 + 64 + 3)                            # the first record's payload
+        f.write(b"\x00\x01")
+    return head
+
+
+@pytest.mark.parametrize("how", ["seal", "merge"])
+def test_local_rot_never_replaces_the_replicas_good_copy(request, tmp_path, capsys, how):
+    """Bit rot in open-arena bytes already replicated; then the arena seals (or its segments would merge):
+    the damaged bytes never replace the replica's, and `repair` mends the arena from them."""
+    site = Site(tmp_path, capsys, arena_size=(256 << 10) if how == "seal" else (4 << 20))
+    srv = fresh(request, "file")
+    site.use(srv)
+    site.day(1)
+    first = rot_open_arena(site)
+    before = None
+    for d in range(2, 40):
+        site.day(d, changes=40 if how == "seal" else 1)
+        _, head = site.local().read_head()
+        parts = objects(srv, "open/")
+        if how == "seal" and head.arena > first.arena:
+            before = srv.stored()
+            rc, out, err = site.cli("replicate")      # the sealed arena is damaged: nothing goes up
+            assert rc == DataCorrupt.code and "run `foundation repair`" in err, out + err
+            assert srv.stored() == before
+            break
+        if how == "merge" and len(parts) > 17:       # more segments than a merge allows: not merged
+            break
+    else:
+        raise AssertionError("the scenario did not happen")
+    rc, out, _ = site.cli("audit", "--sample", "100")
+    assert "CORRUPT" not in out and "TAMPERED" not in out, out
+    rc, out, err = site.cli("repair")
+    assert rc == 0 and f"HEALED arena {first.arena}" in out and "replica's segments of it" in out, out + err
+    assert site.cli("verify")[0] == 0
+    rc, out, err = site.cli("replicate")
+    assert rc == 0, out + err
+    assert site.cli("audit", "--sample", "100")[0] == 0
+    site.restores()
+
+
+def test_audit_fix_sends_a_corrupt_segment_again_without_deleting_first(request, site, monkeypatch):
+    from foundation.replica import sync
+
+    srv = fresh(request, "file")
+    site.use(srv)
+    site.day(1)
+    site.day(2)
+    parts = objects(srv, "open/")
+    assert len(parts) >= 2
+    flip(srv, parts[0], at=200)
+    rc, out, _ = site.cli("audit")
+    assert rc == 1 and f"CORRUPT {parts[0]}: does not hold the bytes the manifest names" in out, out
+    stored = srv.stored()
+    real = sync.replicate
+
+    def cut(local, backend, *a, **kw):                # the network drops as --fix begins to replicate
+        raise OSError("network is unreachable")
+    monkeypatch.setattr(sync, "replicate", cut)
+    with pytest.raises(OSError):
+        site.cli("audit", "--fix")
+    assert srv.stored() == stored                      # nothing the manifest names was deleted
+    monkeypatch.setattr(sync, "replicate", real)
+    rc, out, err = site.cli("audit", "--fix")
+    assert "fixed: replica" in out, out + err
+    assert site.cli("audit", "--sample", "100")[0] == 0
+
+
+def test_value_gc_then_growth_is_stale_not_tampered(request, tmp_path, capsys):
+    site = Site(tmp_path, capsys, mode="value", size=2 << 20)
+    srv = fresh(request, "file")
+    site.use(srv)
+    for d in range(1, 5):
+        site.day(d)
+        site.img[1 << 20:2 << 20] = site.rng.randbytes(1 << 20) if d % 2 else bytes(1 << 20)
+    _, was = site.local().read_head()
+    assert site.cli("forget", f"{VM}@2024-05-01T01:00:00Z", f"{VM}@2024-05-03T01:00:00Z")[0] == 0
+    del site.history[1], site.history[3]
+    assert site.cli("gc", "--min-garbage", "1", "--no-replicate")[0] == 0
+    for d in range(5, 30):                             # the log grows past where the replica was
+        site.img[1 << 20:2 << 20] = site.rng.randbytes(1 << 20)
+        site.day(d, config=False)
+        if site.local().read_head()[1].arena > was.arena:
+            break
+    rc, out, _ = site.cli("audit", "--sample", "0")
+    assert rc == 1 and "STALE" in out and "another version of arena" in out and "TAMPERED" not in out, out
+    rc, out, err = site.cli("audit", "--fix")
+    assert "fixed: replica" in out, out + err
+    assert site.cli("audit", "--sample", "100")[0] == 0
+    new = tmp_path / "recovered"
+    assert site.cli("recover", "--from", "offsite", "--store", new)[0] == 0
+    site.restores(store=new)
+
+
+@pytest.mark.parametrize("field,value", [("mode", "value"), ("max_log_size", 1 << 40), ("arena_size", 128 << 10)])
+def test_a_forged_store_json_is_refused(request, site, tmp_path, field, value):
+    srv = fresh(request, "file")
+    site.use(srv)
+    site.day(1)
+    conf = json.loads(srv.read("store.json"))
+    conf[field] = value
+    srv.write("store.json", json.dumps(conf).encode())
+    target = tmp_path / "recovered"
+    rc, _, err = site.cli("recover", "--from", "offsite", "--store", target)
+    assert rc == 50 and "store.json is not the config its manifest names" in err, err
+    assert not (target / "foundation.json").exists()
+    rc, out, _ = site.cli("audit", "--sample", "0")
+    assert rc == 1 and "TAMPERED store.json" in out
+    assert site.cli("replicate")[0] == 0                # written again from the local store
+    assert site.cli("recover", "--from", "offsite", "--store", target)[0] == 0
+    site.restores(store=target)
+
+
+@pytest.mark.parametrize("at", [20, 60])
+def test_repair_open_arena_whose_header_is_damaged(request, site, at):
+    """A flipped byte in the open arena's header, its tag included (bytes 56..63): mended from the replica."""
+    srv = fresh(request, "file")
+    site.use(srv)
+    site.day(1)
+    _, head = site.local().read_head()
+    with open(os.path.join(site.store, "arenas", F.arena_name(head.arena)), "r+b") as f:
+        f.seek(at)
+        b = f.read(1)
+        f.seek(at)
+        f.write(bytes([b[0] ^ 0x40]))
+    rc, out, err = site.cli("repair")
+    assert rc == 0 and f"HEALED arena {head.arena} (open)" in out, out + err
+    assert site.cli("verify")[0] == 0
+    site.restores()

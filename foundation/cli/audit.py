@@ -5,8 +5,9 @@ the sampled arenas (all by default) are downloaded and checked like
 `verify` checks the local log; the manifest must be authentic and as
 recent as the local head. Each problem is printed as MISSING, STALE,
 CORRUPT, TAMPERED or FOREIGN with the object it concerns; the exit status
-is 1 when there is any. With --fix, the objects that fail their checks are
-deleted from the replica and a replicate sends them again.
+is 1 when there is any. With --fix, a replicate sends the objects that
+fail their checks again, in place (nothing the replica's committed
+manifest names is deleted first), and whatever is missing or stale.
 """
 
 import random
@@ -28,7 +29,7 @@ def add_arguments(p):
                         "0 checks only presence, sizes and the manifest)")
     p.add_argument("--seed", type=int, help="seed of the random sample (to repeat an audit)")
     p.add_argument("--fix", action="store_true",
-                   help="delete the objects found corrupt or tampered and replicate again")
+                   help="send the objects found corrupt or tampered again, and replicate what is missing or stale")
 
 
 def run(args):
@@ -52,12 +53,11 @@ def run(args):
                     b.finish()
                 for p in rep.problems:
                     print(p)
-                if rep.problems and args.fix and not any(p.kind == "foreign" for p in rep.problems):
-                    for name in rep.bad_objects():
-                        backend.delete(name)
             fixed = None
             if rep.problems and args.fix and not any(p.kind == "foreign" for p in rep.problems):
-                fixed = replicate_one(args, spec)
+                # Damaged objects are sent again in place, under the same names: nothing the committed
+                # manifest names is ever deleted before a new manifest replaces it.
+                fixed = replicate_one(args, spec, resend=rep.bad_objects())
         except Error as e:
             print(f"foundation: {e}", file=sys.stderr)
             status = status or e.code

@@ -51,7 +51,7 @@ def replicas(args, names=None, urls=None):
     return out
 
 
-def replicate_one(args, spec, allow=False, progress=True):
+def replicate_one(args, spec, allow=False, progress=True, resend=()):
     from foundation.replica import lastrun, open_backend
     from foundation.replica.sync import Local, replicate
 
@@ -65,7 +65,7 @@ def replicate_one(args, spec, allow=False, progress=True):
         try:
             with open_backend(spec) as backend:
                 res = replicate(local, backend, allow_plaintext=allow or spec.allow_plaintext,
-                                progress=bar if progress else None)
+                                progress=bar if progress else None, resend=resend)
         except Exception as e:
             lastrun.record(state_dir(args), local.uuid, spec, error=e)
             raise

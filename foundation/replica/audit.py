@@ -18,6 +18,7 @@ import random
 import tempfile
 from dataclasses import dataclass
 
+from foundation.replica import sync
 from foundation.replica.sync import (MANIFEST, STORE_JSON, ForeignReplica, NotAReplica, arena_files,
                                      read_remote, verify_bytes)
 from foundation.store import format as F
@@ -46,7 +47,7 @@ class Report:
     written: str = ""
 
     def bad_objects(self):
-        """Names of objects that fail their own checks (a replicate sends them again once deleted)."""
+        """Names of objects that fail their own checks (replicate(resend=...) sends them again)."""
         return sorted({p.name for p in self.problems if p.kind in ("corrupt", "tampered")
                        and p.name not in ("", STORE_JSON, MANIFEST)})
 
@@ -76,6 +77,8 @@ def _audit(local, backend, sample, progress, rng, rep):
         add(Problem("missing", STORE_JSON, "the copy of the store's config is absent"))
     elif conf_b != local.config:
         add(Problem("tampered", STORE_JSON, "differs from the local foundation.json"))
+    elif m is not None and sync.digest(conf_b) != m.config:
+        add(Problem("tampered", STORE_JSON, "is not the config the manifest names"))
     if why:
         add(Problem("tampered", MANIFEST, why))
         return
@@ -110,9 +113,10 @@ def _staleness(local, m, add):
         elif a.generation > tr.generation:
             add(Problem("stale", a.name, f"generation {a.generation} is newer than the local arena {a.n} "
                                          f"(generation {tr.generation}): was the local store rolled back?"))
-        else:
-            add(Problem("tampered", a.name, f"generation {a.generation} as locally, but another arena MAC "
-                                            f"than the local arena {a.n}"))
+        else:   # the manifest's MAC holds: written with the key, for another version of the log
+            add(Problem("stale", a.name, f"another version of arena {a.n} than the local one (the local log was "
+                                         "rewritten by a compare-by-value gc, or rolled back): run "
+                                         "`foundation replicate`"))
     r = m.head
     if r.arena < head.arena:
         add(Problem("stale", "", f"arenas {r.arena} to {head.arena - 1} are sealed locally but not on the "
@@ -138,7 +142,7 @@ def _sample(local, backend, m, present, sample, progress, rng, rep):
         chain = F.chain_mac(local.keys.mac, chain, a.n, a.sealed)
         chains.append(chain)
     whole = [a for a in m.arenas if a.name in present]
-    opened = m.open.parts and all(name in present for name, _, _ in m.open.objects())
+    opened = m.open.parts and all(x[0] in present for x in m.open.objects())
     units = whole + ([m.open] if opened else [])
     k = min(len(units), math.ceil(len(units) * max(0.0, min(sample, 100.0)) / 100))
     chosen = sorted(rng.sample(range(len(units)), k))
@@ -155,8 +159,9 @@ def _sample(local, backend, m, present, sample, progress, rng, rep):
                 os.unlink(path)
                 _check_sealed(local, a, buf, chains[a.n - 1] if a.n else F.ZERO_CHAIN, chains[a.n], rep)
             else:
-                buf = b"".join(backend.get(name) for name, _, _ in m.open.objects())
-                _check_open(local, m, buf, rep)
+                segs = [(x, backend.get(x[0])) for x in m.open.objects()]
+                buf = b"".join(data for _, data in segs)
+                _check_open(local, m, segs, buf, rep)
             rep.checked += 1
             rep.bytes_checked += len(buf)
             if sink:
@@ -176,11 +181,18 @@ def _check_sealed(local, a, buf, prev, chain, rep):
         rep.problems.append(Problem("tampered", a.name, "its chain MAC does not fit the arenas before it"))
 
 
-def _check_open(local, m, buf, rep):
-    name = m.open.objects()[0][0] if len(m.open.parts) == 1 else f"open/{m.open.n:08d}.*"
+def _check_open(local, m, segs, buf, rep):
+    """Each segment against its digest in the manifest, then the records they hold together; every
+    problem names the segment it is in (audit --fix sends that one again)."""
+    def where(offset):
+        return next((x[0] for x, _ in segs if x[1] <= offset < x[2]), segs[-1][0][0])
+
+    for (name, _, _, d), data in segs:
+        if sync.digest(data) != d:
+            rep.problems.append(Problem("corrupt", name, "does not hold the bytes the manifest names"))
     damage, _, _ = verify_bytes(local, m.open.n, buf, False, None, m.head.end)
     for d in damage:
-        rep.problems.append(Problem("corrupt", name, str(d)))
+        rep.problems.append(Problem("corrupt", where(d.offset), str(d)))
     if not damage and buf[F.ARENA_HEADER_SIZE - 16:F.ARENA_HEADER_SIZE - 16 + len(m.open.ident)] != m.open.ident:
-        rep.problems.append(Problem("tampered", name, f"the segments are not of the open arena {m.open.n} the "
-                                                      "manifest names"))
+        rep.problems.append(Problem("tampered", segs[0][0][0], f"the segments are not of the open arena "
+                                                               f"{m.open.n} the manifest names"))

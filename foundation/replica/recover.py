@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 
 from foundation.errors import Error
 from foundation.replica.backend import RemoteMissing
-from foundation.replica.sync import MANIFEST, STORE_JSON, Local, Manifest, ReplicaTampered, verify_bytes
+from foundation.replica.sync import MANIFEST, STORE_JSON, Local, Manifest, ReplicaTampered, digest, verify_bytes
 from foundation.store import format as F
 from foundation.store.disk import atomic_write, fsync_dir
 
@@ -65,6 +65,9 @@ def recover(backend, dest, key_file=None, progress=None):
         except RemoteMissing:
             raise ReplicaTampered(backend.url, "it has a store.json but no manifest (a first replicate that "
                                                "never finished, or a deleted manifest)") from None
+        if digest(conf_b) != m.config:
+            raise ReplicaTampered(backend.url, "its store.json is not the config its manifest names (changed "
+                                               "by someone without the key)")
         # From here on the directory is ours, marked as a partial recovery.
         if not res.resumed:
             os.makedirs(dest, exist_ok=True)
@@ -127,7 +130,7 @@ def _check_partial(dest, local):
 def _fetch_sealed(local, backend, a, chain, sink):
     """Download sealed arena a (unless a resumed recovery already has it) and check it."""
     final = local.arena_path(a.n)
-    if os.path.exists(final) and os.path.getsize(final) == a.size:
+    if os.path.exists(final) and os.path.getsize(final) == a.size and _is(local, final, a):
         if sink:
             sink(a.size)
         return  # checked before it took this name
@@ -152,12 +155,24 @@ def _fetch_sealed(local, backend, a, chain, sink):
     os.rename(tmp, final)
 
 
+def _is(local, path, a):
+    """Does the arena file at path carry the trailer of manifest entry a (a resumed recovery)?"""
+    with open(path, "rb") as f:
+        f.seek(max(0, a.size - F.MAX_TRAILER))
+        tail = f.read()
+    try:
+        tr = F.Trailer.from_tail(tail, local.keys.mac, a.n)
+    except ValueError:
+        return False
+    return (tr.generation, tr.amac, tr.sealed) == (a.generation, a.amac, a.sealed)
+
+
 def _fetch_open(local, backend, m, sink):
     """Download the open arena's segments into one file and check its committed records."""
     final = local.arena_path(m.open.n)
     tmp = final + ".download"
     with open(tmp, "wb") as f:
-        for name, s, e in m.open.objects():
+        for name, s, e, _ in m.open.objects():
             data = backend.get(name)
             if len(data) != e - s:
                 raise ReplicaTampered(backend.url, f"object {name} holds {len(data)} bytes, the manifest "

@@ -22,7 +22,7 @@ from foundation import native
 from foundation.errors import Error
 from foundation.store import format as F
 from foundation.store.disk import atomic_write, fsync_dir
-from foundation.replica.sync import Local, read_remote, verify_bytes
+from foundation.replica.sync import Local, digest, read_remote, verify_bytes
 
 log = logging.getLogger(__name__)
 
@@ -132,8 +132,8 @@ def _from_replicas(local, head, damage, backends, res):
     for n in sorted(damage):
         for b, m in manifests:
             try:
-                ok = (_sealed_from(local, head, n, b, m, res) if n < head.arena
-                      else _open_from(local, head, n, b, m, res))
+                ok = (n < head.arena and _sealed_from(local, head, n, b, m, res)
+                      or _prefix_from(local, head, n, b, m, res))
             except Error as e:
                 res.notes.append(f"arena {n}: the copy on {b.url} could not be used ({e})")
                 ok = False
@@ -184,30 +184,69 @@ def _sealed_from(local, head, n, b, m, res):
     return True
 
 
-def _open_from(local, head, n, b, m, res):
-    """Mend the open arena's committed bytes from the replica's segments of the same arena."""
+def _prefix_from(local, head, n, b, m, res):
+    """Mend the first bytes of arena n from the replica's segments of it: its open arena, which may
+    have been sealed here since. Only segments holding what the manifest names are used, and the
+    result must verify better than the local file (wholly, for a sealed arena)."""
     if m.open.n != n or not m.open.parts:
         return False
+    sealed = n < head.arena
     mine = _read(local, n) or b""
-    if mine[:F.ARENA_HEADER_SIZE] and mine[F.ARENA_HEADER_SIZE - 16:F.ARENA_HEADER_SIZE - 16 + len(m.open.ident)] \
-            != m.open.ident:
-        res.notes.append(f"arena {n}: the replica holds another open arena {n} (the local one was rewritten)")
+    try:   # a header that fails its MAC says nothing by its tag: the mended file is judged whole
+        F.ArenaHeader.unpack(mine[:F.ARENA_HEADER_SIZE], local.keys.mac)
+        if mine[F.ARENA_HEADER_SIZE - 16:F.ARENA_HEADER_SIZE - 16 + len(m.open.ident)] != m.open.ident:
+            res.notes.append(f"arena {n}: the replica holds another open arena {n} (the local one was rewritten)")
+            return False
+    except ValueError:
+        pass
+    theirs = bytearray()
+    for name, _, _, d in m.open.objects():
+        data = b.get(name)
+        if digest(data) != d:
+            res.notes.append(f"arena {n}: segment {name} on {b.url} does not hold the bytes its manifest names")
+            break
+        theirs += data
+    if not theirs:
         return False
-    theirs = b"".join(b.get(name) for name, _, _ in m.open.objects())
-    if len(theirs) != m.open.end:
-        res.notes.append(f"arena {n}: the replica's segments hold {len(theirs)} bytes, its manifest says "
-                         f"{m.open.end}")
-        return False
-    new = theirs + mine[len(theirs):]
-    before = verify_bytes(local, n, mine, False, None, head.end)[0] if mine else ["missing"]
-    after = verify_bytes(local, n, new, False, None, head.end)[0]
-    if any(d.offset < len(theirs) for d in after) or len(after) >= len(before):
+    new = bytes(theirs) + mine[len(theirs):]
+    prev = (F.ZERO_CHAIN if n == 0 else getattr(_trailer(local, n - 1), "chain", None)) if sealed else None
+
+    def check(buf):
+        return verify_bytes(local, n, buf, sealed, prev, head.end)[0]
+
+    before = check(mine) if mine else ["missing"]
+    after = check(new)
+    resealed = False
+    if sealed and after and all("arena MAC does not match" in d.what for d in after):
+        new, resealed = _reseal(local, n, new) or new, True
+        after = check(new)
+    if any(d.offset < len(theirs) for d in after) or len(after) >= len(before) or sealed and after:
         res.notes.append(f"arena {n}: the replica's segments (up to offset {len(theirs)}) do not mend it")
         return False
     _install(local, n, new)
-    res.healed.append(f"arena {n} (open): committed bytes up to offset {len(theirs)} replaced by the replica's "
-                      f"segments ({b.url})")
+    if resealed:
+        _forget_derived(local, n)
+    res.healed.append(f"arena {n}{'' if sealed else ' (open)'}: bytes up to offset {len(theirs)} replaced by the "
+                      f"replica's segments of it ({b.url})" + ("; resealed with a compacted trailer" if resealed
+                                                                else ""))
     return True
+
+
+def _reseal(local, n, buf):
+    """Sealed arena n whose records all verify, but whose arena MAC leaves one out: a writer steps over
+    a record it finds damaged in the open arena and seals without it. -> the file with a compacted
+    trailer over all its records (same chain and sealed MAC, one generation up: docs/format.md §5.4),
+    or None if that trailer would not fit the arena size."""
+    old = F.Trailer.from_tail(buf[-F.MAX_TRAILER:], local.keys.mac, n)
+    header, hb = local.log._header(n, buf)
+    entries, end, err = local.log.scan(n, header.iv, memoryview(buf)[F.ARENA_HEADER_SIZE:old.end],
+                                       F.ARENA_HEADER_SIZE)
+    if err is not None or end != old.end or end + F.COMPACT_SIZE > local.conf["arena_size"]:
+        return None
+    tags = b"".join(e[5] for e in entries)
+    amac = F.arena_mac(local.keys.mac, hb, tags, len(entries), end)
+    tr = F.Trailer(len(entries), end, amac, old.chain, old.generation + 1, old.sealed)
+    return bytes(buf[:end]) + tr.pack(local.keys.mac, n)
 
 
 def _forget_derived(local, n):
@@ -393,8 +432,18 @@ def _final(path, master, res):
     from foundation.store import Store
     from foundation.store.verify import verify
 
-    with Store.open(path, master=master, writable=True):
-        pass
-    with Store.open(path, master=master) as s:
-        damage, _ = verify(s)
+    try:
+        with Store.open(path, master=master, writable=True):
+            pass
+        with Store.open(path, master=master) as s:
+            damage, _ = verify(s)
+    except Error as e:   # still too damaged to open: say so with what is known, not with a traceback
+        res.notes.append(f"the store does not open yet: {e}")
+        try:
+            with Local(path, master=master) as local:
+                res.lost = [d for ds in scan(local, local.read_head()[1]).values() for d in ds]
+        except Error:
+            pass
+        res.lost = res.lost or [str(e)]
+        return
     res.lost = [d for d in damage if (d.arena, d.offset) not in set(res.restored)]

@@ -18,6 +18,7 @@ readers' lock, so gc waits for it (and it for gc).
 """
 
 import fcntl
+import hashlib
 import hmac
 import json
 import logging
@@ -48,7 +49,7 @@ MAX_PARTS = 16                   # more segments of one open arena are merged in
 ID_BYTES = 8                     # bytes of a MAC or tag (as hex) that name an object
 
 _ARENA_OBJ = re.compile(r"arenas/(\d{8})\.(\d+)\.([0-9a-f]{16})\.arena")
-_PART_OBJ = re.compile(r"open/(\d{8})\.([0-9a-f]{16})\.(\d{10})-(\d{10})\.part")
+_PART_OBJ = re.compile(r"open/(\d{8})\.([0-9a-f]{16})\.(\d{10})-(\d{10})\.([0-9a-f]{16})\.part")
 
 
 # ---- errors -------------------------------------------------------------------------------
@@ -90,9 +91,15 @@ def arena_object(n, generation, amac):
     return f"arenas/{n:08d}.{generation}.{amac[:ID_BYTES].hex()}.arena"
 
 
-def part_object(n, ident, start, end):
-    """The replica's name of bytes [start, end) of open arena n, whose header tag begins with ident."""
-    return f"open/{n:08d}.{ident.hex()}.{start:010d}-{end:010d}.part"
+def part_object(n, ident, start, end, digest):
+    """The replica's name of bytes [start, end) of open arena n, whose header tag begins with ident,
+    whose SHA-256 is digest: a name never stands for two contents (a store rolled back to an older
+    copy may write other bytes at the same offsets of the same arena)."""
+    return f"open/{n:08d}.{ident.hex()}.{start:010d}-{end:010d}.{digest[:ID_BYTES].hex()}.part"
+
+
+def digest(data):
+    return hashlib.sha256(data).digest()
 
 
 def is_replica_object(name):
@@ -123,10 +130,11 @@ class OpenParts:
 
     n: int
     ident: bytes     # first ID_BYTES of the arena header's tag
-    parts: list      # [(start, end)], contiguous from 0
+    parts: list      # [(start, end, SHA-256 of those bytes)], contiguous from 0
 
     def objects(self):
-        return [(part_object(self.n, self.ident, s, e), s, e) for s, e in self.parts]
+        """[(name, start, end, digest)] of the segments, in order."""
+        return [(part_object(self.n, self.ident, s, e, d), s, e, d) for s, e, d in self.parts]
 
     @property
     def end(self):
@@ -140,20 +148,21 @@ class Manifest:
     head: F.Head
     arenas: list                  # [Sealed], arenas 0 .. head.arena - 1
     open: OpenParts
+    config: bytes                 # SHA-256 of store.json: the config is authenticated through the manifest
     written: str = ""
 
     def objects(self):
         """{name: size} of every object this manifest names (store.json and itself aside)."""
         out = {a.name: a.size for a in self.arenas}
-        out.update((name, e - s) for name, s, e in self.open.objects())
+        out.update((name, e - s) for name, s, e, _ in self.open.objects())
         return out
 
     def pack(self, mac_key):
         body = {
             "format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "store": self.store,
-            "written": self.written, "head": self.head_bytes.hex(),
+            "written": self.written, "head": self.head_bytes.hex(), "config": self.config.hex(),
             "arenas": [[a.n, a.generation, a.size, a.amac.hex(), a.sealed.hex()] for a in self.arenas],
-            "open": {"arena": self.open.n, "id": self.open.ident.hex(), "parts": [list(p) for p in self.open.parts]},
+            "open": {"arena": self.open.n, "id": self.open.ident.hex(), "parts": [[s, e, d.hex()] for s, e, d in self.open.parts]},
         }
         line = json.dumps(body, separators=(",", ":"), sort_keys=True).encode() + b"\n"
         return line + b"mac " + F.mac(mac_key, MANIFEST_MAC, line).hex().encode() + b"\n"
@@ -185,10 +194,11 @@ class Manifest:
             arenas = [Sealed(n, g, size, bytes.fromhex(am), bytes.fromhex(sm))
                       for n, g, size, am, sm in body["arenas"]]
             o = body["open"]
-            op = OpenParts(o["arena"], bytes.fromhex(o["id"]), [tuple(p) for p in o["parts"]])
+            op = OpenParts(o["arena"], bytes.fromhex(o["id"]), [(s, e, bytes.fromhex(d)) for s, e, d in o["parts"]])
+            config = bytes.fromhex(body["config"])
         except (ValueError, KeyError, TypeError) as e:
             bad(f"is malformed ({e})")
-        m = cls(store, hb, head, arenas, op, body.get("written", ""))
+        m = cls(store, hb, head, arenas, op, config, body.get("written", ""))
         problem = m.inconsistency(mac_key)
         if problem:
             bad(problem)
@@ -208,7 +218,7 @@ class Manifest:
         if self.open.n != h.arena:
             return f"names open arena {self.open.n}, its head {h.arena}"
         pos = 0
-        for s, e in self.open.parts:
+        for s, e, _ in self.open.parts:
             if s != pos or e <= s:
                 return f"has a gap or overlap in the segments of open arena {h.arena} at offset {pos}"
             pos = e
@@ -491,10 +501,12 @@ class Result:
                 f"{self.arenas_kept} arena(s) already there; {self.deleted} old object(s) removed")
 
 
-def replicate(local, backend, allow_plaintext=False, progress=None):
+def replicate(local, backend, allow_plaintext=False, progress=None, resend=()):
     """Bring the replica up to the local head (module docstring) -> Result; writes nothing locally.
 
-    progress(total bytes) -> a callable taking byte counts (cli.common.Progress).
+    progress(total bytes) -> a callable taking byte counts (cli.common.Progress). `resend`: names of
+    objects found damaged on the server (audit --fix): sent again from the local store, replacing
+    them in place, although they are present with the right size.
     """
     if not local.conf["encrypted"] and not allow_plaintext:
         raise PlaintextRefused(local.path, backend.url)
@@ -509,20 +521,22 @@ def replicate(local, backend, allow_plaintext=False, progress=None):
         head_b, head = local.read_head()
         res.head = head
         files = arena_files(local, head)
-        plan = _plan(local, head, files, old, existing, res, trust_names=old is None and not why)
+        have = {k: v for k, v in existing.items() if k not in set(resend)}
+        plan = _plan(local, head, files, old, have, res, trust_names=old is None and not why)
         if conf_b != local.config:
             put_bytes(backend, STORE_JSON, local.config)   # claims the prefix before any arena goes up
-        total = sum(p.size for _, p in plan.sealed_up) + sum(e - s for _, s, e in plan.parts_up)
+        total = sum(p.size for _, p in plan.sealed_up) + sum(e - s for _, s, e, _ in plan.parts_up)
         sink = ByteProgress(progress(total) if progress else None)
         for entry, p in plan.sealed_up:
             backend.put(entry.name, p.path, 0, p.size, token=entry.amac.hex(), progress=sink.start())
             res.arenas_sent += 1
-        for name, s, e in plan.parts_up:
+        for name, s, e, _ in plan.parts_up:
             backend.put(name, files[-1].path, s, e - s, token=_part_token(name), progress=sink.start())
             res.parts_sent += 1
-        new = Manifest(local.uuid, head_b, head, plan.entries, plan.open,
+        new = Manifest(local.uuid, head_b, head, plan.entries, plan.open, digest(local.config),
                        datetime.now(timezone.utc).isoformat(timespec="seconds"))
-        if old is None or (old.head_bytes, old.arenas, old.open) != (head_b, new.arenas, new.open):
+        if old is None or (old.head_bytes, old.arenas, old.open, old.config) != \
+                (head_b, new.arenas, new.open, new.config):
             put_bytes(backend, MANIFEST, new.pack(local.keys.mac))   # the commit point
         # Only now may the objects the new manifest does not name go.
         keep = new.objects()
@@ -530,8 +544,7 @@ def replicate(local, backend, allow_plaintext=False, progress=None):
             if name not in keep and is_replica_object(name):
                 backend.delete(name)
                 res.deleted += 1
-        backend.cleanup("arenas/")
-        backend.cleanup("open/")
+        backend.cleanup("")   # temporaries of interrupted puts (we hold the one-replicate lock)
     finally:
         local.release()
     res.bytes_sent = backend.sent - sent0
@@ -548,7 +561,7 @@ class _Plan:
     entries: list = field(default_factory=list)     # [Sealed] of the new manifest
     sealed_up: list = field(default_factory=list)   # [(Sealed, ArenaFile)] to upload
     open: OpenParts = None
-    parts_up: list = field(default_factory=list)    # [(name, start, end)] to upload
+    parts_up: list = field(default_factory=list)    # [(name, start, end, digest)] to upload
 
 
 def _plan(local, head, files, old, existing, res, trust_names=False):
@@ -573,7 +586,7 @@ def _plan(local, head, files, old, existing, res, trust_names=False):
             if there and (mine.generation, mine.amac, mine.sealed) == (ours.generation, ours.amac, ours.sealed):
                 plan.entries.append(mine)
                 res.arenas_kept += 1
-            elif _damaged(local, p, chain, res, keeps=there and mine.sealed == ours.sealed):
+            elif _damaged(local, p, chain, res, there and mine.sealed == ours.sealed, old, existing):
                 plan.entries.append(mine)   # the replica keeps its good copy of this chain position
                 res.arenas_kept += 1
             else:
@@ -595,10 +608,19 @@ def _plan(local, head, files, old, existing, res, trust_names=False):
     return plan
 
 
-def _damaged(local, p, chain, res, keeps):
+def _damaged(local, p, chain, res, keeps, old, existing):
     """Check a local sealed arena before it goes up. True if it is damaged and the replica's
-    copy (`keeps`) is to stay; a damaged arena with no better copy goes up as it is."""
+    copy (`keeps`) is to stay; a damaged arena with no better copy goes up as it is. If the
+    replica holds the damaged bytes whole as segments of the arena (it was open at the last
+    replicate), nothing is sent: `repair` mends the arena from them first."""
     damage, _, _ = verify_bytes(local, p.n, p.view(), True, chain)
+    segs = old.open if old and old.open.n == p.n and old.open.parts else None
+    if damage and not keeps and segs and p.view(F.ARENA_HEADER_SIZE - 16, F.ARENA_HEADER_SIZE - 16 + ID_BYTES) \
+            == segs.ident and all(d.offset < segs.end for d in damage) \
+            and all(existing.get(name) == e - s for name, s, e, _ in segs.objects()):
+        raise DataCorrupt(f"arena {p.n} offset {damage[0].offset}: the local arena is damaged, and the replica "
+                          f"holds its first {segs.end} bytes as open-arena segments: run `foundation "
+                          "repair` (it mends the arena from them), then replicate; nothing was sent")
     if damage:
         where = "the replica keeps its copy" if keeps else "it is replicated as it is (no better copy exists)"
         _warn(res, f"local arena {p.n} is damaged ({damage[0]}{' …' if len(damage) > 1 else ''}); "
@@ -612,6 +634,9 @@ def _warn(res, msg):
 
 
 def _plan_open(local, head, p, old, existing, plan, res):
+    """The segments of the open arena the new manifest names: the replica's own as far as they hold
+    the local bytes, then one new segment up to the head. Local bytes that differ from a segment
+    because they are damaged never replace it (the replica keeps the good copy for `repair`)."""
     n, end = head.arena, head.end
     if not p.size or not p.ident:
         if end > F.ARENA_HEADER_SIZE:
@@ -621,22 +646,27 @@ def _plan_open(local, head, p, old, existing, plan, res):
         return
     if p.size < end:
         raise DataCorrupt(f"arena {n} offset {p.size}: the open arena ends before the committed end {end}")
-    prev = old.open if old else None
+    view = p.view(0, end)
+    damage = verify_bytes(local, n, view, False, None, end)[0]
+    prev = old.open if old and (old.open.n, old.open.ident) == (n, p.ident) and old.open.end <= end else None
     parts = []
-    if prev and prev.n == n and prev.ident == p.ident and prev.end <= end and all(
-            existing.get(name) == e - s for name, s, e in prev.objects()):
-        parts = list(prev.parts)
+    for name, s, e, d in prev.objects() if prev else ():
+        if existing.get(name) != e - s:
+            break
+        if digest(view[s:e]) != d:
+            hurt = [x for x in damage if s <= x.offset < e]
+            if not hurt:
+                break    # other bytes at the same place: the store was rolled back; send anew from here
+            _warn(res, f"local open arena {n} is damaged ({hurt[0]}); the replica keeps its copy of "
+                       f"offsets {s} to {e}: run `foundation repair`")
+        parts.append((s, e, d))
     start = parts[-1][1] if parts else 0
     if end > start:
-        parts.append((start, end))
-    if len(parts) > MAX_PARTS:
-        parts = [(0, end)]
-        start = 0
+        parts.append((start, end, digest(view[start:end])))
+    if len(parts) > MAX_PARTS and not damage:
+        parts, start = [(0, end, digest(view))], 0
     plan.open = OpenParts(n, p.ident, parts)
-    if end > start:
-        damage, _, _ = verify_bytes(local, n, p.view(0, end), False, None, end)
-        new = [d for d in damage if d.offset >= start]
-        if new:
-            _warn(res, f"local open arena {n} has damaged committed records ({new[0]}); replicated as they are")
-        plan.parts_up = [(name, s, e) for name, s, e in plan.open.objects() if s >= start]
-
+    new = [x for x in damage if x.offset >= start]
+    if new:
+        _warn(res, f"local open arena {n} has damaged committed records ({new[0]}); replicated as they are")
+    plan.parts_up = [x for x in plan.open.objects() if x[1] >= start]
