@@ -380,6 +380,7 @@ def test_error_mapping_s3(s3_server):
     assert raised("InternalError", 500, "We encountered an internal error: cause(no space left on device)") \
         is RemoteFull                                     # what a MinIO whose disk filled says
     assert raised("IncompleteBody", 400) is Transient
+    assert raised("RequestTimeTooSkewed", 403) is Permanent       # not the keys: the clock
     assert raised("InvalidAccessKeyId", 403) is AuthFailed
     assert raised("SignatureDoesNotMatch", 403) is AuthFailed
     assert raised("InvalidArgument", 400) is Permanent

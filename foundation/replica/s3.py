@@ -75,6 +75,9 @@ class S3Backend(Backend):
         except bx.ClientError as e:
             code, status = _code(e), e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
             msg = f"{what}: the server answered {code} {e.response.get('Error', {}).get('Message', '')}".strip()
+            if code == "RequestTimeTooSkewed":
+                raise Permanent(self.url, f"{msg}: this machine's clock is too far from the server's; set the "
+                                          "clock right (NTP)") from e
             if code in _AUTH or status in (401, 403):
                 raise AuthFailed(self.url, msg) from e
             # A MinIO whose disk filled up answers 500 InternalError "...(no space left on device)".
