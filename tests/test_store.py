@@ -318,3 +318,26 @@ def test_a_marked_damaged_block_still_fails_loudly(make_store):
         with pytest.raises(DataCorrupt, match="arena 0 offset 72: the only copy"):
             s.read(refs[:32])
         assert b"".join(s.read_blocks(refs[32:])) == data[BS:]
+
+
+def test_a_lost_summary_is_rebuilt_around_a_damaged_record(make_store, mode):
+    """`rebuild` (or a summary lost in a crash) over an arena with a damaged record: the store opens,
+    every other block reads, the damaged one fails loudly."""
+    op = make_store(mode)
+    data = blocks(300, seed=16, compressible=0)
+    with op() as s:
+        refs = s.write_blocks(data)
+    rs = len(refs) // 300
+    damage(arena_files(op.path)[0], FIRST_PAYLOAD + 100, b"\x00\x11\x22")
+    shutil.rmtree(os.path.join(op.path, "summaries"))
+    os.mkdir(os.path.join(op.path, "summaries"))
+    os.unlink(os.path.join(op.path, "index"))
+    with op() as s:                             # a writer rebuilds summaries and index
+        with pytest.raises(DataCorrupt, match="arena 0 offset 72"):
+            s.read(refs[:rs])
+    with op(writable=False) as s:
+        assert [(d.arena, d.offset) for d in verify(s)[0]] == [(0, 72)]   # and records it
+    with op(writable=False) as s:
+        with pytest.raises(DataCorrupt, match="arena 0 offset 72"):
+            s.read(refs[:rs])
+        assert b"".join(s.read_blocks(refs[rs:])) == data[BS:]

@@ -16,7 +16,7 @@ from foundation.errors import UsageError
 NAME = "gc"
 HELP = "reclaim the space of blocks that no kept snapshot reaches (after forget/prune)"
 DESCRIPTION = (
-    "Mark every block the kept snapshots reach (one backward sweep of the log), then rewrite the arenas "
+    "Mark every block the kept snapshots reach (backward sweeps of the log), then rewrite the arenas "
     "whose share of garbage is at least --min-garbage without it. Needs the store to itself: unmount the "
     "/snapshot tree first. Replicas named in the config follow at the end."
 )

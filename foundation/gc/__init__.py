@@ -2,7 +2,7 @@
 
 Nothing is deleted unless the user asks (paper §7.1): `forget` and `prune`
 only rewrite the catalog, and `gc` then marks what the kept snapshots
-reach by one backward sweep of the log (mark.py) and rewrites the arenas
+reach by backward sweeps of the log (mark.py) and rewrites the arenas
 whose share of garbage is worth it. In compare-by-hash mode each such
 arena is rewritten alone and swapped in by rename (compact.py), so gc can
 stop after any arena (--max-time, --target-free) and every step leaves a
@@ -13,6 +13,14 @@ arena to its end in one journaled switch (reflow.py).
 gc holds the writer lock and the readers lock (no /snapshot mount or
 restore may read arenas while they move); the index and Bloom filter are
 rebuilt at the end, or at the next open if gc is killed.
+
+damaged.json names records by arena and offset, and a rewritten arena has
+new offsets: an entry left naming the old file would hide the intact record
+that now starts there. So before the rename that swaps arena n in, the
+entries of arena n are written with the generation of the file they name
+(the store ignores them once the arena has another), and damaged.json is
+written without them at the end. Killed before that rename, they still
+apply to the old file; after it, to nothing.
 """
 
 import json
@@ -137,6 +145,8 @@ def _hash(store, arenas, live, rep, min_garbage, max_time, target_free, dry_run,
         old = os.path.getsize(store.log.path(n))
         path, new, arrays = compact.rewrite(store, n, [addrs[i] for i in p.keep], tr.generation + 1,
                                             tr.chain, tr.sealed)
+        if any(a >> 32 == n for a in store.bad):
+            _save_damaged(store, (n, tr.generation))  # durable before the rename (module doc)
         _crash("gc.written")
         compact.swap(store, n, path, new, arrays)
         _crash("gc.swapped")
@@ -161,11 +171,16 @@ def _rebuild(store):
     store._catch_up(store.index.h.covered)
 
 
-def _save_damaged(store):
+def _save_damaged(store, old=None):
+    """damaged.json from store.bad (if verify wrote one); `old` = (arena, generation)
+    about to be swapped out: its entries carry that generation."""
     p = os.path.join(store.path, F.DAMAGED)
     if os.path.exists(p):
-        recs = sorted(F.split(a) for a in store.bad)
-        atomic_write(p, json.dumps({"records": [list(r) for r in recs]}).encode())
+        recs = [list(F.split(a)) for a in sorted(store.bad)]
+        for r in recs:
+            if old and r[0] == old[0]:
+                r.append(old[1])
+        atomic_write(p, json.dumps({"records": recs}).encode())
 
 
 # ---- compare-by-value: one reflow from the first arena worth it ---------------------

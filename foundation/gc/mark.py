@@ -1,17 +1,26 @@
 """Marking: which records a kept snapshot still reaches (paper §7.1).
 
-Every pointer in the log points backwards (a node is written after its
-children, a catalog after its trees), so one sweep from the newest arena
-to the oldest finds the whole live set: when the sweep reaches a live tree
-node, everything it names lies behind it and is marked before the sweep
-gets there. Only TREE records are read; leaves are judged from the
-summaries alone.
+A node is written after its children and a catalog after its trees, so a
+sweep from the newest arena to the oldest marks nearly the whole live set:
+when it reaches a live tree node, what the node names mostly lies behind
+it and is marked before the sweep gets there. Only TREE records are read;
+leaves are judged from the summaries alone.
 
-In compare-by-hash mode a ref is a score, and the live set is a Bloom
-filter of scores (about 1.8 bytes per record of the log): a false positive
-only keeps a little garbage. In compare-by-value mode a ref is an address,
-and the live set is exact: one byte per record, found by its position in
-its arena's summary.
+In compare-by-value mode a ref is an address, which exists only once its
+record is written: every ref points backwards, so one sweep is exact. The
+live set is exact too: one byte per record, found by its position in its
+arena's summary.
+
+In compare-by-hash mode a ref is a score, a name that may be stored again
+later, so a node can name a record stored after it: an archive that
+deduplicates onto an old node whose child a gc dropped (the node's arena
+was not rewritten) stores the child again, after the node; a damaged node
+stored again (archiving heals) lands after the nodes that name it. So hash
+mode sweeps again until a sweep expands no new node: a node that became
+live after a sweep passed its arena is expanded by the next one. Usually
+that is one more pass over the summaries, reading no record. The live set
+is a Bloom filter of scores (about 1.8 bytes per record of the log): a
+false positive only keeps a little garbage.
 """
 
 import bisect
@@ -92,7 +101,7 @@ class HashLive:
 
 
 def mark_hash(store, roots, progress=None):
-    """Backward sweep in compare-by-hash mode -> HashLive."""
+    """Backward sweeps in compare-by-hash mode, until one expands nothing -> HashLive."""
     arenas = Arenas(store)
     live = HashLive(store, arenas.count())
     try:
@@ -100,33 +109,43 @@ def mark_hash(store, roots, progress=None):
             if r != store.null_ref:
                 live.add(r)
         expanded = set()
-        for n in range(arenas.last, -1, -1):
-            keys, addrs, types, _ = arenas.records(n)
-            nodes = [i for i, t in enumerate(types) if t == F.TREE]
-            # A parent and its children may share an arena: repeat until no
-            # node of this arena becomes live (at most the depth of a tree).
-            while nodes:
-                todo = [i for i in nodes if keys[i * 32:(i + 1) * 32] not in expanded
-                        and keys[i * 32:(i + 1) * 32] in live]
-                if not todo:
-                    break
-                got = _read_nodes(store, [addrs[i] for i in todo])
-                for i in todo:
-                    key = keys[i * 32:(i + 1) * 32]
-                    expanded.add(key)
-                    data = got.get(addrs[i])
-                    if data is None:
-                        data = _other_copy(store, key, addrs[i])
-                    for c in _children(store, data):
-                        live.add(c)
-                done = set(todo)
-                nodes = [i for i in nodes if i not in done]
-            if progress:
-                progress(arenas.last - n + 1)
+        while _sweep(store, arenas, live, expanded, progress):
+            progress = None  # the first sweep does nearly all the work: only it is reported
         return live
     except BaseException:
         live.close()
         raise
+
+
+def _sweep(store, arenas, live, expanded, progress):
+    """One sweep from the newest arena to the oldest: expand each live TREE
+    key not expanded yet -> how many were."""
+    count = 0
+    for n in range(arenas.last, -1, -1):
+        keys, addrs, types, _ = arenas.records(n)
+        nodes = [i for i, t in enumerate(types) if t == F.TREE]
+        # A parent and its children may share an arena: repeat until no
+        # node of this arena becomes live (at most the depth of a tree).
+        while nodes:
+            todo = [i for i in nodes if keys[i * 32:(i + 1) * 32] not in expanded
+                    and keys[i * 32:(i + 1) * 32] in live]
+            if not todo:
+                break
+            got = _read_nodes(store, [addrs[i] for i in todo])
+            for i in todo:
+                key = keys[i * 32:(i + 1) * 32]
+                expanded.add(key)
+                data = got.get(addrs[i])
+                if data is None:
+                    data = _other_copy(store, key, addrs[i])
+                for c in _children(store, data):
+                    live.add(c)
+            count += len(todo)
+            done = set(todo)
+            nodes = [i for i in nodes if i not in done]
+        if progress:
+            progress(arenas.last - n + 1)
+    return count
 
 
 def _other_copy(store, key, a):
@@ -174,7 +193,7 @@ class ValueLive:
 
 
 def mark_value(store, roots, catalog_roots=(), progress=None):
-    """Backward sweep in compare-by-value mode -> ValueLive (exact)."""
+    """One backward sweep in compare-by-value mode (every ref points backwards) -> ValueLive (exact)."""
     arenas = Arenas(store)
     live = ValueLive(arenas)
     for bits, refs in ((LIVE, roots), (CATALOG, catalog_roots)):

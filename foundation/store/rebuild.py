@@ -12,6 +12,7 @@ import os
 
 import pybloomfilter
 
+from foundation import native
 from foundation.store import format as F
 from foundation.store.disk import atomic_write
 from foundation.store.index import Index, plan
@@ -36,7 +37,19 @@ def scan_arena(store, n):
             from foundation.errors import DataCorrupt
             raise DataCorrupt(f"arena {n} offset {size}: sealed arena has no valid trailer ({e})") from None
     limit = size - tr.size if tr else size
-    entries, end, err = lg.scan(n, header.iv, memoryview(buf)[F.ARENA_HEADER_SIZE:limit], F.ARENA_HEADER_SIZE)
+    mv = memoryview(buf)
+    entries, end, err = lg.scan(n, header.iv, mv[F.ARENA_HEADER_SIZE:limit], F.ARENA_HEADER_SIZE)
+    while err is not None and err.kind in ("tag", "decompress") and end + 12 <= limit \
+            and buf[end:end + 4] == native.RECORD_MAGIC:
+        # Step over a damaged record whose header still gives its length, as the open arena's
+        # scan does: its block is not served anyway, and the rest of the arena still is.
+        skip = end + native.HEADER_SIZE + int.from_bytes(buf[end + 8:end + 12], "little")
+        if not end < skip <= limit:
+            break
+        log.error("arena %d offset %d: record is damaged (%s); left out of its summary", n, end, err.kind)
+        lg.damaged.append((n, end))
+        more, end, err = lg.scan(n, header.iv, mv[skip:limit], skip)
+        entries += more
     return entries, end, err, hb, size, buf, tr
 
 

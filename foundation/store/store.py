@@ -470,10 +470,21 @@ class Store:
         bad = {F.addr(n, o) for n, o in self.log.damaged}
         try:
             with open(os.path.join(self.path, F.DAMAGED)) as f:
-                bad |= {F.addr(n, o) for n, o in json.load(f)["records"]}
+                recs = json.load(f)["records"]
+            # [arena, offset, generation]: written by gc before it swapped in a
+            # rewritten arena; it names a record of that generation only.
+            gen = {n: self._generation(n) for n, _, *g in recs if g}
+            bad |= {F.addr(n, o) for n, o, *g in recs if not g or gen[n] == g[0]}
         except (OSError, ValueError, KeyError, TypeError):
             pass
         return bad
+
+    def _generation(self, n):
+        try:
+            tr = self.log.trailer(n) if n < self.log.open.n else None
+        except DataCorrupt:
+            tr = None
+        return tr.generation if tr else None
 
     def _drop_bad(self, keys, addrs, types):
         kl = self.keylen
@@ -490,8 +501,9 @@ class Store:
                     if a in self.bad and keys[i * 32:(i + 1) * 32] == score:
                         raise DataCorrupt(f"arena {n} offset {a & 0xFFFFFFFF}: the only copy of block "
                                           f"{score.hex()[:16]}… is damaged")
-        if self.log.damaged:
-            n, o = self.log.damaged[0]
+        known = self.log.damaged or sorted(F.split(a) for a in self.bad)
+        if known:   # a record left out of its summary or index because it is damaged
+            n, o = known[0]
             raise DataCorrupt(f"arena {n} offset {o}: block {score.hex()[:16]}… is missing, "
                               "most likely in this damaged record")
         raise NotFound(f"block {score.hex()} is not in the store")
