@@ -13,6 +13,7 @@ found (`scripts/servers.sh install` installs them).
     python tests/servers.py stop DIR
 """
 
+import contextlib
 import datetime
 import json
 import os
@@ -187,6 +188,19 @@ def start_ftpd(d, tls=False, quota=None, detach=False):
     port = int(line.split()[1])
     scheme = "ftps" if tls else "ftp"
     return Server(scheme, f"{scheme}://{USER}@127.0.0.1:{port}/", options, root=root, procs=[p])
+
+
+@contextlib.contextmanager
+def small_disk(path, size):
+    """A tmpfs of `size` (e.g. "40m") mounted at the new directory `path`: a disk that really fills
+    (root only; the test is skipped otherwise). Unmounted at the end."""
+    os.makedirs(path)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)]).returncode != 0:
+        pytest.skip("cannot mount a tmpfs (needs root)")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)])
 
 
 def minio_binary():

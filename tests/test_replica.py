@@ -18,7 +18,7 @@ import time
 
 import pytest
 from servers import (NotAvailable, free_port, ftp_server, ftps_server, local_server, s3_server,  # noqa: F401
-                     start_ftpd, start_minio)
+                     small_disk, start_ftpd, start_minio)
 from test_image_support import BS, content, make_store, seeded
 
 from foundation.cli import main
@@ -405,11 +405,7 @@ def test_errors_leave_the_store_untouched(request, site, tmp_path):
 
 def test_full_s3_server_then_room_again(tmp_path, capsys):
     """MinIO on a small tmpfs fills up for real: a clear error, the store untouched; with room, replicate goes on."""
-    disk = tmp_path / "minio"
-    disk.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=40m", "tmpfs", str(disk)]).returncode != 0:
-        pytest.skip("cannot mount a tmpfs (needs root)")
-    try:
+    with small_disk(tmp_path / "minio", "40m") as disk:
         try:
             srv = start_minio(str(disk))
         except NotAvailable as e:
@@ -435,8 +431,6 @@ def test_full_s3_server_then_room_again(tmp_path, capsys):
             assert rc == 0, out
         finally:
             srv.stop()
-    finally:
-        subprocess.run(["umount", "-l", str(disk)])
 
 
 def test_unencrypted_store_is_refused_unless_allowed(request, tmp_path, capsys):

@@ -21,7 +21,7 @@ from foundation.replica.backend import (
     AuthFailed, BadReplicaURL, Limiter, Permanent, RemoteFull, RemoteMissing, Retrying, Transient,
     Unreachable, check_name)
 from foundation.replica.config import find_replica, parse_bandwidth, replicas_from_config, spec_from_url
-from servers import PASSWORD, S3_SECRET, free_port, start_ftpd
+from servers import PASSWORD, S3_SECRET, free_port, small_disk, start_ftpd
 
 MiB = 1 << 20
 KINDS = ["local", "ftp", "ftps", "s3"]
@@ -312,21 +312,17 @@ def test_full_ftp_server(tmp_path, tls, big):
 
 def test_ftp_server_whose_disk_fills(tmp_path, big):
     """pyftpdlib on a tmpfs that fills: it only answers "426 None; transfer aborted", so the message hints at it."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=30m", "tmpfs", str(disk)]).returncode != 0:
-        pytest.skip("cannot mount a tmpfs (needs root)")
-    srv = start_ftpd(str(disk))
-    try:
-        with srv.backend() as b:
-            b.put("arenas/00000000.arena", big, token="a")
-            with pytest.raises(Unreachable, match="its disk or your quota may be full"):
-                b.put("arenas/00000001.arena", big, token="b")
-            assert b.list() == {"arenas/00000000.arena": 20 * MiB}
-            assert b.get("arenas/00000000.arena") == content(big)
-    finally:
-        srv.stop()
-        subprocess.run(["umount", "-l", str(disk)])
+    with small_disk(tmp_path / "disk", "30m") as disk:
+        srv = start_ftpd(str(disk))
+        try:
+            with srv.backend() as b:
+                b.put("arenas/00000000.arena", big, token="a")
+                with pytest.raises(Unreachable, match="its disk or your quota may be full"):
+                    b.put("arenas/00000001.arena", big, token="b")
+                assert b.list() == {"arenas/00000000.arena": 20 * MiB}
+                assert b.get("arenas/00000000.arena") == content(big)
+        finally:
+            srv.stop()
 
 
 def test_s3_bucket_encrypted_with_kms(tmp_path, big, monkeypatch):
