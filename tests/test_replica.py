@@ -755,3 +755,49 @@ def test_repair_open_arena_whose_header_is_damaged(request, site, at):
     assert rc == 0 and f"HEALED arena {head.arena} (open)" in out, out + err
     assert site.cli("verify")[0] == 0
     site.restores()
+
+
+def test_a_replica_ahead_of_a_restored_store_is_kept_unless_forced(request, site, tmp_path):
+    """The store comes back from an older copy: replicating would drop the replica's newer days."""
+    srv = fresh(request, "file")
+    site.use(srv)
+    site.day(1)
+    older = tmp_path / "older-copy"
+    shutil.copytree(site.store, older)
+    site.day(2)
+    site.day(3)
+    stored = srv.stored()
+    newer = dict(site.history)
+    shutil.rmtree(site.store)
+    shutil.copytree(older, site.store)
+    rc, _, err = site.cli("replicate")
+    assert rc == 54 and "holds a newer state of this store" in err and "--force" in err, err
+    assert srv.stored() == stored
+    rc, out, _ = site.cli("status")
+    assert "FAILED" in out and "newer state" in out
+    site.history = newer                                  # the newer days are still on the replica
+    assert site.cli("recover", "--from", "offsite", "--store", tmp_path / "newer")[0] == 0
+    site.restores(store=tmp_path / "newer")
+    site.history = {1: newer[1]}
+    rc, out, err = site.cli("replicate", "--force")
+    assert rc == 0, out + err
+    assert site.cli("audit", "--sample", "100")[0] == 0
+
+
+def test_recover_names_a_damaged_segment_and_resumes(request, site, tmp_path):
+    srv = fresh(request, "file")
+    site.use(srv)
+    site.day(1)
+    site.day(2)
+    (part, *_) = objects(srv, "open/")
+    good = srv.read(part)
+    flip(srv, part, at=80)
+    target = tmp_path / "recovered"
+    rc, _, err = site.cli("recover", "--from", "offsite", "--store", target)
+    assert rc == 50 and part in err and "does not hold the bytes its manifest names" in err, err
+    assert (target / PARTIAL).exists() and not (target / "foundation.json").exists()
+    srv.write(part, good)                                 # the server's copy is put right
+    rc, out, err = site.cli("recover", "--from", "offsite", "--store", target)
+    assert rc == 0 and out.startswith("resumed and finished"), out + err
+    assert not (target / PARTIAL).exists()
+    site.restores(store=target)

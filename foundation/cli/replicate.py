@@ -35,6 +35,9 @@ def add_arguments(p):
                    help="a replica given by URL (ftp://, ftps://, s3://bucket/prefix, file:///dir); may be repeated")
     p.add_argument("--allow-plaintext", action="store_true",
                    help="replicate an unencrypted store (the server sees your data)")
+    p.add_argument("--force", action="store_true",
+                   help="replicate even to a replica that holds a newer state of this store (the local store was "
+                        "restored from an older copy): the replica's newer days are dropped")
 
 
 def replicas(args, names=None, urls=None):
@@ -51,7 +54,7 @@ def replicas(args, names=None, urls=None):
     return out
 
 
-def replicate_one(args, spec, allow=False, progress=True, resend=()):
+def replicate_one(args, spec, allow=False, progress=True, resend=(), force=False):
     from foundation.replica import lastrun, open_backend
     from foundation.replica.sync import Local, replicate
 
@@ -65,7 +68,7 @@ def replicate_one(args, spec, allow=False, progress=True, resend=()):
         try:
             with open_backend(spec) as backend:
                 res = replicate(local, backend, allow_plaintext=allow or spec.allow_plaintext,
-                                progress=bar if progress else None, resend=resend)
+                                progress=bar if progress else None, resend=resend, force=force)
         except Exception as e:
             lastrun.record(state_dir(args), local.uuid, spec, error=e)
             raise
@@ -86,7 +89,7 @@ def run(args):
     status = 0
     for spec in replicas(args, args.replica, args.to):
         try:
-            res = replicate_one(args, spec, args.allow_plaintext)
+            res = replicate_one(args, spec, args.allow_plaintext, force=args.force)
         except Error as e:
             print(f"foundation: {e}", file=sys.stderr)
             status = status or e.code

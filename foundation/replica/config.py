@@ -132,8 +132,8 @@ def parse_bandwidth(value):
 
 
 def _build(url, options, name, where):
-    def bad(problem):
-        raise BadReplicaURL(clean or where or "URL", f"{where + ' ' if where else ''}{problem}")
+    def bad(problem):   # a mistyped URL may still carry user:password@: never echoed
+        raise BadReplicaURL(_redact(clean or where or "URL"), _redact(f"{where + ' ' if where else ''}{problem}"))
 
     clean = ""
     if not isinstance(url, str) or not url:
@@ -213,6 +213,13 @@ def _build(url, options, name, where):
         if bool(spec.access_key) != bool(spec.secret_key):
             bad("give both access_key and secret_key (or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY), or neither")
     return spec
+
+
+_SECRET = re.compile(r"(?<=:)[^/:@\s]+(?=@)")   # the password of a user:password@ anywhere
+
+
+def _redact(text):
+    return _SECRET.sub("***", text)
 
 
 def _clean(u, scheme):

@@ -91,13 +91,14 @@ def recover(backend, dest, key_file=None, progress=None):
         fsync_dir(os.path.join(dest, F.ARENAS))
         _empty_derived(dest, local)
         atomic_write(os.path.join(dest, F.HEAD), m.head_bytes)
-        atomic_write(os.path.join(dest, F.CONFIG), conf_b)   # now it is a store
-        os.unlink(os.path.join(dest, PARTIAL))
+        atomic_write(os.path.join(dest, F.CONFIG), conf_b)   # now it is a store, still marked partial
         fsync_dir(dest)
     finally:
         local.close()
     res.downloaded = backend.received - got0
     _finish(dest, local.master, res)
+    os.unlink(os.path.join(dest, PARTIAL))   # only once it opened: a failed finish is resumed
+    fsync_dir(dest)
     res.seconds = time.monotonic() - t0
     return res
 
@@ -109,7 +110,7 @@ def _check_target(dest):
     if not os.path.isdir(dest):
         raise RecoverRefused(dest, "it is not a directory")
     names = os.listdir(dest)
-    if F.CONFIG in names:
+    if F.CONFIG in names and PARTIAL not in names:
         raise RecoverRefused(dest, "it already holds a store; recover into a new, empty directory")
     if names and PARTIAL not in names:
         raise RecoverRefused(dest, "the directory is not empty; recover into a new, empty directory")
@@ -172,11 +173,13 @@ def _fetch_open(local, backend, m, sink):
     final = local.arena_path(m.open.n)
     tmp = final + ".download"
     with open(tmp, "wb") as f:
-        for name, s, e, _ in m.open.objects():
+        for name, s, e, d in m.open.objects():
             data = backend.get(name)
-            if len(data) != e - s:
-                raise ReplicaTampered(backend.url, f"object {name} holds {len(data)} bytes, the manifest "
-                                                   f"says {e - s}")
+            if len(data) != e - s or digest(data) != d:
+                raise ReplicaTampered(backend.url, f"object {name} (open arena {m.open.n}, offsets {s} to {e}) "
+                                                   "does not hold the bytes its manifest names: damaged on the "
+                                                   "server. `foundation audit --fix` from a store that still has "
+                                                   "them sends them again; or recover from another replica")
             f.write(data)
             if sink:
                 sink(len(data))

@@ -22,7 +22,7 @@ from foundation import native
 from foundation.errors import Error
 from foundation.store import format as F
 from foundation.store.disk import atomic_write, fsync_dir
-from foundation.replica.sync import Local, digest, read_remote, verify_bytes
+from foundation.replica.sync import Local, digest, own_prefix, read_remote, verify_bytes
 
 log = logging.getLogger(__name__)
 
@@ -186,8 +186,10 @@ def _sealed_from(local, head, n, b, m, res):
 
 def _prefix_from(local, head, n, b, m, res):
     """Mend the first bytes of arena n from the replica's segments of it: its open arena, which may
-    have been sealed here since. Only segments holding what the manifest names are used, and the
-    result must verify better than the local file (wholly, for a sealed arena)."""
+    have been sealed here since. Only segments holding what the manifest names are used, only if
+    they are this store's own bytes (they differ from the local ones only in damaged records: a
+    store restored from an older copy has other records at the same offsets), and the result must
+    have fewer damaged records, none in the mended part."""
     if m.open.n != n or not m.open.parts:
         return False
     sealed = n < head.arena
@@ -208,19 +210,32 @@ def _prefix_from(local, head, n, b, m, res):
         theirs += data
     if not theirs:
         return False
-    new = bytes(theirs) + mine[len(theirs):]
+    theirs = bytes(theirs)
+    new = theirs + mine[len(theirs):]
     prev = (F.ZERO_CHAIN if n == 0 else getattr(_trailer(local, n - 1), "chain", None)) if sealed else None
 
     def check(buf):
         return verify_bytes(local, n, buf, sealed, prev, head.end)[0]
 
-    before = check(mine) if mine else ["missing"]
+    before = check(mine) if mine else []
+    if mine:   # only what the replica holds of this store's own timeline
+        k = own_prefix(local, n, mine[:len(theirs)], theirs, 0, before)
+        if k < len(theirs):
+            res.notes.append(f"arena {n}: the replica's segments hold another version of it from offset {k} "
+                             "(the local store was restored from an older copy?); only what is before is used")
+        theirs, new = theirs[:k], theirs[:k] + mine[k:]
+    elif (m.head.arena, m.head.chain) != (head.arena, head.chain):
+        res.notes.append(f"arena {n}: the replica's segments cannot be shown to be of this store's arena; not used")
+        return False
+    if len(theirs) <= F.ARENA_HEADER_SIZE and mine:
+        return False
+    before = before or ["missing"]
     after = check(new)
     resealed = False
     if sealed and after and all("arena MAC does not match" in d.what for d in after):
-        new, resealed = _reseal(local, n, new) or new, True
+        new, resealed = _reseal(local, n, new, mine) or new, True
         after = check(new)
-    if any(d.offset < len(theirs) for d in after) or len(after) >= len(before) or sealed and after:
+    if any(d.offset < len(theirs) for d in after) or len(after) >= len(before):
         res.notes.append(f"arena {n}: the replica's segments (up to offset {len(theirs)}) do not mend it")
         return False
     _install(local, n, new)
@@ -232,16 +247,21 @@ def _prefix_from(local, head, n, b, m, res):
     return True
 
 
-def _reseal(local, n, buf):
-    """Sealed arena n whose records all verify, but whose arena MAC leaves one out: a writer steps over
-    a record it finds damaged in the open arena and seals without it. -> the file with a compacted
-    trailer over all its records (same chain and sealed MAC, one generation up: docs/format.md §5.4),
-    or None if that trailer would not fit the arena size."""
+def _reseal(local, n, buf, mine):
+    """Sealed arena n whose records all verify once mended (buf; `mine` before), but whose arena MAC
+    leaves the mended ones out: a writer steps over a record it finds damaged in the open arena and
+    seals without it. -> the file with a compacted trailer over all its records (same chain and
+    sealed MAC, one generation up: docs/format.md §5.4); None unless the old arena MAC is exactly
+    that of the records but the mended ones, or if the trailer would not fit the arena size."""
     old = F.Trailer.from_tail(buf[-F.MAX_TRAILER:], local.keys.mac, n)
     header, hb = local.log._header(n, buf)
     entries, end, err = local.log.scan(n, header.iv, memoryview(buf)[F.ARENA_HEADER_SIZE:old.end],
                                        F.ARENA_HEADER_SIZE)
     if err is not None or end != old.end or end + F.COMPACT_SIZE > local.conf["arena_size"]:
+        return None
+    kept = [e for e in entries if buf[e[0]:e[0] + native.HEADER_SIZE + e[3]]
+            == mine[e[0]:e[0] + native.HEADER_SIZE + e[3]]]
+    if F.arena_mac(local.keys.mac, hb, b"".join(e[5] for e in kept), len(kept), end) != old.amac:
         return None
     tags = b"".join(e[5] for e in entries)
     amac = F.arena_mac(local.keys.mac, hb, tags, len(entries), end)

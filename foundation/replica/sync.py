@@ -84,6 +84,12 @@ class ReplicaBusy(Error):
     code = 52
 
 
+class ReplicaAhead(Error):
+    """Replica {} holds a newer state of this store (up to arena {} offset {}) than the local store (arena {} offset {}): the local store looks restored from an older copy. `foundation recover --from` that replica into a new directory brings the newer days back; `foundation replicate --force` makes the replica like the local store and drops them. Nothing was sent."""
+
+    code = 54
+
+
 # ---- object names ---------------------------------------------------------------------------
 
 def arena_object(n, generation, amac):
@@ -362,6 +368,32 @@ def verify_bytes(local, n, buf, sealed, chain=None, committed=None):
     return damage, tr, chain
 
 
+def own_prefix(local, n, mine, theirs, base, damage):
+    """How many leading bytes of `theirs` (a replica's bytes of arena n from offset `base`) are this
+    store's own copy of `mine` (the local bytes of the same range): up to the first record that
+    differs although the local one is not damaged. A store restored from an older copy writes
+    other records at the same offsets, each valid on its own: from there on the replica's bytes
+    are another timeline's. Records of `theirs` must verify; the header may differ only if the
+    local one is damaged (then nothing is own: 0)."""
+    at = {d.offset for d in damage}
+    rest = min((d.offset for d in damage if "cannot be parsed" in d.what or "ends before" in d.what
+                or "missing" in d.what), default=None)
+
+    def hurt(off):
+        return off in at or rest is not None and off >= rest
+
+    h = F.ARENA_HEADER_SIZE
+    if base < h and mine[:h - base] != theirs[:h - base] and not hurt(0):
+        return 0
+    start = max(base, h)
+    entries, end, err = local.log.scan(n, bytes(native.IV_SIZE), memoryview(theirs)[start - base:], start)
+    for off, _, _, stored, _, _ in entries:
+        a, b = off - base, off - base + native.HEADER_SIZE + stored
+        if mine[a:b] != theirs[a:b] and not hurt(off):
+            return a
+    return end - base
+
+
 # ---- the local log as replicate sees it --------------------------------------------------------
 
 @dataclass
@@ -501,12 +533,13 @@ class Result:
                 f"{self.arenas_kept} arena(s) already there; {self.deleted} old object(s) removed")
 
 
-def replicate(local, backend, allow_plaintext=False, progress=None, resend=()):
+def replicate(local, backend, allow_plaintext=False, progress=None, resend=(), force=False):
     """Bring the replica up to the local head (module docstring) -> Result; writes nothing locally.
 
     progress(total bytes) -> a callable taking byte counts (cli.common.Progress). `resend`: names of
     objects found damaged on the server (audit --fix): sent again from the local store, replacing
-    them in place, although they are present with the right size.
+    them in place, although they are present with the right size. A replica further along the
+    same log than the local store is refused (ReplicaAhead) unless `force`.
     """
     if not local.conf["encrypted"] and not allow_plaintext:
         raise PlaintextRefused(local.path, backend.url)
@@ -521,8 +554,10 @@ def replicate(local, backend, allow_plaintext=False, progress=None, resend=()):
         head_b, head = local.read_head()
         res.head = head
         files = arena_files(local, head)
+        if old and not force and _ahead(backend, old, head, files):
+            raise ReplicaAhead(backend.url, old.head.arena, old.head.end, head.arena, head.end)
         have = {k: v for k, v in existing.items() if k not in set(resend)}
-        plan = _plan(local, head, files, old, have, res, trust_names=old is None and not why)
+        plan = _plan(local, backend, head, files, old, have, res, trust_names=old is None and not why)
         if conf_b != local.config:
             put_bytes(backend, STORE_JSON, local.config)   # claims the prefix before any arena goes up
         total = sum(p.size for _, p in plan.sealed_up) + sum(e - s for _, s, e, _ in plan.parts_up)
@@ -552,6 +587,27 @@ def replicate(local, backend, allow_plaintext=False, progress=None, resend=()):
     return res
 
 
+def _ahead(backend, old, head, files):
+    """Is the replica further along this very log than the local store (the local store restored
+    from an older copy)? Its sealed arenas below the local open one are the local ones, and it is
+    past the local head in the same open arena, or has sealed the arena that is open here (same
+    header tag). A log rewritten by gc has other generations or a fresh open arena: not ahead."""
+    r = old.head
+    if (r.arena, r.end) <= (head.arena, head.end) or not files[-1].ident:
+        return False
+    for a in old.arenas[:min(r.arena, head.arena)]:
+        tr = files[a.n].trailer
+        if tr is None or (tr.generation, tr.amac) != (a.generation, a.amac):
+            return False
+    if r.arena == head.arena:
+        return old.open.ident == files[-1].ident
+    try:
+        hb = backend.get(old.arenas[head.arena].name, 0, F.ARENA_HEADER_SIZE)
+    except RemoteMissing:
+        return False
+    return hb[F.ARENA_HEADER_SIZE - 16:F.ARENA_HEADER_SIZE - 16 + ID_BYTES] == files[-1].ident
+
+
 def _part_token(name):
     return name.split("/", 1)[1][:-len(".part")]
 
@@ -564,7 +620,7 @@ class _Plan:
     parts_up: list = field(default_factory=list)    # [(name, start, end, digest)] to upload
 
 
-def _plan(local, head, files, old, existing, res, trust_names=False):
+def _plan(local, backend, head, files, old, existing, res, trust_names=False):
     """Which copy of each arena the new manifest names, and what must go up for it.
 
     With `trust_names` (no manifest yet: a first replicate was cut), an arena object already complete
@@ -586,7 +642,7 @@ def _plan(local, head, files, old, existing, res, trust_names=False):
             if there and (mine.generation, mine.amac, mine.sealed) == (ours.generation, ours.amac, ours.sealed):
                 plan.entries.append(mine)
                 res.arenas_kept += 1
-            elif _damaged(local, p, chain, res, there and mine.sealed == ours.sealed, old, existing):
+            elif _damaged(local, backend, p, chain, res, there and mine.sealed == ours.sealed, old, existing):
                 plan.entries.append(mine)   # the replica keeps its good copy of this chain position
                 res.arenas_kept += 1
             else:
@@ -604,20 +660,21 @@ def _plan(local, head, files, old, existing, res, trust_names=False):
     if chain != head.chain:
         raise DataCorrupt(f"arena {head.arena} offset 0: the sealed arenas do not chain up to the head "
                           "(log rolled back or an arena replaced); run `foundation verify`")
-    _plan_open(local, head, files[-1], old, existing, plan, res)
+    _plan_open(local, backend, head, files[-1], old, existing, plan, res)
     return plan
 
 
-def _damaged(local, p, chain, res, keeps, old, existing):
+def _damaged(local, backend, p, chain, res, keeps, old, existing):
     """Check a local sealed arena before it goes up. True if it is damaged and the replica's
     copy (`keeps`) is to stay; a damaged arena with no better copy goes up as it is. If the
-    replica holds the damaged bytes whole as segments of the arena (it was open at the last
+    replica holds a good copy of damaged bytes as segments of the arena (it was open at the last
     replicate), nothing is sent: `repair` mends the arena from them first."""
     damage, _, _ = verify_bytes(local, p.n, p.view(), True, chain)
     segs = old.open if old and old.open.n == p.n and old.open.parts else None
-    if damage and not keeps and segs and p.view(F.ARENA_HEADER_SIZE - 16, F.ARENA_HEADER_SIZE - 16 + ID_BYTES) \
-            == segs.ident and all(d.offset < segs.end for d in damage) \
-            and all(existing.get(name) == e - s for name, s, e, _ in segs.objects()):
+    if damage and not keeps and segs and any(d.offset < segs.end for d in damage) \
+            and all(existing.get(name) == e - s for name, s, e, _ in segs.objects()) \
+            and any(d.offset < _own_segments(local, backend, p.n, p.view(0, segs.end), segs, damage)
+                    for d in damage):
         raise DataCorrupt(f"arena {p.n} offset {damage[0].offset}: the local arena is damaged, and the replica "
                           f"holds its first {segs.end} bytes as open-arena segments: run `foundation "
                           "repair` (it mends the arena from them), then replicate; nothing was sent")
@@ -628,12 +685,26 @@ def _damaged(local, p, chain, res, keeps, old, existing):
     return bool(damage) and keeps
 
 
+def _own_segments(local, backend, n, mine, segs, damage):
+    """Up to which offset the replica's segments `segs` hold this store's own bytes of arena n,
+    `mine` being the local bytes of the same range (own_prefix). Downloaded only in the rare case
+    where a damaged local arena might be mended from them."""
+    theirs = bytearray()
+    for name, _, _, d in segs.objects():
+        data = backend.get(name)
+        if digest(data) != d:
+            break
+        theirs += data
+    base = segs.parts[0][0]
+    return base + own_prefix(local, n, mine, bytes(theirs), base, damage)
+
+
 def _warn(res, msg):
     log.warning("%s", msg)
     res.warnings.append(msg)
 
 
-def _plan_open(local, head, p, old, existing, plan, res):
+def _plan_open(local, backend, head, p, old, existing, plan, res):
     """The segments of the open arena the new manifest names: the replica's own as far as they hold
     the local bytes, then one new segment up to the head. Local bytes that differ from a segment
     because they are damaged never replace it (the replica keeps the good copy for `repair`)."""
@@ -655,8 +726,9 @@ def _plan_open(local, head, p, old, existing, plan, res):
             break
         if digest(view[s:e]) != d:
             hurt = [x for x in damage if s <= x.offset < e]
-            if not hurt:
-                break    # other bytes at the same place: the store was rolled back; send anew from here
+            if not hurt or _own_segments(local, backend, n, view[s:e], OpenParts(n, p.ident, [(s, e, d)]),
+                                         damage) < e:
+                break    # another timeline's bytes (the store was rolled back): send anew from here
             _warn(res, f"local open arena {n} is damaged ({hurt[0]}); the replica keeps its copy of "
                        f"offsets {s} to {e}: run `foundation repair`")
         parts.append((s, e, d))
