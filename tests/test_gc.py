@@ -14,7 +14,7 @@ from test_cli_images import ROOT, cli, day, write
 from test_image_support import BS, content, make_store, open_store, seeded
 
 from foundation.catalog import Catalog
-from foundation.errors import StoreBusy
+from foundation.errors import DataCorrupt, StoreBusy
 from foundation.gc import collect, roots
 from foundation.image import ImageReader
 from foundation.store import format as F
@@ -386,3 +386,107 @@ def test_gc_killed_after_dropping_a_damaged_record(tmp_path, capsys, point):
     assert restores(store, history) == [1, 2, 3]
     with open_store(store) as s:
         assert verify(s)[0] == [] and s.bad == set()
+
+
+# ---- damaged records the summaries do not show (second review) -------------------------------------
+
+def live_tree_nodes(store):
+    """[(address, ref, node bytes)] of the kept trees' TREE records in sealed arenas, oldest first."""
+    _, records, seen, _ = walk(store)
+    out = []
+    with open_store(store, writable=False) as s:
+        for ref in seen:
+            a = records[ref][0]
+            if a >> 32 < s.log.open.n:
+                btype, _, data = s.log.read(a)
+                if btype == F.TREE:
+                    out.append((a, ref, data))
+    return sorted(out)
+
+
+def test_gc_stops_on_a_damaged_node_its_rebuilt_summary_leaves_out(tmp_path, capsys):
+    """A summary rebuilt around a damaged tree node no longer lists it: gc cannot see what it names,
+    so it must stop rather than drop the node's intact children."""
+    store = make_store(tmp_path / "s", mode="hash")
+    churn_days(tmp_path, capsys, store, days=4)
+    forget(store, {2})
+    a, ref, data = live_tree_nodes(store)[0]
+    children = {data[i:i + 32] for i in range(0, len(data), 32)} - {bytes(32)}
+    n, off = F.split(a)
+    with open(os.path.join(store, "arenas", F.arena_name(n)), "r+b") as f:
+        f.seek(off + 64 + 10)
+        f.write(b"XXXX")
+    assert cli(capsys, store, "rebuild")[0] == 0
+    rc, out, err = cli(capsys, store, "gc", "--min-garbage", "0")
+    assert rc == DataCorrupt.code and f"arena {n} offset {off}: a damaged record that no summary lists" in err, \
+        out + err
+    assert all(where(store, c) for c in children)      # nothing it names was dropped
+
+
+def test_a_node_that_fails_its_score_is_never_expanded(tmp_path, capsys):
+    """A tree record whose tag holds but whose content is wrong (verify: 'does not match its score'),
+    healed by a later archive: gc marks from the intact copy, so the child only it names stays."""
+    from foundation import native
+
+    store = make_store(tmp_path / "s", mode="hash")
+    history = churn_days(tmp_path, capsys, store, days=2)
+    _, records, seen, _ = walk(store)
+    with open_store(store, writable=False) as s:
+        nodes = {}
+        for ref in seen:
+            btype, _, data = s.log.read(records[ref][0])
+            if btype == F.TREE:
+                nodes[ref] = data
+        uses = {}
+        for data in nodes.values():
+            for i in range(0, len(data), 32):
+                uses[data[i:i + 32]] = uses.get(data[i:i + 32], 0) + 1
+        root = next(x for x in Catalog.load(s).snapshots("vm") if x.time.day == 1).disks["vda"].root.ref
+        for ref in (nodes[root][i:i + 32] for i in range(0, len(nodes[root]), 32)):
+            a = records.get(ref, (0,))[0]
+            slots = [i for i in range(0, len(nodes.get(ref, b"")), 32) if uses.get(nodes[ref][i:i + 32]) == 1
+                     and nodes[ref][i:i + 32] != bytes(32)]
+            if ref in nodes and a >> 32 < s.log.open.n and slots:
+                break
+        else:
+            raise AssertionError("no level-1 node with a child of its own in a sealed arena")
+        n, off = F.split(a)
+        child = nodes[ref][slots[0]:slots[0] + 32]
+        wrong = bytearray(nodes[ref])
+        wrong[slots[0]:slots[0] + 32] = os.urandom(32)
+        rec, _ = native.pack(s.codec, n, s.log.iv(n), off, F.TREE, bytes(wrong), len(wrong), ref)
+    assert len(rec) == records[ref][1]
+    with open(os.path.join(store, "arenas", F.arena_name(n)), "r+b") as f:
+        f.seek(off)
+        f.write(rec)
+    with open_store(store, writable=False) as s:
+        assert [(d.arena, d.offset) for d in verify(s)[0]] == [(n, off)]
+    write(tmp_path / "disk.raw", history[1])           # archiving heals: day 1 stored again
+    assert cli(capsys, store, "import-image", "vm", tmp_path / "disk.raw", "--at", day(3))[0] == 0
+    history[3] = history[1]
+    forget(store, {2})
+    del history[2]
+    assert cli(capsys, store, "gc", "--min-garbage", "0")[0] == 0
+    assert where(store, child)
+    assert restores(store, history) == [1, 3]
+
+
+def test_a_summary_of_the_arena_before_a_gc_swap_is_not_trusted(tmp_path, capsys):
+    """A power loss can undo the summary's unlink but keep the arena's rename: the old summary,
+    beside the rewritten arena, must be rebuilt, not read."""
+    store = make_store(tmp_path / "s", mode="hash")
+    history = churn_days(tmp_path, capsys, store, days=4)
+    forget(store, {2})
+    del history[2]
+    d = os.path.join(store, "summaries")
+    old = {x: open(os.path.join(d, x), "rb").read() for x in os.listdir(d)}
+    assert cli(capsys, store, "gc", "--min-garbage", "0")[0] == 0
+    for x, b in old.items():
+        with open(os.path.join(d, x), "wb") as f:
+            f.write(b)
+    os.unlink(os.path.join(store, "index"))
+    with open_store(store):
+        pass
+    assert restores(store, history) == [1, 3, 4]
+    with open_store(store, writable=False) as s:
+        assert verify(s)[0] == []

@@ -801,3 +801,17 @@ def test_recover_names_a_damaged_segment_and_resumes(request, site, tmp_path):
     assert rc == 0 and out.startswith("resumed and finished"), out + err
     assert not (target / PARTIAL).exists()
     site.restores(store=target)
+
+
+def test_repair_from_image_after_the_summary_was_rebuilt(site):
+    """`rebuild` leaves a damaged record out of its arena's summary: repair must still find it."""
+    site.day(1)
+    (a,) = zstd_data_records(site.store, 1, 1)
+    with open(os.path.join(site.store, "arenas", F.arena_name(1)), "r+b") as f:
+        f.seek(a + 64 + 7)
+        f.write(b"\x13\x37")
+    assert site.cli("rebuild")[0] == 0
+    rc, out, err = site.cli("repair", "--no-replica", "--image", site.image)
+    assert rc == 0 and f"HEALED arena 1 offset {a}" in out, out + err
+    assert site.cli("verify")[0] == 0
+    site.restores()

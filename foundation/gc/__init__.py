@@ -97,6 +97,7 @@ def collect(store, min_garbage=0.1, max_time=None, target_free=None, dry_run=Fal
     rep.before = store.log_bytes()
     step = progress("marking", arenas.last + 1) if progress else None
     if store.mode == "hash":
+        _unlisted_damage(store, arenas)
         live = mark.mark_hash(store, roots(cat) + catalog_roots(cat), step)
         try:
             _hash(store, arenas, live, rep, min_garbage, max_time, target_free, dry_run, progress, t0)
@@ -108,6 +109,31 @@ def collect(store, min_garbage=0.1, max_time=None, target_free=None, dry_run=Fal
     rep.after = store.log_bytes()
     rep.seconds = time.monotonic() - t0
     return rep
+
+
+def _unlisted_damage(store, arenas):
+    """A damaged record that no summary lists (stepped over while its arena was open, or when a
+    summary was rebuilt) is invisible to the mark: if it is a tree node, what it names would go.
+    Go on only if an intact copy of its block exists (by the key its header gives)."""
+    listed = {}
+    for a in sorted(store.bad):
+        n, off = F.split(a)
+        if n > arenas.last:
+            continue
+        if n not in listed:
+            listed[n] = set(arenas.records(n)[1])
+        if a in listed[n]:
+            continue
+        with open(store.log.path(n), "rb") as f:
+            f.seek(off)
+            header = f.read(64)
+        try:
+            store.read(header[16:48])
+        except Exception:
+            raise DataCorrupt(f"arena {n} offset {off}: a damaged record that no summary lists, and no intact "
+                              "copy of its block exists: gc cannot tell what it names, so it stopped before "
+                              "changing anything. Run `foundation repair` (a replica or a disk image may heal "
+                              "it); an archive that meets the block stores it again") from None
 
 
 # ---- compare-by-hash: arena by arena ---------------------------------------------

@@ -135,7 +135,9 @@ def _sweep(store, arenas, live, expanded, progress):
             for i in todo:
                 key = keys[i * 32:(i + 1) * 32]
                 expanded.add(key)
-                data = got.get(addrs[i])
+                # A record known damaged may still pass its tag (its content fails its score):
+                # never expand it, only an intact copy.
+                data = None if addrs[i] in store.bad else got.get(addrs[i])
                 if data is None:
                     data = _other_copy(store, key, addrs[i])
                 for c in _children(store, data):

@@ -320,7 +320,7 @@ def _from_images(local, head, damage, images, res):
         finally:
             src.close()
     later = []
-    patched = {}
+    patched, mended = {}, {}
     for (n, off), (w, block, path) in sorted(found.items()):
         buf = patched.get(n)
         if buf is None:
@@ -329,6 +329,7 @@ def _from_images(local, head, damage, images, res):
         rec = _reencode(local, w, iv, block)
         if rec is not None:
             buf[off:off + len(rec)] = rec
+            mended.setdefault(n, set()).add(off)
             res.healed.append(f"arena {n} offset {off}: record written again in place from {path}")
         elif local.mode == "hash":
             later.append((w, block, path))
@@ -338,6 +339,9 @@ def _from_images(local, head, damage, images, res):
     for n, buf in patched.items():
         before = len(damage.get(n, ()))
         _install(local, n, bytes(buf))
+        summary = _summary(local, n, _trailer(local, n))
+        if summary is None or not mended.get(n, set()) <= {a & 0xFFFFFFFF for a in summary[1]}:
+            _forget_derived(local, n)   # a summary rebuilt around the damaged records does not list them
         again = scan_one(local, head, n)
         if again:
             damage[n] = again
@@ -365,8 +369,8 @@ def _damaged_records(local, head, n, damage):
     buf = _read(local, n)
     if buf is None or len(buf) < F.ARENA_HEADER_SIZE:
         return []
-    records = _records(local, head, n, buf)
     single = {d.offset for d in damage if d.record}
+    records = _records(local, head, n, buf, single)
     cut = min((d.offset for d in damage if "cannot be parsed" in d.what), default=None)
     out = []
     for off, btype, key, length in records:
@@ -375,8 +379,9 @@ def _damaged_records(local, head, n, damage):
     return out
 
 
-def _records(local, head, n, buf):
-    """[(offset, type, 32-byte key field, length)] of arena n's records."""
+def _records(local, head, n, buf, damaged=()):
+    """[(offset, type, 32-byte key field, length)] of arena n's records. From its summary only if that
+    lists every damaged record (a summary rebuilt around a damaged record leaves it out)."""
     tr = None
     if n < head.arena:
         try:
@@ -384,6 +389,8 @@ def _records(local, head, n, buf):
         except ValueError:
             pass
     summary = _summary(local, n, tr)
+    if summary is not None and not set(damaged) <= {a & 0xFFFFFFFF for a in summary[1]}:
+        summary = None
     if summary is not None:
         keys, addrs, types = summary
         kl = 32 if local.mode == "hash" else 8

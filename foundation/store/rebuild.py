@@ -48,6 +48,7 @@ def scan_arena(store, n):
             break
         log.error("arena %d offset %d: record is damaged (%s); left out of its summary", n, end, err.kind)
         lg.damaged.append((n, end))
+        store.remember_damaged([(n, end)])
         more, end, err = lg.scan(n, header.iv, mv[skip:limit], skip)
         entries += more
     return entries, end, err, hb, size, buf, tr

@@ -271,6 +271,8 @@ class Store:
         self.log.load()
         self.repaired += self.log.repaired
         self.bad = self._load_damaged()
+        if self.log.damaged:
+            self.remember_damaged(self.log.damaged)
         uuidb = self.log.uuid
         ipath = os.path.join(self.path, F.INDEX)
         try:
@@ -479,6 +481,24 @@ class Store:
             pass
         return bad
 
+    def remember_damaged(self, pairs):
+        """Records found damaged while scanning (stepped over in the open arena, left out of a
+        rebuilt summary): no summary lists them, so they go into damaged.json (when writable),
+        where deduplication, gc and later sessions find them."""
+        self.bad |= {F.addr(n, o) for n, o in pairs}
+        if not self.writable:
+            return
+        path = os.path.join(self.path, F.DAMAGED)
+        try:
+            with open(path) as f:
+                recs = list(json.load(f)["records"])
+        except (OSError, ValueError, KeyError, TypeError):
+            recs = []
+        have = {(r[0], r[1]) for r in recs}
+        add = [[n, o] for n, o in sorted(set(pairs)) if (n, o) not in have]
+        if add:
+            atomic_write(path, json.dumps({"records": recs + add}).encode())
+
     def _generation(self, n):
         try:
             tr = self.log.trailer(n) if n < self.log.open.n else None
@@ -522,9 +542,20 @@ class Store:
             with open(p, "rb") as f:
                 b = f.read()
             self.disk.count_read("summary", p, 0, len(b))
-            arena, keylen, _amac, keys, addrs, types = F.unpack_summary(b)
+            arena, keylen, amac, keys, addrs, types = F.unpack_summary(b)
             if arena != n or keylen != self.keylen:
                 raise ValueError("summary of another arena")
+            try:
+                tr = self.log.trailer(n)
+            except DataCorrupt:
+                tr = None
+            if tr is not None and amac != tr.amac:   # e.g. a gc swap cut short by a power loss
+                from foundation.store.rebuild import rebuild_summary
+                log.warning("summary of arena %d is of another version of the arena; rebuilding it", n)
+                try:
+                    return rebuild_summary(self, n, write=self.writable)
+                except DataCorrupt:
+                    pass   # the arena itself is wrong (moved, reordered): reads and verify say so
             return keys, addrs, types
         except (OSError, ValueError) as e:
             from foundation.store.rebuild import rebuild_summary
