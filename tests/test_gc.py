@@ -490,3 +490,24 @@ def test_a_summary_of_the_arena_before_a_gc_swap_is_not_trusted(tmp_path, capsys
     assert restores(store, history) == [1, 3, 4]
     with open_store(store, writable=False) as s:
         assert verify(s)[0] == []
+
+
+def test_a_damaged_data_record_no_summary_lists_does_not_stop_gc(tmp_path, capsys):
+    """Stepped over in the open arena, a damaged data record names nothing: gc goes on."""
+    store = make_store(tmp_path / "s", mode="hash")
+    history = churn_days(tmp_path, capsys, store, days=4)
+    _, records, seen, _ = walk(store)
+    with open_store(store, writable=False) as s:
+        a = next(a for ref, (a, _) in records.items() if ref in seen and a >> 32 == s.log.open.n
+                 and s.log.read(a)[0] == F.DATA)
+    n, off = F.split(a)
+    with open(os.path.join(store, "arenas", F.arena_name(n)), "r+b") as f:
+        f.seek(off + 64 + 10)
+        f.write(b"XXXX")
+    with open_store(store) as s:                       # stepped over, and remembered
+        assert a in s.bad
+    rc, out, err = cli(capsys, store, "gc", "--min-garbage", "0")
+    assert rc == 0, out + err
+    forget(store, {2})
+    rc, out, err = cli(capsys, store, "gc", "--min-garbage", "0")
+    assert rc == 0, out + err

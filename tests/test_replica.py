@@ -815,3 +815,83 @@ def test_repair_from_image_after_the_summary_was_rebuilt(site):
     assert rc == 0 and f"HEALED arena 1 offset {a}" in out, out + err
     assert site.cli("verify")[0] == 0
     site.restores()
+
+
+# ---- third review ---------------------------------------------------------------------------------
+
+def test_repair_from_replica_after_the_summary_was_rebuilt(request, site):
+    """A summary rebuilt around a damaged record leaves it out: once the replica's copy is back,
+    the record must be found again (summary and index rebuilt)."""
+    srv = fresh(request, "file")
+    site.use(srv)
+    site.day(1)
+    site.day(2)
+    (a,) = zstd_data_records(site.store, 1, 1)
+    with open(os.path.join(site.store, "arenas", F.arena_name(1)), "r+b") as f:
+        f.seek(a + 64 + 7)
+        f.write(b"\x13\x37")
+    assert site.cli("rebuild")[0] == 0
+    rc, out, err = site.cli("repair")
+    assert rc == 0 and "HEALED arena 1: replaced by the replica's copy" in out, out + err
+    assert site.cli("verify")[0] == 0
+    site.restores()
+
+
+def test_repair_never_takes_another_timelines_record(request, tmp_path, capsys):
+    """The store came back from an older copy and went on; the first record written since rots. The
+    replica's record at that offset is of the lost timeline, valid on its own: it must not be used."""
+    site = Site(tmp_path, capsys, mode="value", arena_size=4 << 20, size=1 << 20)
+    srv = fresh(request, "file")
+    site.day(1, config=False)
+    older = tmp_path / "older"
+    shutil.copytree(site.store, older)
+    _, h0 = site.local().read_head()
+    site.day(2, config=False)
+    with site.local() as loc, srv.backend() as be:
+        replicate(loc, be)
+    shutil.rmtree(site.store)
+    shutil.copytree(older, site.store)
+    del site.history[2]
+    site.day(3, config=False)
+    path = os.path.join(site.store, "arenas", F.arena_name(h0.arena))
+    with open(path, "rb") as f:
+        mine = f.read()
+    theirs = b"".join(srv.read(x) for x in objects(srv, "open/"))
+    x = h0.end                                         # the first record the two timelines differ in
+    while mine[x:x + 64 + int.from_bytes(mine[x + 8:x + 12], "little")] == \
+            theirs[x:x + 64 + int.from_bytes(mine[x + 8:x + 12], "little")]:
+        x += 64 + int.from_bytes(mine[x + 8:x + 12], "little")
+    with open(path, "r+b") as f:
+        f.seek(x + 64 + 100)
+        f.write(b"\x00\x01\x02")
+    site.use(srv)
+    rc, out, err = site.cli("repair")
+    assert rc == 1 and f"LOST arena {h0.arena} offset {x}" in out, out + err
+    assert "another version of it" in err
+    rc, _, err = site.cli("restore", f"{VM}@2024-05-03T01:00:00Z", tmp_path / "r.raw")
+    assert rc == 20 and f"offset {x}" in err            # loudly, never other bytes
+    site.history = {1: site.history[1]}
+    site.restores()
+
+
+def test_an_unfinished_recovery_is_not_opened_as_a_store(request, site, tmp_path, monkeypatch):
+    from foundation.store import verify as V
+
+    srv = fresh(request, "file")
+    site.use(srv)
+    site.day(1)
+    target = tmp_path / "recovered"
+    real = V.verify
+
+    def cut(*a, **kw):                                 # a power cut during the final verify
+        raise KeyboardInterrupt
+    monkeypatch.setattr(V, "verify", cut)
+    with srv.backend() as be, pytest.raises(KeyboardInterrupt):
+        recover(be, str(target), site.key)
+    monkeypatch.setattr(V, "verify", real)
+    assert (target / "foundation.json").exists() and (target / PARTIAL).exists()
+    rc, _, err = site.cli("import-image", VM, site.image, store=target, config=False)
+    assert rc == 10 and "recovery from a replica has not finished" in err, err
+    rc, out, err = site.cli("recover", "--from", "offsite", "--store", target)
+    assert rc == 0 and out.startswith("resumed and finished"), out + err
+    site.restores(store=target)

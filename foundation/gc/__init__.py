@@ -30,6 +30,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from foundation import native
 from foundation.catalog import Catalog
 from foundation.errors import DataCorrupt
 from foundation.gc import compact, mark, reflow
@@ -97,9 +98,9 @@ def collect(store, min_garbage=0.1, max_time=None, target_free=None, dry_run=Fal
     rep.before = store.log_bytes()
     step = progress("marking", arenas.last + 1) if progress else None
     if store.mode == "hash":
-        _unlisted_damage(store, arenas)
         live = mark.mark_hash(store, roots(cat) + catalog_roots(cat), step)
         try:
+            _unlisted_damage(store, arenas, live)
             _hash(store, arenas, live, rep, min_garbage, max_time, target_free, dry_run, progress, t0)
         finally:
             live.close()
@@ -111,10 +112,11 @@ def collect(store, min_garbage=0.1, max_time=None, target_free=None, dry_run=Fal
     return rep
 
 
-def _unlisted_damage(store, arenas):
+def _unlisted_damage(store, arenas, live):
     """A damaged record that no summary lists (stepped over while its arena was open, or when a
-    summary was rebuilt) is invisible to the mark: if it is a tree node, what it names would go.
-    Go on only if an intact copy of its block exists (by the key its header gives)."""
+    summary was rebuilt) is invisible to the mark: if it is a live tree node, what it names would
+    go. Its header tells (type and key, unless the header itself is damaged); a live tree node
+    with no intact copy of its block elsewhere stops gc."""
     listed = {}
     for a in sorted(store.bad):
         n, off = F.split(a)
@@ -127,6 +129,8 @@ def _unlisted_damage(store, arenas):
         with open(store.log.path(n), "rb") as f:
             f.seek(off)
             header = f.read(64)
+        if header[:4] == native.RECORD_MAGIC and (header[4] != F.TREE or header[16:48] not in live):
+            continue   # data, or a node no kept snapshot reaches: nothing live hangs from it
         try:
             store.read(header[16:48])
         except Exception:

@@ -133,7 +133,10 @@ def parse_bandwidth(value):
 
 def _build(url, options, name, where):
     def bad(problem):   # a mistyped URL may still carry user:password@: never echoed
-        raise BadReplicaURL(_redact(clean or where or "URL"), _redact(f"{where + ' ' if where else ''}{problem}"))
+        text = f"{where + ' ' if where else ''}{problem}"
+        if isinstance(url, str) and url:
+            text = text.replace(url, _mask(url))
+        raise BadReplicaURL(_redact(clean or where or "URL"), _redact(text))
 
     clean = ""
     if not isinstance(url, str) or not url:
@@ -141,12 +144,12 @@ def _build(url, options, name, where):
     try:
         u = urlsplit(url)
         port = u.port
-    except ValueError as e:
-        bad(f"url is not a valid URL: {e}")
+    except ValueError:   # its message may quote a piece of the password
+        bad("url is not a valid URL (check the host and the port)")
     scheme = u.scheme.lower()
     if scheme not in SCHEMES:
         bad(f"url must start with ftp://, ftps://, s3:// or file:///, not {u.scheme + '://' if u.scheme else url!r}")
-    clean = _clean(u, scheme)
+    clean = _mask(_clean(u, scheme))   # a password left in a mistyped URL's path goes too
     if u.query or u.fragment:
         bad("url must not have a query (?...) or fragment (#...); give settings as keys of the table")
     allowed = {**_COMMON, **_KEYS[scheme]}
@@ -220,6 +223,16 @@ _SECRET = re.compile(r"(?<=:)[^/:@\s]+(?=@)")   # the password of a user:passwor
 
 def _redact(text):
     return _SECRET.sub("***", text)
+
+
+def _mask(url):
+    """url with everything between its user name and its last "@" hidden (a password may hold "/")."""
+    head, at, tail = url.rpartition("@")
+    if not at:
+        return url
+    pre, sep, cred = head.rpartition("//") if "//" in head else ("", "", head)
+    user, colon, _ = cred.partition(":")
+    return f"{pre}{sep}{user}{':***' if colon else ''}@{tail}"
 
 
 def _clean(u, scheme):

@@ -23,7 +23,7 @@ from foundation.replica.sync import MANIFEST, STORE_JSON, Local, Manifest, Repli
 from foundation.store import format as F
 from foundation.store.disk import atomic_write, fsync_dir
 
-PARTIAL = "recovering.json"   # in the target directory while a recovery is under way
+PARTIAL = F.RECOVERING   # in the target directory while a recovery is under way
 
 
 class RecoverRefused(Error):
@@ -217,9 +217,9 @@ def _finish(dest, master, res):
     from foundation.store import Store
     from foundation.store.verify import verify
 
-    with Store.open(dest, master=master, writable=True):
+    with Store.open(dest, master=master, writable=True, recovering=True):
         pass   # summaries are written as the records are taken in
-    with Store.open(dest, master=master) as s:
+    with Store.open(dest, master=master, recovering=True) as s:
         res.damage, res.records = verify(s)
         try:
             res.snapshots = len(Catalog.load(s).snapshots())

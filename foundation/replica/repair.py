@@ -94,7 +94,9 @@ def _read(local, n):
 
 
 def _install(local, n, data):
-    """Put new bytes of arena n in place atomically: temp file, fsync, rename, fsync the directory."""
+    """Put new bytes of arena n in place atomically: temp file, fsync, rename, fsync the directory.
+    Its summary and the index go: one rebuilt around a damaged record does not list it, and the
+    mended record must be found again (the next writable open rebuilds them)."""
     final = local.arena_path(n)
     tmp = final + ".repair"
     with open(tmp, "wb") as f:
@@ -103,6 +105,7 @@ def _install(local, n, data):
         os.fsync(f.fileno())
     os.replace(tmp, final)
     fsync_dir(os.path.dirname(final))
+    _forget_derived(local, n)
 
 
 def _trailer(local, n):
@@ -176,10 +179,7 @@ def _sealed_from(local, head, n, b, m, res):
         why = damage[0] if damage else "its chain does not fit the local arenas"
         res.notes.append(f"arena {n}: the copy on {b.url} is not usable ({why})")
         return False
-    old = _trailer(local, n)
     _install(local, n, data)
-    if old is None or (old.generation, old.amac) != (tr.generation, tr.amac):
-        _forget_derived(local, n)
     res.healed.append(f"arena {n}: replaced by the replica's copy ({b.url}, generation {tr.generation})")
     return True
 
@@ -239,8 +239,6 @@ def _prefix_from(local, head, n, b, m, res):
         res.notes.append(f"arena {n}: the replica's segments (up to offset {len(theirs)}) do not mend it")
         return False
     _install(local, n, new)
-    if resealed:
-        _forget_derived(local, n)
     res.healed.append(f"arena {n}{'' if sealed else ' (open)'}: bytes up to offset {len(theirs)} replaced by the "
                       f"replica's segments of it ({b.url})" + ("; resealed with a compacted trailer" if resealed
                                                                 else ""))
@@ -320,7 +318,7 @@ def _from_images(local, head, damage, images, res):
         finally:
             src.close()
     later = []
-    patched, mended = {}, {}
+    patched = {}
     for (n, off), (w, block, path) in sorted(found.items()):
         buf = patched.get(n)
         if buf is None:
@@ -329,7 +327,6 @@ def _from_images(local, head, damage, images, res):
         rec = _reencode(local, w, iv, block)
         if rec is not None:
             buf[off:off + len(rec)] = rec
-            mended.setdefault(n, set()).add(off)
             res.healed.append(f"arena {n} offset {off}: record written again in place from {path}")
         elif local.mode == "hash":
             later.append((w, block, path))
@@ -339,9 +336,6 @@ def _from_images(local, head, damage, images, res):
     for n, buf in patched.items():
         before = len(damage.get(n, ()))
         _install(local, n, bytes(buf))
-        summary = _summary(local, n, _trailer(local, n))
-        if summary is None or not mended.get(n, set()) <= {a & 0xFFFFFFFF for a in summary[1]}:
-            _forget_derived(local, n)   # a summary rebuilt around the damaged records does not list them
         again = scan_one(local, head, n)
         if again:
             damage[n] = again

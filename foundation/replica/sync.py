@@ -47,6 +47,7 @@ MANIFEST_VERSION = 1
 MANIFEST_MAC = b"foundation replica manifest"
 MAX_PARTS = 16                   # more segments of one open arena are merged into one upload
 ID_BYTES = 8                     # bytes of a MAC or tag (as hex) that name an object
+KEY_END = 48                     # a record header's magic, type, codec, lengths and key: bytes 0..47
 
 _ARENA_OBJ = re.compile(r"arenas/(\d{8})\.(\d+)\.([0-9a-f]{16})\.arena")
 _PART_OBJ = re.compile(r"open/(\d{8})\.([0-9a-f]{16})\.(\d{10})-(\d{10})\.([0-9a-f]{16})\.part")
@@ -276,6 +277,9 @@ class Local:
             except FileNotFoundError:
                 raise StoreMissing(f"{path} (no {F.CONFIG}: not a Foundation store, or the backup disk "
                                    "is not mounted)") from None
+            if os.path.exists(os.path.join(path, F.RECOVERING)):
+                raise StoreMissing(f"{path} (its recovery from a replica has not finished: run the same "
+                                   "`foundation recover` again)")
         try:
             self.conf = F.unpack_config(config)
         except (ValueError, KeyError) as e:
@@ -371,10 +375,11 @@ def verify_bytes(local, n, buf, sealed, chain=None, committed=None):
 def own_prefix(local, n, mine, theirs, base, damage):
     """How many leading bytes of `theirs` (a replica's bytes of arena n from offset `base`) are this
     store's own copy of `mine` (the local bytes of the same range): up to the first record that
-    differs although the local one is not damaged. A store restored from an older copy writes
-    other records at the same offsets, each valid on its own: from there on the replica's bytes
-    are another timeline's. Records of `theirs` must verify; the header may differ only if the
-    local one is damaged (then nothing is own: 0)."""
+    differs although the local one is not damaged, or whose local header (type, lengths, key) is
+    not the replica's. A store restored from an older copy writes other records at the same
+    offsets, each valid on its own: from there on the replica's bytes are another timeline's.
+    Records of `theirs` must verify; the arena header may differ only if the local one is
+    damaged."""
     at = {d.offset for d in damage}
     rest = min((d.offset for d in damage if "cannot be parsed" in d.what or "ends before" in d.what
                 or "missing" in d.what), default=None)
@@ -389,7 +394,12 @@ def own_prefix(local, n, mine, theirs, base, damage):
     entries, end, err = local.log.scan(n, bytes(native.IV_SIZE), memoryview(theirs)[start - base:], start)
     for off, _, _, stored, _, _ in entries:
         a, b = off - base, off - base + native.HEADER_SIZE + stored
-        if mine[a:b] != theirs[a:b] and not hurt(off):
+        if mine[a:b] == theirs[a:b]:
+            continue
+        # A damaged local record is the replica's only if its header still names the same record
+        # (type, lengths, key: the score in hash mode): the lost timeline's record at that offset
+        # is valid too. A damaged or missing header says nothing: stop there.
+        if not hurt(off) or mine[a:a + KEY_END] != theirs[a:a + KEY_END]:
             return a
     return end - base
 
@@ -673,8 +683,8 @@ def _damaged(local, backend, p, chain, res, keeps, old, existing):
     segs = old.open if old and old.open.n == p.n and old.open.parts else None
     if damage and not keeps and segs and any(d.offset < segs.end for d in damage) \
             and all(existing.get(name) == e - s for name, s, e, _ in segs.objects()) \
-            and any(d.offset < _own_segments(local, backend, p.n, p.view(0, segs.end), segs, damage)
-                    for d in damage):
+            and min(d.offset for d in damage) < _own_segments(local, backend, p.n, p.view(0, segs.end), segs,
+                                                               damage):
         raise DataCorrupt(f"arena {p.n} offset {damage[0].offset}: the local arena is damaged, and the replica "
                           f"holds its first {segs.end} bytes as open-arena segments: run `foundation "
                           "repair` (it mends the arena from them), then replicate; nothing was sent")

@@ -21,6 +21,7 @@ BLOOM = "bloom"
 BLOOM_STATE = "bloom.json"
 COUNTERS = "counters.json"
 DAMAGED = "damaged.json"
+RECOVERING = "recovering.json"  # a recovery from a replica under way (docs/format.md §13.5)
 LOCK = "lock"
 READERS = "readers"
 ARENAS = "arenas"

@@ -149,12 +149,14 @@ class Store:
     # ---- opening -------------------------------------------------------------
 
     @classmethod
-    def open(cls, path, key_file=None, passphrase=None, writable=False, tuning=None, master=None):
+    def open(cls, path, key_file=None, passphrase=None, writable=False, tuning=None, master=None,
+             recovering=False):
+        """`recovering`: foundation recover's own opens of a store it has not finished."""
         s = cls.__new__(cls)
-        s._init(path, key_file, passphrase, writable, tuning or Tuning(), master)
+        s._init(path, key_file, passphrase, writable, tuning or Tuning(), master, recovering)
         return s
 
-    def _init(self, path, key_file, passphrase, writable, tuning, master):
+    def _init(self, path, key_file, passphrase, writable, tuning, master, recovering=False):
         self.path, self.writable, self.tuning = path, writable, tuning
         self.lockfd = self.readfd = None
         self.index = self.bloom = None
@@ -168,6 +170,9 @@ class Store:
             raise StoreMissing(f"{path} (no {F.CONFIG}: not a Foundation store, or the backup disk is not mounted)") from None
         except (ValueError, KeyError) as e:
             raise DataCorrupt(f"store config {os.path.join(path, F.CONFIG)} is unreadable ({e})") from None
+        if not recovering and os.path.exists(os.path.join(path, F.RECOVERING)):
+            raise StoreMissing(f"{path} (its recovery from a replica has not finished: run the same "
+                               "`foundation recover` again)")
         self.conf = conf
         self.uuid = conf["uuid"]
         self.mode = conf["mode"]
