@@ -19,6 +19,7 @@ import time
 import pytest
 from servers import (NotAvailable, free_port, ftp_server, ftps_server, local_server, s3_server,  # noqa: F401
                      small_disk, start_ftpd, start_minio)
+from conftest import damage
 from test_image_support import BS, content, make_store, seeded
 
 from foundation.cli import main
@@ -291,9 +292,7 @@ def test_repair_open_arena_from_replica(request, site):
     site.day(1)
     _, head = site.local().read_head()
     path = os.path.join(site.store, "arenas", F.arena_name(head.arena))
-    with open(path, "r+b") as f:
-        f.seek(72 + 64 + 3)
-        f.write(b"\x00\x01")
+    damage(path, 72 + 64 + 3, b"\x00\x01")
     assert site.cli("verify")[0] == 1
     rc, out, err = site.cli("repair")
     assert rc == 0 and "(open): bytes up to offset" in out, out + err
@@ -807,9 +806,7 @@ def test_repair_from_image_after_the_summary_was_rebuilt(site):
     """`rebuild` leaves a damaged record out of its arena's summary: repair must still find it."""
     site.day(1)
     (a,) = zstd_data_records(site.store, 1, 1)
-    with open(os.path.join(site.store, "arenas", F.arena_name(1)), "r+b") as f:
-        f.seek(a + 64 + 7)
-        f.write(b"\x13\x37")
+    damage(os.path.join(site.store, "arenas", F.arena_name(1)), a + 64 + 7, b"\x13\x37")
     assert site.cli("rebuild")[0] == 0
     rc, out, err = site.cli("repair", "--no-replica", "--image", site.image)
     assert rc == 0 and f"HEALED arena 1 offset {a}" in out, out + err
@@ -827,9 +824,7 @@ def test_repair_from_replica_after_the_summary_was_rebuilt(request, site):
     site.day(1)
     site.day(2)
     (a,) = zstd_data_records(site.store, 1, 1)
-    with open(os.path.join(site.store, "arenas", F.arena_name(1)), "r+b") as f:
-        f.seek(a + 64 + 7)
-        f.write(b"\x13\x37")
+    damage(os.path.join(site.store, "arenas", F.arena_name(1)), a + 64 + 7, b"\x13\x37")
     assert site.cli("rebuild")[0] == 0
     rc, out, err = site.cli("repair")
     assert rc == 0 and "HEALED arena 1: replaced by the replica's copy" in out, out + err
