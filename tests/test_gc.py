@@ -211,17 +211,22 @@ def test_gc_and_readers_exclude_each_other(tmp_path, capsys):
             open_store(store, writable=False)
 
 
-def test_damaged_record_healed_by_a_later_copy_is_dropped(tmp_path, capsys):
+def damaged_then_healed(tmp_path, capsys):
+    """Damage the first record of arena 0 (a leaf of day 1), let verify note it, and archive day 1
+    again as day 3: the block is stored again (healing). -> (store, history)."""
     store = make_store(tmp_path / "s")
     history = churn_days(tmp_path, capsys, store, days=2)
-    # Damage the first record of arena 0 (a leaf of day 1), let verify note it,
-    # and archive day 2 again: the block is stored again (healing).
     damage(os.path.join(store, "arenas", F.arena_name(0)), 72 + 64 + 10, b"XXXX")
     with open_store(store) as s:
         assert [(d.arena, d.offset) for d in verify(s)[0] if d.record] == [(0, 72)]
     write(tmp_path / "disk.raw", history[1])
     assert cli(capsys, store, "import-image", "vm", tmp_path / "disk.raw", "--at", day(3))[0] == 0
     history[3] = history[1]
+    return store, history
+
+
+def test_damaged_record_healed_by_a_later_copy_is_dropped(tmp_path, capsys):
+    store, history = damaged_then_healed(tmp_path, capsys)
     with open_store(store) as s:
         rep = collect(s, min_garbage=0.0)
         assert 0 in rep.rewritten and rep.blocked == []
@@ -360,14 +365,7 @@ def test_gc_killed_after_dropping_a_damaged_record(tmp_path, capsys, point):
     # As test_damaged_record_healed_by_a_later_copy_is_dropped, but gc is killed
     # around the swap of arena 0: damaged.json must never name an offset of the
     # rewritten file (there, the start of an intact live record).
-    store = make_store(tmp_path / "s")
-    history = churn_days(tmp_path, capsys, store, days=2)
-    damage(os.path.join(store, "arenas", F.arena_name(0)), 72 + 64 + 10, b"XXXX")
-    with open_store(store) as s:
-        assert [(d.arena, d.offset) for d in verify(s)[0] if d.record] == [(0, 72)]
-    write(tmp_path / "disk.raw", history[1])
-    assert cli(capsys, store, "import-image", "vm", tmp_path / "disk.raw", "--at", day(3))[0] == 0
-    history[3] = history[1]
+    store, history = damaged_then_healed(tmp_path, capsys)
     with open_store(store) as s:
         candidates = collect(s, min_garbage=0.0, dry_run=True).candidates
     p = run_gc(store, f"{point}:{candidates.index(0) + 1}")
