@@ -1,0 +1,245 @@
+"""Guest disks as installers lay them out, read through a mounted /snapshot tree.
+
+RHEL-like (GPT: FAT ESP, XFS /boot, LVM PV with an XFS root LV and swap),
+Ubuntu-like (MBR: ext4 /boot, LVM in a logical partition with an ext4
+root), Fedora-like (GPT: btrfs with `root` and `home` subvolumes; needs
+the optional extra), LUKS beside a plain /boot, and a disk whose XFS
+superblock is damaged. Each is archived on two days with files added,
+removed and rewritten; every file is compared with the directory it was
+copied from: bytes, type, mode, owner, size, mtime, symlink target.
+"""
+
+import os
+import random
+import shutil
+import stat
+
+import pytest
+
+import guest_images as G
+from foundation.snapshotfs import testing as T
+
+pytestmark = [pytest.mark.fuse, pytest.mark.slow]
+
+try:
+    import pyfuse3  # noqa: F401
+    HAVE_PYFUSE3 = True
+except ImportError:
+    HAVE_PYFUSE3 = False
+try:
+    import dissect.btrfs  # noqa: F401
+    HAVE_DISSECT_BTRFS = True
+except ImportError:
+    HAVE_DISSECT_BTRFS = False
+pytest.importorskip("pyfsxfs")
+pytest.importorskip("pyvslvm")
+CAN_BUILD = os.geteuid() == 0 and os.path.exists("/dev/fuse") and HAVE_PYFUSE3 and G.have(
+    "mkfs.xfs", "mkfs.btrfs", "pvcreate", "cryptsetup", "losetup", "unshare", "mkswap")
+MIB = G.MIB
+DAYS = [T.utc(2026, 11, 19), T.utc(2026, 11, 21)]
+MTIME = 1_700_000_000
+
+
+def rnd(n, seed):
+    return random.Random(seed).randbytes(n)
+
+
+def root_tree(path, day, seed):
+    """A small Linux root: owners, modes, a symlink, a hard link, a sparse file; day 1 changes it."""
+    files = {
+        "etc/hostname": (f"guest {seed} day {day}\n".encode(), 0o644, 0, 0),
+        "etc/shadow": (b"root:*:19000:0:99999:7:::\n", 0o640, 0, 42),
+        "usr/bin/tool": (b"#!/bin/sh\necho tool\n", 0o755, 0, 0),
+        "var/lib/big.bin": (rnd(1_500_000, seed), 0o600, 0, 0),
+    }
+    if day == 0:
+        files["home/user/notes.txt"] = (b"removed on day 2\n", 0o600, 1000, 1000)
+    else:
+        files["etc/hostname"] = (f"guest {seed} rewritten on day 2, longer\n".encode(), 0o644, 0, 0)
+        files["var/log/new.log"] = (rnd(70_000, seed + 1), 0o640, 0, 4)
+        os.makedirs(os.path.join(path, "home/user"), exist_ok=True)
+    for rel, (data, mode, uid, gid) in files.items():
+        p = os.path.join(path, rel)
+        os.makedirs(os.path.dirname(p), exist_ok=True)
+        with open(p, "wb") as f:
+            f.write(data)
+        os.chmod(p, mode)
+        os.chown(p, uid, gid)
+    os.chown(os.path.join(path, "home/user"), 1000, 1000)
+    os.symlink("/usr/share/zoneinfo/UTC", os.path.join(path, "etc/localtime"))
+    os.link(os.path.join(path, "usr/bin/tool"), os.path.join(path, "usr/bin/tool2"))
+    with open(os.path.join(path, "var/lib/sparse.img"), "wb") as f:
+        f.seek(3 * MIB)
+        f.write(b"end of a sparse file\n")
+    for d, dirs, fs in os.walk(path, topdown=False):
+        for n in fs + dirs:
+            os.utime(os.path.join(d, n), (MTIME + day * 86400, MTIME + day * 86400), follow_symlinks=False)
+
+
+def boot_tree(path, day):
+    T.write_tree(path, {"vmlinuz": rnd(400_000, 50 + day), "grub/grub.cfg": f"day {day}\n".encode()},
+                 MTIME + day * 86400)
+
+
+def build(base, day):
+    """{vm: {dev: image}} for one day, and {vm/dev/volume: source dir} to compare with."""
+    d = os.path.join(base, f"day{day}")
+    src = {}
+    for name in ("rhel-root", "ubuntu-root", "fedora-root", "fedora-home", "secret-boot"):
+        src[name] = os.path.join(d, name)
+        root_tree(src[name], day, seed=len(name))
+    for name in ("rhel-boot", "ubuntu-boot", "esp"):
+        src[name] = os.path.join(d, name)
+        boot_tree(src[name], day)
+    img = lambda n: os.path.join(d, n + ".img")                      # noqa: E731
+    disks = {}
+    # RHEL: GPT, FAT ESP, XFS /boot, LVM PV with XFS root and swap
+    G.vfat(img("esp"), 8 * MIB, src["esp"])
+    G.xfs(img("rhel-boot"), 24 * MIB, src["rhel-boot"])
+    G.xfs(img("rhel-root"), 40 * MIB, src["rhel-root"])
+    G.swap(img("rhel-swap"), 8 * MIB)
+    G.lvm_pv(img("rhel-pv"), 56 * MIB, "rhel", [("root", img("rhel-root")), ("swap", img("rhel-swap"))])
+    G.disk(img("rhel"), 96 * MIB, [(img("esp"), G.GPT_ESP), (img("rhel-boot"), G.GPT_LINUX),
+                                   (img("rhel-pv"), G.GPT_LVM)])
+    disks["rhel"] = {"vda": img("rhel")}
+    # Ubuntu: MBR, ext4 /boot, LVM in logical partition 5 with an ext4 root
+    G.ext4(img("ubuntu-boot"), 8 * MIB, src["ubuntu-boot"])
+    G.ext4(img("ubuntu-root"), 24 * MIB, src["ubuntu-root"])
+    G.lvm_pv(img("ubuntu-pv"), 32 * MIB, "ubuntu-vg", [("ubuntu-lv", img("ubuntu-root"))])
+    G.disk(img("ubuntu"), 48 * MIB, [(img("ubuntu-boot"), "83"), (img("ubuntu-pv"), ("logical", "8e"))],
+           label="dos")
+    disks["ubuntu"] = {"vda": img("ubuntu")}
+    # Fedora: GPT, ESP, btrfs with subvolumes root and home
+    top = os.path.join(d, "fedora-top")
+    os.makedirs(top)
+    G.btrfs(img("fedora-btrfs"), 128 * MIB, top, {"root": src["fedora-root"], "home": src["fedora-home"]})
+    G.disk(img("fedora"), 144 * MIB, [(img("esp"), G.GPT_ESP), (img("fedora-btrfs"), G.GPT_LINUX)])
+    disks["fedora"] = {"vda": img("fedora")}
+    # LUKS2 beside a plain /boot; a bare LUKS1 disk
+    G.ext4(img("secret-boot"), 16 * MIB, src["secret-boot"])
+    G.luks(img("secret-luks2"), 20 * MIB, 2)
+    G.disk(img("secret"), 40 * MIB, [(img("secret-boot"), G.GPT_LINUX), (img("secret-luks2"), G.GPT_LINUX)])
+    G.luks(img("secret-luks1"), 8 * MIB, 1)
+    disks["secret"] = {"vda": img("secret"), "vdb": img("secret-luks1")}
+    where = {
+        "rhel/vda/p1": src["esp"], "rhel/vda/p2": src["rhel-boot"], "rhel/vda/p3/rhel/root": src["rhel-root"],
+        "ubuntu/vda/p1": src["ubuntu-boot"], "ubuntu/vda/p5/ubuntu-vg/ubuntu-lv": src["ubuntu-root"],
+        "fedora/vda/p1": src["esp"], "fedora/vda/p2/root": src["fedora-root"],
+        "fedora/vda/p2/home": src["fedora-home"], "secret/vda/p1": src["secret-boot"],
+    }
+    return disks, where
+
+
+@pytest.fixture(scope="module")
+def guests(tmp_path_factory):
+    if not CAN_BUILD:
+        pytest.skip("needs root, /dev/fuse, pyfuse3, xfsprogs, btrfs-progs, lvm2, cryptsetup")
+    base = str(tmp_path_factory.mktemp("guests"))
+    os.makedirs(os.path.join(base, "archive"))
+    arch = T.ImagesArchiver(os.path.join(base, "archive"))
+    days = []
+    for day, when in enumerate(DAYS):
+        disks, where = build(base, day)
+        for vm, ds in disks.items():
+            arch.add(vm, when, ds)
+        days.append(where)
+    # a RHEL disk whose XFS /boot superblock is damaged (magic kept, geometry garbage)
+    broken = os.path.join(base, "broken.img")
+    shutil.copy(os.path.join(base, "day1", "rhel.img"), broken)
+    with open(broken, "r+b") as f:
+        f.seek(9 * MIB + 4)                      # p2 starts after the 1 MiB gap and the 8 MiB ESP
+        f.write(b"\xff" * 200)
+    arch.add("broken", DAYS[1], {"vda": broken})
+    mnt = f"/tmp/fdntest-guests-{os.getpid()}"
+    with T.Mounted(arch, mnt) as m:
+        yield {"mnt": mnt, "days": days, "m": m}
+    shutil.rmtree(mnt, ignore_errors=True)
+
+
+def compare(tree, src, posix=True):
+    """Every entry under src equals the tree's: names, types, bytes, links, and with posix, owners."""
+    seen, want = set(), set()
+    for d, dirs, files in os.walk(tree):
+        for n in dirs + files:
+            seen.add(os.path.relpath(os.path.join(d, n), tree))
+    for d, dirs, files in os.walk(src):
+        for n in dirs + files:
+            rel = os.path.relpath(os.path.join(d, n), src)
+            want.add(rel)
+            s, t = os.lstat(os.path.join(src, rel)), os.lstat(os.path.join(tree, rel))
+            if posix:
+                assert (t.st_mode, t.st_uid, t.st_gid) == (s.st_mode, s.st_uid, s.st_gid), rel
+                assert t.st_mtime_ns == s.st_mtime_ns, rel
+            if stat.S_ISLNK(s.st_mode):
+                assert os.readlink(os.path.join(tree, rel)) == os.readlink(os.path.join(src, rel)), rel
+            elif stat.S_ISREG(s.st_mode):
+                assert t.st_size == s.st_size, rel
+                with open(os.path.join(src, rel), "rb") as a, open(os.path.join(tree, rel), "rb") as b:
+                    assert a.read() == b.read(), rel
+    seen.discard("lost+found")
+    assert seen == want
+
+
+@pytest.mark.parametrize("vol", ["rhel/vda/p2", "rhel/vda/p3/rhel/root", "ubuntu/vda/p1",
+                                 "ubuntu/vda/p5/ubuntu-vg/ubuntu-lv", "secret/vda/p1"])
+def test_files_as_the_guest_wrote_them(guests, vol):
+    for day, (when, where) in enumerate(zip(DAYS, guests["days"])):
+        compare(f"{guests['mnt']}/{when:%Y/%m/%d}/{vol}", where[vol])
+    old, new = (f"{guests['mnt']}/{w:%Y/%m/%d}/{vol}" for w in DAYS)
+    if not vol.startswith("rhel/vda/p2") and vol != "ubuntu/vda/p1":     # root file systems
+        assert os.path.exists(f"{old}/home/user/notes.txt")
+        assert not os.path.exists(f"{new}/home/user/notes.txt")       # removed on day 2
+        assert open(f"{new}/var/log/new.log", "rb").read() == open(f"{where[vol]}/var/log/new.log", "rb").read()
+        a, b = os.stat(f"{new}/usr/bin/tool"), os.stat(f"{new}/usr/bin/tool2")
+        assert a.st_nlink == b.st_nlink == 2
+
+
+def test_esp_is_read(guests):
+    for when, where in zip(DAYS, guests["days"]):
+        compare(f"{guests['mnt']}/{when:%Y/%m/%d}/rhel/vda/p1", where["rhel/vda/p1"], posix=False)
+
+
+def test_layout_names(guests):
+    mnt = guests["mnt"]
+    assert sorted(os.listdir(f"{mnt}/2026/11/21/rhel/vda")) == ["p1", "p2", "p3"]
+    assert os.listdir(f"{mnt}/2026/11/21/rhel/vda/p3") == ["rhel"]
+    assert os.listdir(f"{mnt}/2026/11/21/rhel/vda/p3/rhel") == ["root"]        # swap is not shown
+    assert sorted(os.listdir(f"{mnt}/2026/11/21/ubuntu/vda")) == ["p1", "p5"]
+    import json
+    info = json.load(open(f"{mnt}/2026/11/21/rhel/snapshot.json"))
+    assert info["volumes"]["vda"] == {
+        "p1": {"type": "fat12", "encrypted": False, "replayed": False},
+        "p2": {"type": "xfs", "encrypted": False, "replayed": False},
+        "p3/rhel/root": {"type": "xfs", "encrypted": False, "replayed": False}}
+
+
+def test_luks_is_named_and_empty(guests):
+    mnt = guests["mnt"]
+    for when in DAYS:
+        v = f"{mnt}/{when:%Y/%m/%d}/secret"
+        assert sorted(os.listdir(f"{v}/vda")) == ["p1", "p2.encrypted"]
+        assert os.listdir(f"{v}/vda/p2.encrypted") == []
+        assert os.listdir(f"{v}/vdb") == []           # a bare LUKS disk: named in snapshot.json only
+    import json
+    info = json.load(open(f"{mnt}/2026/11/21/secret/snapshot.json"))
+    assert info["volumes"]["vda"]["p2"] == {"type": "luks2", "encrypted": True, "replayed": False}
+    assert info["volumes"]["vdb"][""] == {"type": "luks1", "encrypted": True, "replayed": False}
+
+
+@pytest.mark.skipif(not HAVE_DISSECT_BTRFS, reason="btrfs needs the optional extra: pip install '.[btrfs]'")
+def test_btrfs_subvolumes(guests):
+    for when, where in zip(DAYS, guests["days"]):
+        base = f"{guests['mnt']}/{when:%Y/%m/%d}/fedora/vda/p2"
+        assert sorted(os.listdir(base)) == ["home", "root"]
+        compare(f"{base}/root", where["fedora/vda/p2/root"])
+        compare(f"{base}/home", where["fedora/vda/p2/home"])
+
+
+def test_damaged_superblock_is_one_log_line(guests):
+    mnt = guests["mnt"]
+    v = f"{mnt}/2026/11/21/broken/vda"
+    assert sorted(os.listdir(v)) == ["p1", "p3"]
+    compare(f"{v}/p3/rhel/root", guests["days"][1]["rhel/vda/p3/rhel/root"])
+    lines = [ln for ln in guests["m"].log().splitlines() if "cannot read" in ln]
+    assert len(lines) == 1, lines
+    assert "2026/11/21/030000/broken/vda/p2 (xfs)" in lines[0] and "the rest of the disk is shown" in lines[0]
