@@ -166,3 +166,40 @@ def disk(path, size, parts, label="gpt"):
     run(["sfdisk", "-q", path], input="\n".join(lines) + "\n")
     for img, s in placed:
         put(img, path, s * 512)
+
+
+def unreplayed(before, after, out, bs=4096):
+    """out: the ext4 image `before` whose journal holds, committed but not replayed, one
+    transaction writing every block in which `after` differs from it: a crash-consistent day."""
+    shutil.copy(before, out)
+    changed, data = [], []
+    with open(before, "rb") as a, open(after, "rb") as b:
+        i = 0
+        while True:
+            x, y = a.read(bs), b.read(bs)
+            if not y:
+                break
+            if x != y:
+                changed.append(str(i))
+                data.append(y)
+            i += 1
+    tx = out + ".tx"
+    with open(tx, "wb") as f:
+        f.write(b"".join(data))
+    run(["debugfs", "-w", "-f", "-", out], input=f"jo\njw -b {','.join(changed)} {tx}\njc\n")
+    os.remove(tx)
+
+
+def debugfs(img, *cmds):
+    run(["debugfs", "-w", "-f", "-", img], input="\n".join(cmds) + "\n")
+
+
+def files_of(img, dest):
+    """Copy the files of file-system image img to dest through a private read-only loop mount."""
+    os.makedirs(dest, exist_ok=True)
+    mnt = img + ".mnt"
+    os.makedirs(mnt, exist_ok=True)
+    try:
+        run(["unshare", "-m", "sh", "-c", f"set -e; mount -o ro,loop {img} {mnt}; cp -a {mnt}/. {dest}/; umount {mnt}"])
+    finally:
+        os.rmdir(mnt)

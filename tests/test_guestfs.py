@@ -13,6 +13,7 @@ import os
 import random
 import shutil
 import stat
+import subprocess
 
 import pytest
 
@@ -243,3 +244,57 @@ def test_damaged_superblock_is_one_log_line(guests):
     lines = [ln for ln in guests["m"].log().splitlines() if "cannot read" in ln]
     assert len(lines) == 1, lines
     assert "2026/11/21/030000/broken/vda/p2 (xfs)" in lines[0] and "the rest of the disk is shown" in lines[0]
+
+
+def test_crash_consistent_ext4_is_replayed(tmp_path):
+    """A day whose ext4 journal holds a committed transaction shows what e2fsck (or the guest) would."""
+    if not CAN_BUILD:
+        pytest.skip("needs root, /dev/fuse, pyfuse3, xfsprogs, btrfs-progs, lvm2, cryptsetup")
+    t = str(tmp_path)
+    src = os.path.join(t, "src")
+    root_tree(src, 0, seed=7)
+    before, after = os.path.join(t, "before.img"), os.path.join(t, "after.img")
+    G.ext4(before, 24 * MIB, src)
+    shutil.copy(before, after)
+    with open(os.path.join(t, "synced.txt"), "wb") as f:
+        f.write(rnd(20_000, 8))
+    G.debugfs(after, f"write {t}/synced.txt var/synced.txt", "rm home/user/notes.txt",
+              "rm etc/hostname", f"write {t}/synced.txt etc/hostname", "sif etc/hostname mode 0100600")
+    crash = os.path.join(t, "crash.img")
+    G.unreplayed(before, after, crash)
+    # the same journal, but its superblock unreadable: one log line, the disk as it lies
+    broken = os.path.join(t, "broken.img")
+    shutil.copy(crash, broken)
+    jblock = int(G.run(["debugfs", "-R", "bmap <8> 0", broken]).split()[0])
+    with open(broken, "r+b") as f:
+        f.seek(jblock * 4096 + 16)
+        f.write(b"\xff" * 8)                          # s_maxlen, s_first: nonsense
+    # what e2fsck makes of it, on a copy
+    fixed = os.path.join(t, "fixed.img")
+    shutil.copy(crash, fixed)
+    subprocess.run(["e2fsck", "-fy", fixed], capture_output=True)
+    G.files_of(fixed, os.path.join(t, "fixed"))
+    G.files_of(before, os.path.join(t, "before"))
+    # crash inside an LVM logical volume, as on Ubuntu; broken on a bare disk
+    G.lvm_pv(os.path.join(t, "pv.img"), 32 * MIB, "ubuntu-vg", [("ubuntu-lv", crash)])
+    disk = os.path.join(t, "vda.img")
+    G.disk(disk, 40 * MIB, [(os.path.join(t, "pv.img"), G.GPT_LVM)])
+    os.makedirs(os.path.join(t, "archive"))
+    arch = T.ImagesArchiver(os.path.join(t, "archive"))
+    arch.add("crashed", DAYS[0], {"vda": disk, "vdb": broken})
+    mnt = f"/tmp/fdntest-crash-{os.getpid()}"
+    with T.Mounted(arch, mnt) as m:
+        day = f"{mnt}/2026/11/19/crashed"
+        shutil.rmtree(os.path.join(t, "fixed", "lost+found"), ignore_errors=True)
+        compare(f"{day}/vda/p1/ubuntu-vg/ubuntu-lv", os.path.join(t, "fixed"))
+        assert open(f"{day}/vda/p1/ubuntu-vg/ubuntu-lv/var/synced.txt", "rb").read() == rnd(20_000, 8)
+        assert not os.path.exists(f"{day}/vda/p1/ubuntu-vg/ubuntu-lv/home/user/notes.txt")
+        shutil.rmtree(os.path.join(t, "before", "lost+found"), ignore_errors=True)
+        compare(f"{day}/vdb", os.path.join(t, "before"))
+        import json
+        info = json.load(open(f"{day}/snapshot.json"))
+        assert info["volumes"]["vda"]["p1/ubuntu-vg/ubuntu-lv"]["replayed"] is True
+        assert info["volumes"]["vdb"][""]["replayed"] is False
+        lines = [ln for ln in m.log().splitlines() if "cannot replay" in ln]
+        assert len(lines) == 1 and "2026/11/19/030000/crashed/vdb (ext)" in lines[0], lines
+    shutil.rmtree(mnt, ignore_errors=True)

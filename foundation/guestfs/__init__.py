@@ -8,6 +8,7 @@ mounted on the host and nothing is written.
     disk.py     DiskFiles: partitions, LVM (libvslvm), LUKS named, swap hidden; picks a reader
     volume.py   Volume and Entry: the one interface callers see
     tsk.py      ext2/3/4, FAT, exFAT, NTFS (pytsk3)
+    jbd2.py     ext3/4 journal replay in memory: a crash-consistent day as the guest saw it
     xfs.py      XFS (libfsxfs)
     btrfs.py    btrfs (dissect.btrfs, AGPL, optional extra)
 """

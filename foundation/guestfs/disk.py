@@ -6,9 +6,10 @@ handed to one reader: LVM2 physical volumes to libvslvm (the metadata is
 parsed, nothing is activated, the host's LVM never sees the group), whose
 logical volumes are recognised in turn; XFS to libfsxfs; btrfs to Dissect
 (optional); LUKS is named and never opened; swap is hidden; everything
-else is tried with TSK (ext2/3/4, FAT, exFAT, NTFS). A volume that cannot be opened is one
-log line naming the disk, the partition and the reason; the rest of the
-disk is still shown.
+else is tried with TSK (ext2/3/4, FAT, exFAT, NTFS), an ext file system
+with its committed journal transactions replayed in memory first
+(jbd2.py). A volume that cannot be opened is one log line naming the
+disk, the partition and the reason; the rest of the disk is still shown.
 """
 
 import logging
@@ -18,8 +19,8 @@ import threading
 import pytsk3
 import pyvslvm
 
-from foundation.guestfs import btrfs, tsk, xfs
-from foundation.guestfs.bytes import DiskBytes, FileObject, Lv, ReadFailed, Slice, SourceImg, scrub
+from foundation.guestfs import btrfs, jbd2, tsk, xfs
+from foundation.guestfs.bytes import DiskBytes, FileObject, Lv, Overlay, ReadFailed, Slice, SourceImg, scrub
 from foundation.guestfs.volume import Encrypted
 
 log = logging.getLogger(__name__)
@@ -174,4 +175,25 @@ class DiskFiles:
         fs = self.call(lambda: tsk.open_fs(img))
         if fs is None:
             return None
-        return tsk.TskVolume(self, name, fs, img)
+        blocks = self._replay(name, fs, src) if ext else None
+        if not blocks:
+            return tsk.TskVolume(self, name, fs, img)
+        img = SourceImg(Overlay(src, blocks, fs.info.block_size), self.errors)
+        return tsk.TskVolume(self, name, self.call(lambda: tsk.open_fs(img)), img, replayed=True)
+
+    def _replay(self, name, fs, src):
+        """The blocks ext's journal would write at the guest's next mount, or None (logged if it fails)."""
+        try:
+            inum = jbd2.needs_replay(self.call(lambda: src.read(1024, 1024)))
+            if inum is None:
+                return None
+            bs = fs.info.block_size
+            journal = self.call(lambda: fs.open_meta(inode=inum))
+            n = int(journal.info.meta.size) // bs
+            return jbd2.replay(lambda i: self.call(lambda: journal.read_random(i * bs, bs)), n)
+        except Exception as e:
+            msg = _reason(e.cause if isinstance(e, ReadFailed) else e)
+            scrub(e)
+            what = f"{self.label}/{name}".rstrip("/")
+            log.warning("cannot replay the journal of %s (ext): %s; shown as the disk holds it", what, msg)
+            return None
