@@ -159,7 +159,7 @@ def guests(tmp_path_factory):
 
 def compare(tree, src, posix=True):
     """Every entry under src equals the tree's: names, types, bytes, links, and with posix, owners."""
-    seen, want = set(), set()
+    seen, want, inodes = set(), set(), {}
     for d, dirs, files in os.walk(tree):
         for n in dirs + files:
             seen.add(os.path.relpath(os.path.join(d, n), tree))
@@ -171,6 +171,9 @@ def compare(tree, src, posix=True):
             if posix:
                 assert (t.st_mode, t.st_uid, t.st_gid) == (s.st_mode, s.st_uid, s.st_gid), rel
                 assert t.st_mtime_ns == s.st_mtime_ns, rel
+            if s.st_nlink > 1 and not stat.S_ISDIR(s.st_mode):          # hard links: one inode
+                assert inodes.setdefault(s.st_ino, t.st_ino) == t.st_ino, rel
+                assert t.st_nlink == s.st_nlink, rel
             if stat.S_ISLNK(s.st_mode):
                 assert os.readlink(os.path.join(tree, rel)) == os.readlink(os.path.join(src, rel)), rel
             elif stat.S_ISREG(s.st_mode):
@@ -192,7 +195,8 @@ def test_files_as_the_guest_wrote_them(guests, vol):
         assert not os.path.exists(f"{new}/home/user/notes.txt")       # removed on day 2
         assert open(f"{new}/var/log/new.log", "rb").read() == open(f"{where[vol]}/var/log/new.log", "rb").read()
         a, b = os.stat(f"{new}/usr/bin/tool"), os.stat(f"{new}/usr/bin/tool2")
-        assert a.st_nlink == b.st_nlink == 2
+        assert a.st_nlink == b.st_nlink == 2 and a.st_ino == b.st_ino      # hard links: one inode
+        assert os.stat(f"{old}/usr/bin/tool").st_ino != a.st_ino
 
 
 def test_esp_is_read(guests):

@@ -19,7 +19,8 @@ Inodes are allocated lazily and are a hash of (parent inode, name,
 snapshot id), so a path keeps its inode for as long as it names the same
 snapshot, even across remounts, and a day path that starts resolving to
 a newer snapshot gets a new inode instead of changing under the kernel's
-caches. Everything inside a snapshot is immutable: long kernel cache
+caches. A guest file with several hard links is one inode, a hash of
+(snapshot, disk, volume, guest inode). Everything inside a snapshot is immutable: long kernel cache
 timeouts and keep_cache; the top levels change when a night is archived
 and time out after a second.
 
@@ -513,9 +514,14 @@ class SnapshotFS(pyfuse3.Operations):
         return list(out.items())
 
     def _fs_children(self, p, vol, addr):
-        return [(e.name, self._node((p.ino, e.name), "fs", f"{p.path}/{_name(e.name)}",
-                                    snap=p.snap, disk=p.disk, vol=vol, entry=e))
-                for e in vol.list_dir(addr)]
+        out = []
+        for e in vol.list_dir(addr):
+            # A hard-linked file is one inode under all its names (keyed by the guest's inode).
+            key = ("inode", p.snap.id, p.disk, vol.name, e.addr) if e.nlink > 1 and not e.is_dir \
+                else (p.ino, e.name)
+            out.append((e.name, self._node(key, "fs", f"{p.path}/{_name(e.name)}",
+                                           snap=p.snap, disk=p.disk, vol=vol, entry=e)))
+        return out
 
     async def opendir(self, inode, ctx):
         n = self._get(inode)
