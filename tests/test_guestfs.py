@@ -132,28 +132,37 @@ def build(base, day):
 
 
 @pytest.fixture(scope="module")
-def guests(tmp_path_factory):
+def built(tmp_path_factory):
+    """Each day's guest disks, built once: [({vm: {dev: image}}, {vm/dev/volume: source dir})]."""
     if not CAN_BUILD:
         pytest.skip("needs root, /dev/fuse, pyfuse3, xfsprogs, btrfs-progs, lvm2, cryptsetup")
     base = str(tmp_path_factory.mktemp("guests"))
-    os.makedirs(os.path.join(base, "archive"))
-    arch = T.ImagesArchiver(os.path.join(base, "archive"))
-    days = []
-    for day, when in enumerate(DAYS):
-        disks, where = build(base, day)
-        for vm, ds in disks.items():
-            arch.add(vm, when, ds)
-        days.append(where)
+    days = [build(base, day) for day in range(len(DAYS))]
     # a RHEL disk whose XFS /boot superblock is damaged (magic kept, geometry garbage)
     broken = os.path.join(base, "broken.img")
-    shutil.copy(os.path.join(base, "day1", "rhel.img"), broken)
+    shutil.copy(days[1][0]["rhel"]["vda"], broken)
     with open(broken, "r+b") as f:
         f.seek(9 * MIB + 4)                      # p2 starts after the 1 MiB gap and the 8 MiB ESP
         f.write(b"\xff" * 200)
+    return days, broken
+
+
+@pytest.fixture(scope="module", params=["images", "store"])
+def guests(request, built, tmp_path_factory):
+    """The guests archived as raw image files, or into a real store, and mounted."""
+    days, broken = built
+    work = str(tmp_path_factory.mktemp(f"archive-{request.param}"))
+    if request.param == "images":
+        arch = T.ImagesArchiver(work)
+    else:
+        arch = T.StoreArchiver(work, encrypt=False)
+    for when, (disks, _) in zip(DAYS, days):
+        for vm, ds in disks.items():
+            arch.add(vm, when, ds)
     arch.add("broken", DAYS[1], {"vda": broken})
-    mnt = f"/tmp/fdntest-guests-{os.getpid()}"
+    mnt = f"/tmp/fdntest-guests-{request.param}-{os.getpid()}"
     with T.Mounted(arch, mnt) as m:
-        yield {"mnt": mnt, "days": days, "m": m}
+        yield {"mnt": mnt, "days": [where for _, where in days], "m": m}
     shutil.rmtree(mnt, ignore_errors=True)
 
 
