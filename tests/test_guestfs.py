@@ -311,3 +311,50 @@ def test_crash_consistent_ext4_is_replayed(tmp_path):
         lines = [ln for ln in m.log().splitlines() if "cannot replay" in ln]
         assert len(lines) == 1 and "2026/11/19/030000/crashed/vdb (ext)" in lines[0], lines
     shutil.rmtree(mnt, ignore_errors=True)
+
+
+@pytest.mark.parametrize("fs", ["xfs", "btrfs"])
+def test_damaged_block_under_lvm_is_a_read_error_never_wrong_data(fs, tmp_path):
+    """A store read that fails under libvslvm + libfsxfs (or Dissect) fails that read, not its neighbours."""
+    if not CAN_BUILD:
+        pytest.skip("needs root, xfsprogs, btrfs-progs, lvm2")
+    if fs == "btrfs" and not HAVE_DISSECT_BTRFS:
+        pytest.skip("btrfs needs the optional extra")
+    from foundation.errors import DataCorrupt
+    from foundation.snapshotfs.volumes import DiskFiles, ReadFailed
+
+    t = str(tmp_path)
+    src = os.path.join(t, "src")
+    T.write_tree(src, {"a.bin": b"A" * 200_000, "b.bin": b"B" * 200_000})
+    img = os.path.join(t, "fs.img")
+    if fs == "xfs":
+        G.xfs(img, 24 * MIB, src)
+    else:
+        G.btrfs(img, 128 * MIB, src, {})
+    G.lvm_pv(os.path.join(t, "pv.img"), 136 * MIB, "vg", [("lv", img)])
+    data = open(os.path.join(t, "pv.img"), "rb").read()
+
+    class Src:
+        size = len(data)
+        bad = None
+
+        def read(self, off, n):
+            if self.bad and off < self.bad[1] and self.bad[0] < off + n:
+                raise DataCorrupt("test damage at arena 3")
+            return data[off:off + n]
+
+    s = Src()
+    df = DiskFiles(s, label="test/vda")
+    vol = df.volumes()["vg/lv"]
+    assert vol.type_name == fs
+    names = {e.name: e for e in vol.list_dir(vol.root_addr)}
+    i = data.find(b"A" * 4096)
+    s.bad = (i + 131072, i + 131073)      # these readers read 64 KiB at a time: damage 128 KiB in
+    ea, eb = names[b"a.bin"], names[b"b.bin"]
+    fa = vol.open_file(ea.addr)
+    with pytest.raises(ReadFailed) as ex:
+        vol.read_file(fa, 0, ea.size, ea.size)
+    assert isinstance(ex.value.cause, DataCorrupt)
+    assert vol.read_file(fa, 0, 4096, ea.size) == b"A" * 4096        # before the damage
+    fb = vol.open_file(eb.addr)
+    assert vol.read_file(fb, 0, eb.size, eb.size) == b"B" * 200_000
