@@ -75,6 +75,28 @@ def vfat(path, size, srcdir):
         run(["mcopy", "-s", "-m", "-i", path] + [os.path.join(srcdir, e) for e in entries] + ["::/"])
 
 
+def exfat(path, size, srcdir):
+    """exFAT filled through exfat-fuse (this kernel has no exFAT driver) on a loop device."""
+    blank(path, size)
+    run(["mkfs.exfat", "-L", "DATA", path])
+    mnt = path + ".mnt"
+    os.makedirs(mnt, exist_ok=True)
+    try:
+        with Loop(path) as dev:
+            run(["unshare", "-m", "sh", "-c", f"set -e; mount.exfat-fuse {dev} {mnt}; cp -r {srcdir}/. {mnt}/; "
+                 f"umount {mnt}"])
+    finally:
+        os.rmdir(mnt)
+
+
+def ntfs(path, size, srcdir):
+    """NTFS filled with ntfscp (no mount); srcdir holds files at its root only."""
+    blank(path, size)
+    run(["mkntfs", "-q", "-F", "-Q", "-L", "DATA", path])
+    for n in sorted(os.listdir(srcdir)):
+        run(["ntfscp", "-q", path, os.path.join(srcdir, n), n])
+
+
 def btrfs(path, size, top, subvols):
     """A btrfs whose top level holds top's files and a subvolume per {name: srcdir}, as Fedora's."""
     blank(path, size)

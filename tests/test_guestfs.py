@@ -35,7 +35,8 @@ except ImportError:
 pytest.importorskip("pyfsxfs")
 pytest.importorskip("pyvslvm")
 CAN_BUILD = os.geteuid() == 0 and os.path.exists("/dev/fuse") and HAVE_PYFUSE3 and G.have(
-    "mkfs.xfs", "mkfs.btrfs", "pvcreate", "cryptsetup", "losetup", "unshare", "mkswap")
+    "mkfs.xfs", "mkfs.btrfs", "pvcreate", "cryptsetup", "losetup", "unshare", "mkswap", "mkntfs", "ntfscp",
+    "mkfs.exfat", "mount.exfat-fuse")
 MIB = G.MIB
 DAYS = [T.utc(2026, 11, 19), T.utc(2026, 11, 21)]
 MTIME = 1_700_000_000
@@ -122,11 +123,23 @@ def build(base, day):
     G.disk(img("secret"), 40 * MIB, [(img("secret-boot"), G.GPT_LINUX), (img("secret-luks2"), G.GPT_LINUX)])
     G.luks(img("secret-luks1"), 8 * MIB, 1)
     disks["secret"] = {"vda": img("secret"), "vdb": img("secret-luks1")}
+    # Windows-like: GPT, NTFS and exFAT
+    for name, files in (("win-ntfs", {"report.txt": f"day {day}\n".encode(), "blob.bin": rnd(300_000, 9)}),
+                        ("win-exfat", {"photos/a.jpg": rnd(200_000, 10 + day), "notes.txt": b"exfat\n"})):
+        src[name] = os.path.join(d, name)
+        T.write_tree(src[name], files)
+    if day == 1:
+        os.remove(os.path.join(src["win-ntfs"], "blob.bin"))
+    G.ntfs(img("win-ntfs"), 16 * MIB, src["win-ntfs"])
+    G.exfat(img("win-exfat"), 16 * MIB, src["win-exfat"])
+    G.disk(img("win"), 40 * MIB, [(img("win-ntfs"), G.GPT_MSDATA), (img("win-exfat"), G.GPT_MSDATA)])
+    disks["win"] = {"vda": img("win")}
     where = {
         "rhel/vda/p1": src["esp"], "rhel/vda/p2": src["rhel-boot"], "rhel/vda/p3/rhel/root": src["rhel-root"],
         "ubuntu/vda/p1": src["ubuntu-boot"], "ubuntu/vda/p5/ubuntu-vg/ubuntu-lv": src["ubuntu-root"],
         "fedora/vda/p1": src["esp"], "fedora/vda/p2/root": src["fedora-root"],
         "fedora/vda/p2/home": src["fedora-home"], "secret/vda/p1": src["secret-boot"],
+        "win/vda/p1": src["win-ntfs"], "win/vda/p2": src["win-exfat"],
     }
     return disks, where
 
@@ -135,7 +148,7 @@ def build(base, day):
 def built(tmp_path_factory):
     """Each day's guest disks, built once: [({vm: {dev: image}}, {vm/dev/volume: source dir})]."""
     if not CAN_BUILD:
-        pytest.skip("needs root, /dev/fuse, pyfuse3, xfsprogs, btrfs-progs, lvm2, cryptsetup")
+        pytest.skip("needs root, /dev/fuse, pyfuse3 and scripts/setup.sh's file-system tools")
     base = str(tmp_path_factory.mktemp("guests"))
     days = [build(base, day) for day in range(len(DAYS))]
     # a RHEL disk whose XFS /boot superblock is damaged (magic kept, geometry garbage)
@@ -208,9 +221,12 @@ def test_files_as_the_guest_wrote_them(guests, vol):
         assert os.stat(f"{old}/usr/bin/tool").st_ino != a.st_ino
 
 
-def test_esp_is_read(guests):
+@pytest.mark.parametrize("vol", ["rhel/vda/p1", "win/vda/p1", "win/vda/p2"])
+def test_fat_exfat_ntfs_are_read(guests, vol):
     for when, where in zip(DAYS, guests["days"]):
-        compare(f"{guests['mnt']}/{when:%Y/%m/%d}/rhel/vda/p1", where["rhel/vda/p1"], posix=False)
+        compare(f"{guests['mnt']}/{when:%Y/%m/%d}/{vol}", where[vol], posix=False)
+    assert os.path.exists(f"{guests['mnt']}/2026/11/19/win/vda/p1/blob.bin")
+    assert not os.path.exists(f"{guests['mnt']}/2026/11/21/win/vda/p1/blob.bin")
 
 
 def test_layout_names(guests):
@@ -262,7 +278,7 @@ def test_damaged_superblock_is_one_log_line(guests):
 def test_crash_consistent_ext4_is_replayed(tmp_path):
     """A day whose ext4 journal holds a committed transaction shows what e2fsck (or the guest) would."""
     if not CAN_BUILD:
-        pytest.skip("needs root, /dev/fuse, pyfuse3, xfsprogs, btrfs-progs, lvm2, cryptsetup")
+        pytest.skip("needs root, /dev/fuse, pyfuse3 and scripts/setup.sh's file-system tools")
     t = str(tmp_path)
     src = os.path.join(t, "src")
     root_tree(src, 0, seed=7)

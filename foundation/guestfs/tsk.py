@@ -27,6 +27,9 @@ _SKIP_NAME_TYPES = {pytsk3.TSK_FS_NAME_TYPE_VIRT, pytsk3.TSK_FS_NAME_TYPE_VIRT_D
 _NTFS_TYPES = {pytsk3.TSK_FS_TYPE_NTFS}
 _FAT_TYPES = {pytsk3.TSK_FS_TYPE_FAT12, pytsk3.TSK_FS_TYPE_FAT16, pytsk3.TSK_FS_TYPE_FAT32,
               getattr(pytsk3, "TSK_FS_TYPE_EXFAT", -1)}
+_EXFAT = getattr(pytsk3, "TSK_FS_TYPE_EXFAT", -1)
+# TSK shows exFAT's allocation bitmap, up-case table, TexFAT and GUID entries as files at the root
+_EXFAT_META = (b"$ALLOC_BITMAP", b"$UPCASE_TABLE", b"$TEX_FAT", b"$VOLUME_GUID")
 _TYPE_NAMES = {getattr(pytsk3, n): n[len("TSK_FS_TYPE_"):].lower() for n in dir(pytsk3)
                if n.startswith("TSK_FS_TYPE_") and not n.endswith(("_DETECT", "_ENUM"))}
 
@@ -116,6 +119,8 @@ class TskVolume(Volume):
             return parent == self.root_addr and name.startswith(b"$") and meta.addr < 16
         if self.ftype in _FAT_TYPES:
             if self.first_virtual is not None and meta.addr >= self.first_virtual:
+                return True
+            if self.ftype == _EXFAT and parent == self.root_addr and name in _EXFAT_META:
                 return True
             return name.endswith(b"(Volume Label Entry)")
         return False
