@@ -16,6 +16,7 @@ import pytsk3
 
 CHUNK = 64 << 10          # the disk is read in 64 KiB aligned chunks
 CACHE_CHUNKS = 256        # per disk: 16 MiB of metadata and small-file blocks
+BYPASS_CHUNKS = 4         # a read spanning more chunks than this goes straight to the source
 
 
 def scrub(exc):
@@ -56,6 +57,9 @@ class DiskBytes:
         if offset >= end:
             return b""
         first, last = offset // CHUNK, (end - 1) // CHUNK
+        if last - first >= BYPASS_CHUNKS:
+            # File data in long runs: caching it would only evict metadata and copy twice.
+            return self.source.read(offset, end - offset)
         try:
             if first == last:
                 c = self._chunk(first)

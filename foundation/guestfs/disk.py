@@ -161,12 +161,15 @@ class DiskFiles:
                     f" ({kind})" if kind else "", reason)
 
     def _lvs(self, src):
-        """[(<vg>/<lv>, Lv source)] of the LVM2 physical volume src (one-PV groups)."""
+        """[(<vg>/<lv>, Lv source)] of the LVM2 physical volume src (one-PV groups only)."""
         h = pyvslvm.handle()
         fobj = FileObject(src, self.errors)
         h.open_file_object(fobj)
-        h.open_physical_volume_files_as_file_objects([fobj])
+        h.open_physical_volume_files_as_file_objects([fobj])     # before get_volume_group, or reads fail
         vg = h.get_volume_group()
+        if vg.number_of_physical_volumes != 1:
+            raise RuntimeError(f"volume group {vg.name} spans {vg.number_of_physical_volumes} physical "
+                               f"volumes; only groups on one are read")
         self.keep += [h, fobj]
         return [(f"{vg.name}/{lv.name}", Lv(lv)) for lv in vg.logical_volumes]
 

@@ -4,15 +4,19 @@ TSK cannot open XFS at all; libfsxfs reads it from a Python file object
 over the archived bytes. Addresses are XFS inode numbers; owners, modes,
 nanosecond times, symlink targets and link counts come from the inode.
 libfsxfs does not replay the XFS log: a crash-consistent day is shown as
-the disk lies (docs/design.md).
+the disk lies (docs/design.md). Nor can it return a name that is not
+UTF-8: such entries are left out, with one log line per directory.
 """
 
+import logging
 import stat
 
 import pyfsxfs
 
 from foundation.guestfs.bytes import FileObject, ReadFailed
 from foundation.guestfs.volume import Entry, Volume, as_bytes
+
+log = logging.getLogger(__name__)
 
 
 def _entry(fe, name):
@@ -29,6 +33,7 @@ class XfsVolume(Volume):
 
     def __init__(self, disk, name, source):
         super().__init__(disk, name)
+        self.warned = set()
         self.fobj = FileObject(source, disk.errors)
         self.fs = pyfsxfs.volume()
         disk.call(lambda: self.fs.open_file_object(self.fobj))
@@ -40,8 +45,21 @@ class XfsVolume(Volume):
     def list_dir(self, addr):
         def work():
             d = self.fs.get_file_entry_by_inode(addr)
-            return [_entry(fe, as_bytes(fe.name)) for fe in d.sub_file_entries]
-        return self.disk.call(work)
+            out, bad = [], 0
+            for fe in d.sub_file_entries:
+                try:
+                    name = fe.name
+                except OSError:
+                    bad += 1            # libfsxfs cannot return a name that is not UTF-8
+                    continue
+                out.append(_entry(fe, as_bytes(name)))
+            return out, bad
+        out, bad = self.disk.call(work)
+        if bad and addr not in self.warned:
+            self.warned.add(addr)
+            log.warning("%s/%s: directory inode %d: %d names are not UTF-8, which libfsxfs does not "
+                        "return; those entries are not shown", self.disk.label, self.name, addr, bad)
+        return out
 
     def open_file(self, addr):
         return self.disk.call(lambda: self.fs.get_file_entry_by_inode(addr))

@@ -317,6 +317,8 @@ class SnapshotFS(pyfuse3.Operations):
             n = p
         elif name == b"..":
             raise pyfuse3.FUSEError(errno.ENOENT)   # the kernel keeps parents itself
+        elif p.files is not None:
+            n = p.files.get(name)        # a listed snapshot directory: no trip to the worker
         else:
             n = await self._work(f"lookup {p.path}/{_name(name)}", self._lookup, p, name)
         if n is None:
