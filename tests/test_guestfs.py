@@ -392,3 +392,43 @@ def test_damaged_block_under_lvm_is_a_read_error_never_wrong_data(fs, tmp_path):
     assert vol.read_file(fa, 0, 4096, ea.size) == b"A" * 4096        # before the damage
     fb = vol.open_file(eb.addr)
     assert vol.read_file(fb, 0, eb.size, eb.size) == b"B" * 200_000
+
+
+def test_volume_group_on_two_disks_is_one_log_line(tmp_path, caplog):
+    """A group spread over two physical volumes is not guessed at: one line, the rest of the disk shown."""
+    if not CAN_BUILD:
+        pytest.skip("needs root and lvm2")
+    from foundation.snapshotfs.volumes import DiskFiles
+
+    t = str(tmp_path)
+    a, b = os.path.join(t, "a.img"), os.path.join(t, "b.img")
+    G.blank(a, 16 * MIB)
+    G.blank(b, 16 * MIB)
+    with G.Loop(a) as da, G.Loop(b) as db:
+        lvm = ["--devices", da, "--devices", db, "--config",
+               "devices { use_devicesfile = 0 } backup { backup = 0 archive = 0 }"]
+        G.run(["pvcreate", "-q"] + lvm + [da, db])
+        G.run(["vgcreate", "-q", "--setautoactivation", "n"] + lvm + ["wide", da, db])
+        G.run(["lvcreate", "-q"] + lvm + ["--driverloaded", "n", "-an", "-Zn", "-Wn", "-l", "100%FREE", "-n", "lv",
+                                          "wide"])
+    boot = os.path.join(t, "boot")
+    T.write_tree(boot, {"vmlinuz": b"kernel"})
+    G.ext4(os.path.join(t, "boot.img"), 8 * MIB, boot)
+    disk = os.path.join(t, "vda.img")
+    G.disk(disk, 32 * MIB, [(os.path.join(t, "boot.img"), G.GPT_LINUX), (a, G.GPT_LVM)])
+
+    class Src:
+        fd = os.open(disk, os.O_RDONLY)
+        size = os.path.getsize(disk)
+
+        def read(self, off, n):
+            return os.pread(self.fd, n, off)
+
+    df = DiskFiles(Src(), label="2026/11/25/030000/wide/vda")
+    with caplog.at_level("WARNING"):
+        vols = df.volumes()
+    assert list(vols) == ["p1"]
+    assert df.failed == {"p2": "volume group wide spans 2 physical volumes; only groups on one are read"}
+    lines = [r.getMessage() for r in caplog.records if "cannot read" in r.getMessage()]
+    assert lines == ["cannot read 2026/11/25/030000/wide/vda/p2 (lvm): volume group wide spans 2 physical volumes; "
+                     "only groups on one are read; the rest of the disk is shown"]

@@ -165,11 +165,12 @@ class DiskFiles:
         h = pyvslvm.handle()
         fobj = FileObject(src, self.errors)
         h.open_file_object(fobj)
-        h.open_physical_volume_files_as_file_objects([fobj])     # before get_volume_group, or reads fail
         vg = h.get_volume_group()
         if vg.number_of_physical_volumes != 1:
             raise RuntimeError(f"volume group {vg.name} spans {vg.number_of_physical_volumes} physical "
                                f"volumes; only groups on one are read")
+        h.open_physical_volume_files_as_file_objects([fobj])
+        vg = h.get_volume_group()        # again: LVs of the group taken before the PV was opened cannot read
         self.keep += [h, fobj]
         return [(f"{vg.name}/{lv.name}", Lv(lv)) for lv in vg.logical_volumes]
 
