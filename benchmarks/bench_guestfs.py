@@ -24,7 +24,6 @@ import json
 import os
 import random
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,18 +31,14 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+sys.path.insert(0, HERE)
 
 import guest_images as G  # noqa: E402
+from bench_read import drop_caches, read_all  # noqa: E402
 from foundation.guestfs.bytes import FileObject  # noqa: E402
 from foundation.snapshotfs import testing as T  # noqa: E402
 
 MIB = G.MIB
-
-
-def drop_caches():
-    subprocess.run(["sync"])
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3\n")
 
 
 def listing(d):
@@ -52,16 +47,6 @@ def listing(d):
         e.stat(follow_symlinks=False)
         n += 1
     return n
-
-
-def read_all(path, bs=1 << 20):
-    n = 0
-    with open(path, "rb", buffering=0) as f:
-        while True:
-            b = f.read(bs)
-            if not b:
-                return n
-            n += len(b)
 
 
 def measure_dir(root):

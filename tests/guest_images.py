@@ -33,6 +33,22 @@ def run(cmd, env=None, input=None):
     return r.stdout
 
 
+class Bytes:
+    """A byte source over an image file, as the tree's archive gives one; reads of `bad` fail."""
+
+    def __init__(self, path, bad=None):
+        with open(path, "rb") as f:
+            self.data = f.read()
+        self.size = len(self.data)
+        self.bad = bad                  # (start, end) or None
+
+    def read(self, off, n):
+        if self.bad and off < self.bad[1] and self.bad[0] < off + n:
+            from foundation.errors import DataCorrupt
+            raise DataCorrupt("test damage at arena 3")
+        return self.data[off:off + n]
+
+
 def blank(path, size):
     with open(path, "wb") as f:
         f.truncate(size)

@@ -366,23 +366,12 @@ def test_damaged_block_under_lvm_is_a_read_error_never_wrong_data(fs, tmp_path):
     else:
         G.btrfs(img, 128 * MIB, src, {})
     G.lvm_pv(os.path.join(t, "pv.img"), 136 * MIB, "vg", [("lv", img)])
-    data = open(os.path.join(t, "pv.img"), "rb").read()
-
-    class Src:
-        size = len(data)
-        bad = None
-
-        def read(self, off, n):
-            if self.bad and off < self.bad[1] and self.bad[0] < off + n:
-                raise DataCorrupt("test damage at arena 3")
-            return data[off:off + n]
-
-    s = Src()
+    s = G.Bytes(os.path.join(t, "pv.img"))
     df = DiskFiles(s, label="test/vda")
     vol = df.volumes()["vg/lv"]
     assert vol.type_name == fs
     names = {e.name: e for e in vol.list_dir(vol.root_addr)}
-    i = data.find(b"A" * 4096)
+    i = s.data.find(b"A" * 4096)
     s.bad = (i + 131072, i + 131073)      # these readers read 64 KiB at a time: damage 128 KiB in
     ea, eb = names[b"a.bin"], names[b"b.bin"]
     fa = vol.open_file(ea.addr)
@@ -417,14 +406,7 @@ def test_volume_group_on_two_disks_is_one_log_line(tmp_path, caplog):
     disk = os.path.join(t, "vda.img")
     G.disk(disk, 32 * MIB, [(os.path.join(t, "boot.img"), G.GPT_LINUX), (a, G.GPT_LVM)])
 
-    class Src:
-        fd = os.open(disk, os.O_RDONLY)
-        size = os.path.getsize(disk)
-
-        def read(self, off, n):
-            return os.pread(self.fd, n, off)
-
-    df = DiskFiles(Src(), label="2026/11/25/030000/wide/vda")
+    df = DiskFiles(G.Bytes(disk), label="2026/11/25/030000/wide/vda")
     with caplog.at_level("WARNING"):
         vols = df.volumes()
     assert list(vols) == ["p1"]
