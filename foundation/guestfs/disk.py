@@ -145,7 +145,8 @@ class DiskFiles:
                 vol = self._open_tsk(name, src, ext=kind == "ext")
             if vol is None:
                 if not bare and not any(w in desc.lower() for w in _NOT_FS):
-                    self._fail(name, kind, "no file system recognised")
+                    # Often a BIOS boot or empty partition (GPT gives TSK names, not types): not a warning.
+                    self._fail(name, kind, "no file system recognised", level=logging.INFO)
                 return
             vol.root()                  # a root that cannot be read fails here, not in a listing
             vols[name] = vol
@@ -154,11 +155,11 @@ class DiskFiles:
             scrub(e)
             self._fail(name, kind, msg)
 
-    def _fail(self, name, kind, reason):
+    def _fail(self, name, kind, reason, level=logging.WARNING):
         what = f"{self.label}/{name}".rstrip("/")
         self.failed[name] = reason
-        log.warning("cannot read %s%s: %s; the rest of the disk is shown", what,
-                    f" ({kind})" if kind else "", reason)
+        log.log(level, "cannot read %s%s: %s; the rest of the disk is shown", what,
+                f" ({kind})" if kind else "", reason)
 
     def _lvs(self, src):
         """[(<vg>/<lv>, Lv source)] of the LVM2 physical volume src (one-PV groups only)."""
