@@ -124,7 +124,9 @@ def build(base, day):
     G.luks(img("secret-luks2"), 20 * MIB, 2)
     G.disk(img("secret"), 40 * MIB, [(img("secret-boot"), G.GPT_LINUX), (img("secret-luks2"), G.GPT_LINUX)])
     G.luks(img("secret-luks1"), 8 * MIB, 1)
-    disks["secret"] = {"vda": img("secret"), "vdb": img("secret-luks1")}
+    G.luks(img("secret-home"), 20 * MIB, 2)
+    G.lvm_pv(img("secret-pv"), 36 * MIB, "sec", [("home", img("secret-home")), ("swap", img("rhel-swap"))])
+    disks["secret"] = {"vda": img("secret"), "vdb": img("secret-luks1"), "vdc": img("secret-pv")}
     # Windows-like: GPT, NTFS and exFAT
     for name, files in (("win-ntfs", {"report.txt": f"day {day}\n".encode(), "blob.bin": rnd(300_000, 9)}),
                         ("win-exfat", {"photos/a.jpg": rnd(200_000, 10 + day), "notes.txt": b"exfat\n"})):
@@ -268,10 +270,14 @@ def test_luks_is_named_and_empty(guests):
         assert sorted(os.listdir(f"{v}/vda")) == ["p1", "p2.encrypted"]
         assert os.listdir(f"{v}/vda/p2.encrypted") == []
         assert os.listdir(f"{v}/vdb") == []           # a bare LUKS disk: named in snapshot.json only
+        assert os.listdir(f"{v}/vdc") == ["sec"]      # LVM on the bare disk; LUKS in an LV, swap hidden
+        assert os.listdir(f"{v}/vdc/sec") == ["home.encrypted"]
+        assert os.listdir(f"{v}/vdc/sec/home.encrypted") == []
     import json
     info = json.load(open(f"{mnt}/2026/11/21/secret/snapshot.json"))
     assert info["volumes"]["vda"]["p2"] == {"type": "luks2", "encrypted": True, "replayed": False}
     assert info["volumes"]["vdb"][""] == {"type": "luks1", "encrypted": True, "replayed": False}
+    assert info["volumes"]["vdc"] == {"sec/home": {"type": "luks2", "encrypted": True, "replayed": False}}
 
 
 @pytest.mark.skipif(not HAVE_DISSECT_BTRFS, reason="btrfs needs the optional extra: pip install '.[btrfs]'")
