@@ -20,7 +20,7 @@ import struct
 
 MAGIC = 0xC03B3998
 DESCRIPTOR, COMMIT, SB_V1, SB_V2, REVOKE = 1, 2, 3, 4, 5
-INCOMPAT_REVOKE, INCOMPAT_64BIT, INCOMPAT_CSUM_V2, INCOMPAT_CSUM_V3 = 0x1, 0x2, 0x8, 0x10
+INCOMPAT_REVOKE, INCOMPAT_64BIT, INCOMPAT_CSUM_V2, INCOMPAT_CSUM_V3, INCOMPAT_FAST_COMMIT = 0x1, 0x2, 0x8, 0x10, 0x20
 FLAG_ESCAPE, FLAG_SAME_UUID, FLAG_LAST_TAG = 0x1, 0x2, 0x8
 EXT_RECOVER = 0x4            # ext superblock s_feature_incompat: the journal needs recovery
 EXT_JOURNAL_DEV = 0x8        # the journal lives on another device
@@ -56,9 +56,14 @@ def replay(read_block, nblocks):
     bs, maxlen, first, seq, start = struct.unpack_from(">IIIII", sb, 12)
     if start == 0:
         return {}
-    if len(sb) != bs or maxlen > nblocks or not 0 < first < maxlen or not first <= start < maxlen:
+    if len(sb) != bs or maxlen > nblocks or not 0 < first < maxlen:
         raise JournalError(f"inconsistent journal superblock (block size {bs}, length {maxlen}, first {first})")
     incompat = struct.unpack_from(">I", sb, 40)[0] if btype == SB_V2 else 0
+    if incompat & INCOMPAT_FAST_COMMIT:
+        # The fast-commit area takes the end of the journal; the log wraps before it.
+        maxlen -= struct.unpack_from(">I", sb, 0x54)[0] or 256
+    if not first <= start < maxlen:
+        raise JournalError(f"the journal's start {start} is outside its log ({first}..{maxlen - 1})")
     big = incompat & INCOMPAT_64BIT
     csum = incompat & (INCOMPAT_CSUM_V2 | INCOMPAT_CSUM_V3)
     if incompat & INCOMPAT_CSUM_V3:
