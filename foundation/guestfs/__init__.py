@@ -1,10 +1,10 @@
 """The files inside every guest, as the guest saw them: one layer for the tree, diff and find.
 
 Readers are well-kept libraries that take any byte source, chosen per
-file system (docs/design.md, "Reading guest file systems"); nothing is
+file system (docs/design.md, "Which library reads which file system"); nothing is
 mounted on the host and nothing is written.
 
-    bytes.py    byte sources (disk cache, partition, LV, overlay) and the adapters readers take
+    sources.py  byte sources (disk cache, partition, LV, overlay) and the adapters readers take
     disk.py     DiskFiles: partitions, LVM (libvslvm), LUKS named, swap hidden; picks a reader
     volume.py   Volume and Entry: the one interface callers see
     tsk.py      ext2/3/4, FAT, exFAT, NTFS (pytsk3)
@@ -13,7 +13,7 @@ mounted on the host and nothing is written.
     btrfs.py    btrfs (dissect.btrfs, AGPL, optional extra)
 """
 
-from foundation.guestfs.bytes import ReadFailed, scrub
+from foundation.guestfs.sources import ReadFailed, scrub
 from foundation.guestfs.disk import DiskFiles
 from foundation.guestfs.volume import Entry, Volume
 

@@ -10,7 +10,7 @@ top-level subvolume (id 5): every named subvolume (Fedora's `root` and
 
 import stat
 
-from foundation.guestfs.bytes import FileObject, ReadFailed
+from foundation.guestfs.sources import FileObject, ReadFailed
 from foundation.guestfs.volume import Entry, Volume, as_bytes
 
 try:

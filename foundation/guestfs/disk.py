@@ -20,7 +20,7 @@ import pytsk3
 import pyvslvm
 
 from foundation.guestfs import btrfs, jbd2, tsk, xfs
-from foundation.guestfs.bytes import DiskBytes, FileObject, Lv, Overlay, ReadFailed, Slice, SourceImg, scrub
+from foundation.guestfs.sources import DiskBytes, FileObject, Lv, Overlay, ReadFailed, Slice, SourceImg, scrub
 from foundation.guestfs.volume import Encrypted
 
 log = logging.getLogger(__name__)

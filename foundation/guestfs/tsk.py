@@ -10,7 +10,7 @@ import stat
 
 import pytsk3
 
-from foundation.guestfs.bytes import ReadFailed
+from foundation.guestfs.sources import ReadFailed
 from foundation.guestfs.volume import Entry, Volume, as_bytes
 
 # TSK meta types -> st_mode file type bits

@@ -13,7 +13,7 @@ import stat
 
 import pyfsxfs
 
-from foundation.guestfs.bytes import FileObject, ReadFailed
+from foundation.guestfs.sources import FileObject, ReadFailed
 from foundation.guestfs.volume import Entry, Volume, as_bytes
 
 log = logging.getLogger(__name__)

@@ -6,7 +6,7 @@ btrfs, ext/FAT/NTFS through TSK); this module keeps the interface the
 `DiskFiles.call`, `Entry`, `ReadFailed`, `scrub`.
 """
 
-from foundation.guestfs.bytes import CHUNK, ReadFailed, SourceImg, scrub
+from foundation.guestfs.sources import CHUNK, ReadFailed, SourceImg, scrub
 from foundation.guestfs.disk import DiskFiles
 from foundation.guestfs.tsk import TskVolume
 from foundation.guestfs.volume import Entry, Volume
