@@ -228,14 +228,14 @@ def unreplayed(before, after, out, bs=4096):
     os.remove(tx)
 
 
-def copied_while_mounted(img, out, script):
-    """out: a copy of ext4 image img taken while the kernel has it mounted and `script` (sh, run in
-    the mount as $M) has written, after a journal commit but before the metadata is written in place:
-    what a nightly archive without a guest agent catches. Nothing is synced."""
+def copied_while_mounted(img, out, script, opts="loop,commit=1"):
+    """out: a copy of image img taken while the kernel has it mounted and `script` (sh, run in the
+    mount as $M) has written, after a journal commit (ext4's commit=1) but before the metadata is
+    written in place: what a nightly archive without a guest agent catches."""
     mnt = img + ".mnt"
     os.makedirs(mnt, exist_ok=True)
     try:
-        run(["unshare", "-m", "sh", "-c", f"set -e; mount -o loop,commit=1 {img} {mnt}; M={mnt}; {script}; "
+        run(["unshare", "-m", "sh", "-c", f"set -e; mount -o {opts} {img} {mnt}; M={mnt}; {script}; "
              f"sleep 2.5; cp --sparse=always {img} {out}; umount {mnt}"])
     finally:
         os.rmdir(mnt)

@@ -180,18 +180,21 @@ class DiskFiles:
         fs = self.call(lambda: tsk.open_fs(img))
         if fs is None:
             return None
-        blocks = self._replay(name, fs, src) if ext else None
+        blocks = self._replay(name, fs, src) if ext else {}
         if not blocks:
-            return tsk.TskVolume(self, name, fs, img)
+            vol = tsk.TskVolume(self, name, fs, img)
+            vol.unreplayed = blocks is None
+            return vol
         img = SourceImg(Overlay(src, blocks, fs.info.block_size), self.errors)
         return tsk.TskVolume(self, name, self.call(lambda: tsk.open_fs(img)), img, replayed=True)
 
     def _replay(self, name, fs, src):
-        """The blocks ext's journal would write at the guest's next mount, or None (logged if it fails)."""
+        """The blocks ext's journal would write at the guest's next mount ({} for none), or None
+        when the journal cannot be replayed (logged)."""
         try:
             inum = jbd2.needs_replay(self.call(lambda: src.read(1024, 1024)))
             if inum is None:
-                return None
+                return {}
             bs = fs.info.block_size
             journal = self.call(lambda: fs.open_meta(inode=inum))
             n = int(journal.info.meta.size) // bs
@@ -199,6 +202,9 @@ class DiskFiles:
         except Exception as e:
             msg = _reason(e.cause if isinstance(e, ReadFailed) else e)
             scrub(e)
-            what = f"{self.label}/{name}".rstrip("/")
-            log.warning("cannot replay the journal of %s (ext): %s; shown as the disk holds it", what, msg)
+            self._unreplayed(name, "ext", f"cannot replay the journal: {msg}")
             return None
+
+    def _unreplayed(self, name, kind, why):
+        what = f"{self.label}/{name}".rstrip("/")
+        log.warning("%s (%s): %s; shown as the disk holds it", what, kind, why)

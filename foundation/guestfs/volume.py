@@ -1,8 +1,10 @@
 """What every guest file system looks like to the tree, diff and find: one interface.
 
 A `Volume` has a `name` ("p1", "p3/<vg>/<lv>", "" for a bare disk), a
-`type_name` ("ext4", "xfs", "btrfs", "luks2", ...), `encrypted` and
-`replayed` flags, and four operations on opaque addresses: `root()`,
+`type_name` ("ext4", "xfs", "btrfs", "luks2", ...), an `encrypted` flag,
+`replayed` (its journal held committed transactions, replayed in memory)
+and `unreplayed` (it held some the guest would replay, and they are not:
+an XFS log, or a journal that cannot be replayed), and four operations on opaque addresses: `root()`,
 `list_dir(addr)`, `open_file(addr)`, `read_file(f, offset, length, size)`.
 Each reader (tsk.py, xfs.py, btrfs.py) maps its own inodes to `Entry`, so
 callers never see which library read a file.
@@ -44,6 +46,7 @@ class Volume:
     type_name = "?"
     encrypted = False
     replayed = False
+    unreplayed = False
     root_addr = None
 
     def __init__(self, disk, name):

@@ -4,7 +4,8 @@ TSK cannot open XFS at all; libfsxfs reads it from a Python file object
 over the archived bytes. Addresses are XFS inode numbers; owners, modes,
 nanosecond times, symlink targets and link counts come from the inode.
 libfsxfs does not replay the XFS log: a crash-consistent day is shown as
-the disk lies (docs/design.md). Nor can it return a name that is not
+the disk lies, marked `unreplayed` with one log line when the log is dirty
+(xfslog.py). Nor can it return a name that is not
 UTF-8: such entries are left out, with one log line per directory.
 """
 
@@ -13,7 +14,8 @@ import stat
 
 import pyfsxfs
 
-from foundation.guestfs.sources import FileObject, ReadFailed
+from foundation.guestfs import xfslog
+from foundation.guestfs.sources import FileObject, ReadFailed, scrub
 from foundation.guestfs.volume import Entry, Volume, as_bytes
 
 log = logging.getLogger(__name__)
@@ -38,6 +40,14 @@ class XfsVolume(Volume):
         self.fs = pyfsxfs.volume()
         disk.call(lambda: self.fs.open_file_object(self.fobj))
         self.root_addr = disk.call(lambda: self.fs.get_root_directory().inode_number)
+        try:
+            self.unreplayed = bool(disk.call(lambda: xfslog.dirty(source.read, source.read(0, 512))))
+        except Exception as e:
+            scrub(e)
+            self.unreplayed = True
+        if self.unreplayed:
+            disk._unreplayed(name, "xfs", "its log holds transactions the guest would replay at mount, "
+                                          "which libfsxfs does not")
 
     def root(self):
         return self.disk.call(lambda: _entry(self.fs.get_file_entry_by_inode(self.root_addr), b""))

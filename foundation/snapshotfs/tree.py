@@ -468,7 +468,7 @@ class SnapshotFS(pyfuse3.Operations):
         return out
 
     def _volume_info(self, snap, disk):
-        """{volume name: {type, encrypted, replayed} or {error}} of one disk, for snapshot.json."""
+        """{volume name: {type, encrypted, replayed, unreplayed} or {error}} of one disk, for snapshot.json."""
         d = self._diskfiles(snap, disk)
         try:
             vols = d.volumes()
@@ -476,7 +476,8 @@ class SnapshotFS(pyfuse3.Operations):
             msg = str(e)
             scrub(e)
             return {"": {"error": msg}}
-        out = {name: {"type": v.type_name, "encrypted": v.encrypted, "replayed": v.replayed}
+        out = {name: {"type": v.type_name, "encrypted": v.encrypted, "replayed": v.replayed,
+                      "unreplayed": v.unreplayed}
                for name, v in vols.items()}
         out.update({name: {"error": why} for name, why in d.failed.items()})
         return dict(sorted(out.items()))
