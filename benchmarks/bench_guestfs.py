@@ -130,7 +130,8 @@ def loop_run(kind, img):
     opts = "ro,loop,nouuid" if kind == "xfs" else "ro,loop"
     mount = f"ntfs-3g -o ro {img} {mnt}" if kind == "ntfs" else f"mount -o {opts} {img} {mnt}"
     me = os.path.abspath(__file__)
-    out = G.run(["unshare", "-m", "sh", "-c", f"set -e; {mount}; {sys.executable} {me} --measure {mnt}; umount {mnt}"])
+    out = G.run(["unshare", "-m", "sh", "-c",
+                 f"set -e; {mount}; {sys.executable} {me} --measure {mnt}; umount {mnt}"])
     os.rmdir(mnt)
     return json.loads(out.strip().splitlines()[-1])
 

@@ -168,7 +168,8 @@ def lvm_pv(path, size, vg, lvs):
             run(["lvcreate", "-q"] + lvm + ["--driverloaded", "n", "-an", "-Zn", "-Wn",
                                              "-L", f"{os.path.getsize(img)}b", "-n", name, vg])
         pe_start = int(run(["pvs"] + lvm + ["--noheadings", "--units", "b", "--nosuffix", "-o", "pe_start", dev]))
-        extent = int(run(["vgs"] + lvm + ["--noheadings", "--units", "b", "--nosuffix", "-o", "vg_extent_size", vg]))
+        extent = int(run(["vgs"] + lvm + ["--noheadings", "--units", "b", "--nosuffix", "-o", "vg_extent_size",
+                                          vg]))
         ranges = {}
         for line in run(["lvs"] + lvm + ["--noheadings", "-o", "lv_name,seg_pe_ranges", vg]).splitlines():
             name, rng = line.split()
@@ -251,6 +252,7 @@ def files_of(img, dest):
     mnt = img + ".mnt"
     os.makedirs(mnt, exist_ok=True)
     try:
-        run(["unshare", "-m", "sh", "-c", f"set -e; mount -o ro,loop {img} {mnt}; cp -a {mnt}/. {dest}/; umount {mnt}"])
+        run(["unshare", "-m", "sh", "-c",
+             f"set -e; mount -o ro,loop {img} {mnt}; cp -a {mnt}/. {dest}/; umount {mnt}"])
     finally:
         os.rmdir(mnt)

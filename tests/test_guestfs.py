@@ -183,6 +183,11 @@ def guests(request, built, tmp_path_factory):
     shutil.rmtree(mnt, ignore_errors=True)
 
 
+def volinfo(type_name, encrypted=False, replayed=False, unreplayed=False):
+    """A volume as snapshot.json describes it."""
+    return {"type": type_name, "encrypted": encrypted, "replayed": replayed, "unreplayed": unreplayed}
+
+
 def utf8(name):
     try:
         name.encode("utf-8")
@@ -237,7 +242,8 @@ def test_files_as_the_guest_wrote_them(guests, vol):
         assert os.stat(f"{old}/usr/bin/tool").st_ino != a.st_ino
         assert sorted(os.listdir(os.fsencode(f"{new}/etc")))[0] == (b"caf\xe9.latin1" if not xfs else b"hostname")
     if xfs and "root" in vol:
-        lines = [ln for ln in guests["m"].log().splitlines() if "not UTF-8" in ln and "rhel/vda/p3/rhel/root" in ln]
+        lines = [ln for ln in guests["m"].log().splitlines()
+                 if "not UTF-8" in ln and "rhel/vda/p3/rhel/root" in ln]
         assert lines and ": 1 names are not UTF-8" in lines[0], lines
 
 
@@ -258,9 +264,9 @@ def test_layout_names(guests):
     import json
     info = json.load(open(f"{mnt}/2026/11/21/rhel/snapshot.json"))
     assert info["volumes"]["vda"] == {
-        "p1": {"type": "fat12", "encrypted": False, "replayed": False, "unreplayed": False},
-        "p2": {"type": "xfs", "encrypted": False, "replayed": False, "unreplayed": False},
-        "p3/rhel/root": {"type": "xfs", "encrypted": False, "replayed": False, "unreplayed": False}}
+        "p1": volinfo("fat12"),
+        "p2": volinfo("xfs"),
+        "p3/rhel/root": volinfo("xfs")}
 
 
 def test_luks_is_named_and_empty(guests):
@@ -275,9 +281,9 @@ def test_luks_is_named_and_empty(guests):
         assert os.listdir(f"{v}/vdc/sec/home.encrypted") == []
     import json
     info = json.load(open(f"{mnt}/2026/11/21/secret/snapshot.json"))
-    assert info["volumes"]["vda"]["p2"] == {"type": "luks2", "encrypted": True, "replayed": False, "unreplayed": False}
-    assert info["volumes"]["vdb"][""] == {"type": "luks1", "encrypted": True, "replayed": False, "unreplayed": False}
-    assert info["volumes"]["vdc"] == {"sec/home": {"type": "luks2", "encrypted": True, "replayed": False, "unreplayed": False}}
+    assert info["volumes"]["vda"]["p2"] == volinfo("luks2", encrypted=True)
+    assert info["volumes"]["vdb"][""] == volinfo("luks1", encrypted=True)
+    assert info["volumes"]["vdc"] == {"sec/home": volinfo("luks2", encrypted=True)}
 
 
 @pytest.mark.skipif(not HAVE_DISSECT_BTRFS, reason="btrfs needs the optional extra: pip install '.[btrfs]'")
@@ -331,8 +337,9 @@ def test_crash_consistent_ext4_is_replayed(tmp_path):
     # a copy taken while the kernel had it mounted: its own journal (64-bit, checksum v3) holds the writes
     live, live_crash = os.path.join(t, "live.img"), os.path.join(t, "live-crash.img")
     G.ext4(live, 24 * MIB, src)
-    G.copied_while_mounted(live, live_crash, 'mkdir $M/new; for i in $(seq 1 40); do echo "file $i" > $M/new/f$i; '
-                                             'done; rm $M/etc/shadow; head -c 300000 /dev/urandom > $M/var/lib/big.bin')
+    writes = ('mkdir $M/new; for i in $(seq 1 40); do echo "file $i" > $M/new/f$i; done; '
+              'rm $M/etc/shadow; head -c 300000 /dev/urandom > $M/var/lib/big.bin')
+    G.copied_while_mounted(live, live_crash, writes)
     live_fixed = os.path.join(t, "live-fixed.img")
     shutil.copy(live_crash, live_fixed)
     subprocess.run(["e2fsck", "-fy", live_fixed], capture_output=True)
@@ -361,8 +368,7 @@ def test_crash_consistent_ext4_is_replayed(tmp_path):
         info = json.load(open(f"{day}/snapshot.json"))
         assert info["volumes"]["vda"]["p1/ubuntu-vg/ubuntu-lv"]["replayed"] is True
         assert info["volumes"]["vdb"][""]["replayed"] is False and info["volumes"]["vdb"][""]["unreplayed"]
-        assert info["volumes"]["vdd"][""] == {"type": "xfs", "encrypted": False, "replayed": False,
-                                              "unreplayed": True}
+        assert info["volumes"]["vdd"][""] == volinfo("xfs", unreplayed=True)
         assert [ln for ln in m.log().splitlines() if "vdd (xfs)" in ln] == [
             "WARNING foundation.guestfs.disk: 2026/11/19/030000/crashed/vdd (xfs): its log holds transactions the "
             "guest would replay at mount, which libfsxfs does not; shown as the disk holds it"]

@@ -48,7 +48,7 @@ def signature(src):
 
 
 def _reason(e):
-    """One line from an error; libyal's chain "pyfsxfs_...: unable to open. libfsxfs_...: why. ..." gives its why."""
+    """One line from an error; of libyal's chain ("pyfsxfs_...: unable to open. libfsxfs_...: why."), the why."""
     msg = str(e) or type(e).__name__
     parts = msg.replace("\n", " ").split(". ")
     if len(parts) > 1 and parts[0].startswith("py"):

@@ -20,13 +20,14 @@ snapshot id), so a path keeps its inode for as long as it names the same
 snapshot, even across remounts, and a day path that starts resolving to
 a newer snapshot gets a new inode instead of changing under the kernel's
 caches. A guest file with several hard links is one inode, a hash of
-(snapshot, disk, volume, guest inode). Everything inside a snapshot is immutable: long kernel cache
-timeouts and keep_cache; the top levels change when a night is archived
-and time out after a second.
+(snapshot, disk, volume, guest inode). Everything inside a snapshot is
+immutable: long kernel cache timeouts and keep_cache; the top levels
+change when a night is archived and time out after a second.
 
 All archive and file-system work runs in one worker thread (a trio
-capacity limiter of 1: the store and the readers are not assumed thread-safe), so
-the event loop keeps answering cached lookups while a large read runs.
+capacity limiter of 1: the store and the readers are not assumed
+thread-safe), so the event loop keeps answering cached lookups while a
+large read runs.
 Any failure to read archived bytes is EIO with a log line naming the
 path, the offset and the store's own description of the damage.
 """
