@@ -17,7 +17,11 @@ import struct
 import threading
 
 import pytsk3
-import pyvslvm
+
+try:
+    import pyvslvm
+except ImportError:          # an install from before LVM was read: one log line per PV, not a broken tree
+    pyvslvm = None
 
 from foundation.guestfs import btrfs, jbd2, tsk, xfs
 from foundation.guestfs.sources import DiskBytes, FileObject, Lv, Overlay, ReadFailed, Slice, SourceImg, scrub
@@ -163,6 +167,8 @@ class DiskFiles:
 
     def _lvs(self, src):
         """[(<vg>/<lv>, Lv source)] of the LVM2 physical volume src (one-PV groups only)."""
+        if pyvslvm is None:
+            raise RuntimeError("LVM needs libvslvm-python: pip install 'foundation[fuse]'")
         h = pyvslvm.handle()
         fobj = FileObject(src, self.errors)
         h.open_file_object(fobj)

@@ -12,7 +12,10 @@ UTF-8: such entries are left out, with one log line per directory.
 import logging
 import stat
 
-import pyfsxfs
+try:
+    import pyfsxfs
+except ImportError:          # an install from before XFS was read: one log line per XFS, not a broken tree
+    pyfsxfs = None
 
 from foundation.guestfs import xfslog
 from foundation.guestfs.sources import FileObject, ReadFailed, scrub
@@ -34,6 +37,8 @@ class XfsVolume(Volume):
     type_name = "xfs"
 
     def __init__(self, disk, name, source):
+        if pyfsxfs is None:
+            raise RuntimeError("XFS needs libfsxfs-python: pip install 'foundation[fuse]'")
         super().__init__(disk, name)
         self.warned = set()
         self.fobj = FileObject(source, disk.errors)
