@@ -68,6 +68,9 @@ def _name(b):
     return b.decode("utf-8", "surrogateescape") if isinstance(b, bytes) else b
 
 
+_TOP = ("root", "year", "month", "day", "time", "latest")     # kinds whose children change with new nights
+
+
 def _vol_order(name):
     """Volumes in the guest's order: p2 before p10, then by name."""
     first, _, rest = name.partition("/")
@@ -198,6 +201,7 @@ class SnapshotFS(pyfuse3.Operations):
     def __init__(self, archive, tz=None, raw_gid=0, raw_mode=0o440):
         super().__init__()
         self.archive = archive
+        self._fresh = getattr(archive, "fresh", lambda: False)    # an archive that says when it last looked
         self.tz = tz
         self.raw_gid, self.raw_mode = raw_gid, raw_mode
         self.index = ti.TimeIndex(archive.snapshots(), tz)
@@ -320,6 +324,10 @@ class SnapshotFS(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.ENOENT)   # the kernel keeps parents itself
         elif p.files is not None:
             n = p.files.get(name)        # a listed snapshot directory: no trip to the worker
+        elif p.kind in _TOP and self._fresh():
+            # Checked for new nights a moment ago: resolve from the index in memory. `<vm>` under a
+            # day is never cached by the kernel, so every path walk through it comes here.
+            n = self._lookup(p, name, refresh=False)
         else:
             n = await self._work(f"lookup {p.path}/{_name(name)}", self._lookup, p, name)
         if n is None:
@@ -335,9 +343,9 @@ class SnapshotFS(pyfuse3.Operations):
             self.nodes[n.ino] = cur = n
         return cur if cur.key == n.key else n
 
-    def _lookup(self, p, name):
+    def _lookup(self, p, name, refresh=True):
         k = p.kind
-        if k in ("root", "year", "month", "day", "time", "latest"):
+        if k in _TOP and refresh:
             self._refresh()
         s = _name(name)
         idx = self.index
