@@ -12,7 +12,7 @@ import os
 import pkgutil
 import sys
 
-from foundation.errors import Error
+from foundation.errors import INTERRUPTED, Error
 
 _NOT_COMMANDS = {"common"}
 
@@ -62,7 +62,7 @@ def main(argv=None):
         return e.code
     except KeyboardInterrupt:
         print("foundation: interrupted", file=sys.stderr)
-        return 130
+        return INTERRUPTED
 
 
 if __name__ == "__main__":

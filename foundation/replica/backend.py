@@ -44,60 +44,11 @@ import re
 import threading
 import time
 
-from foundation.errors import Error
+from foundation.replica.errors import (  # the errors the rules above name; the backends take them from here
+    AuthFailed, BadReplicaURL, Permanent, RemoteError, RemoteFull, RemoteMissing, Transient, Unreachable)
 
 CHUNK = 1 << 20              # bytes per read/write in the chunk loops
 TMP = ".tmp-"                # marks a temporary object: name + TMP + token
-
-
-# ---- errors -------------------------------------------------------------------------------
-
-class RemoteError(Error):
-    """Replica {}: {}"""
-
-    code = 40
-
-
-class Transient(RemoteError):
-    """Replica {}: {} (a temporary failure; it is tried again)."""
-
-    code = 41
-
-
-class Unreachable(RemoteError):
-    """Replica {} cannot be reached: {}. Check that the server is up and that the host, port and URL in the [replicas.NAME] table are right, then run again; the local store is untouched."""
-
-    code = 42
-
-
-class Permanent(RemoteError):
-    """Replica {}: {}"""
-
-    code = 43
-
-
-class AuthFailed(Permanent):
-    """Replica {} refused the credentials: {}. Check the user name and password (FTP) or the access and secret keys (S3) in the [replicas.NAME] table or the environment."""
-
-    code = 44
-
-
-class RemoteFull(Permanent):
-    """Replica {} is full: {}. Free space on the server or raise its quota, then run again; what was uploaded before is kept."""
-
-    code = 45
-
-
-class RemoteMissing(Permanent):
-    """Replica {} has no object {}. Run `foundation audit` to see what the replica lacks; `foundation replicate` uploads it again."""
-
-    code = 46
-
-
-class BadReplicaURL(Permanent):
-    """Replica {}: {}"""
-
-    code = 47
 
 
 # ---- the interface ------------------------------------------------------------------------

@@ -72,19 +72,19 @@ MERGE_ATTEMPTS = 3
 class ChainInconsistent(Error):
     """VM {}: {}. Foundation changed nothing; repair the chain by hand (operation guide, 'Repairing a chain by hand')."""
 
-    code = 43
+    code = 62
 
 
 class MergeFailed(Error):
     """VM {}: {} could not be merged into {} ({}). The guest's data is safe on the longer chain; the next run tries again."""
 
-    code = 44
+    code = 63
 
 
 class StoreFailed(Error):
     """Writing to the store failed while archiving {}: {}. Nothing of this run is lost: the next run finishes it."""
 
-    code = 22
+    code = 64
 
 
 @dataclasses.dataclass
