@@ -44,7 +44,8 @@ import re
 import threading
 import time
 
-from foundation.replica.errors import (  # the errors the rules above name; the backends take them from here
+# The errors the rules above name; the backends take them from here.
+from foundation.replica.errors import (  # noqa: F401
     AuthFailed, BadReplicaURL, Permanent, RemoteError, RemoteFull, RemoteMissing, Transient, Unreachable)
 
 CHUNK = 1 << 20              # bytes per read/write in the chunk loops
