@@ -341,19 +341,3 @@ class Throttled(Wrapper):
         while isinstance(base, Wrapper):
             base = base.inner
         base.limiter = Limiter(bytes_per_second)
-
-
-def open_backend(spec, attempts=5, backoff=0.5, max_backoff=30):
-    """The backend a ReplicaSpec (foundation.replica.config) names, wrapped in Retrying (+Throttled)."""
-    if spec.scheme == "file":
-        from foundation.replica.local import LocalBackend as cls
-    elif spec.scheme in ("ftp", "ftps"):
-        from foundation.replica.ftp import FTPBackend as cls
-    elif spec.scheme == "s3":
-        from foundation.replica.s3 import S3Backend as cls
-    else:
-        raise BadReplicaURL(spec.url, f"unknown scheme {spec.scheme!r}")
-    b = cls(spec)
-    if spec.bandwidth:
-        b = Throttled(b, spec.bandwidth)
-    return Retrying(b, attempts=attempts, backoff=backoff, max_backoff=max_backoff)
