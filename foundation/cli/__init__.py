@@ -8,7 +8,6 @@ layers never edit one shared dispatch table.
 import argparse
 import importlib
 import logging
-import os
 import pkgutil
 import sys
 
@@ -33,11 +32,11 @@ def parser():
         prog="foundation",
         description="Keep every day of your virtual machines on one disk, and travel back in time.",
     )
-    p.add_argument("--store", default=os.environ.get("FOUNDATION_STORE"),
+    p.add_argument("--store",
                    help="store directory on the backup disk (env FOUNDATION_STORE)")
-    p.add_argument("--key-file", default=os.environ.get("FOUNDATION_KEY_FILE"),
+    p.add_argument("--key-file",
                    help="key file of an encrypted store (env FOUNDATION_KEY_FILE)")
-    p.add_argument("--config", default=os.environ.get("FOUNDATION_CONFIG"),
+    p.add_argument("--config",
                    help="config file (default /etc/foundation/foundation.toml; env FOUNDATION_CONFIG)")
     p.add_argument("-v", "--verbose", action="store_true", help="log debugging detail")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
