@@ -13,7 +13,8 @@ Layers, top to bottom; each imports only from the layers below it
     crypto/ | config.py
                  keys, AES-CTR and the hierarchical HMAC; the config file
     native/      the C core (csrc/) and its pure-Python reference
-    errors.py    every error and its exit code
+    errors.py | faults.py
+                 every error and its exit code; the crash tests' crash points
 """
 
 __version__ = "0.1.0"

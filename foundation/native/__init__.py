@@ -59,6 +59,7 @@ __all__ = ["API", "API_VERSION", "ARENA_LIMIT", "HEADER_SIZE", "IV_SIZE", "KEY_S
            "SCORE_SIZE", "TAG_SIZE", "WEAK_SIZE", "ZLEVEL_MAX", "ZLEVEL_MIN", "BucketError", "RecordError",
            "backend", "get", "native_impl", "reference_impl", *API]
 
+
 # ---- the choice --------------------------------------------------------------------
 
 native_impl = cffi_backend.impl

@@ -49,11 +49,11 @@ import datetime
 import logging
 import os
 import re
-import sys
 import time
 import uuid as uuidlib
 
 from foundation.errors import BadInput, DataCorrupt, DerivedCorrupt, Error, StoreFull, StoreMissing
+from foundation.faults import crash_point
 from foundation.vm import journal, qemuimg, swap
 from foundation.vm.domain import Domain, LibvirtFailed, UnsupportedDisk
 from foundation.vm.journal import VMBusy
@@ -107,10 +107,7 @@ class Result:
 
 
 def _crash(point):
-    if os.environ.get(CRASH_ENV) == point:
-        sys.stderr.write(f"foundation: test crash at {point}\n")
-        sys.stderr.flush()
-        os._exit(137)
+    crash_point(CRASH_ENV, point)
 
 
 def _now():
