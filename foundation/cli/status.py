@@ -11,7 +11,7 @@ fires next.
 import os
 import subprocess
 
-from foundation.cli.common import open_store, settings, store_path
+from foundation.cli.common import settings
 from foundation.errors import Error
 
 NAME = "status"
@@ -35,7 +35,7 @@ def run(args):
     recs = {r["name"]: r for r in journal.records(state_dir)}
     names = list(args.vms) or sorted(set(recs) | set(conf.vms if conf.vms != "all" else []))
     conn, why = _connect(s.libvirt_uri)
-    counts, uuid, store_note = _store_counts(args)
+    counts, store_note = _store_counts(args)
     lines = []
     for name in names:
         lines += _vm(name, recs.get(name), conn, state_dir, counts)
@@ -45,7 +45,7 @@ def run(args):
         lines.append(f"libvirt: {why}")
     if store_note:
         lines.append(f"store: {store_note}")
-    lines += _replicas(args, conf, uuid, store_note, state_dir)
+    lines += _replicas(args, conf, state_dir)
     lines.append(f"next run: {next_timer_run()}")
     print("\n".join(lines))
     return 0
@@ -61,11 +61,12 @@ def _connect(uri):
 
 
 def _store_counts(args):
-    """({name: (snapshots, newest time)}, the store's uuid, None), or (None, None, why not)."""
+    from foundation.cli.common import open_store, store_path
+
     try:
         path = store_path(args)
     except Error:
-        return None, None, None
+        return None, None
     try:
         from foundation.catalog import Catalog
 
@@ -74,31 +75,27 @@ def _store_counts(args):
             for snap in Catalog.load(s).snapshots():
                 n, _ = counts.get(snap.name, (0, None))
                 counts[snap.name] = (n + 1, snap.time)
-            return counts, s.uuid, None
+            return counts, None
     except Error as e:
-        return None, None, f"{path}: {e}"
+        return None, f"{path}: {e}"
 
 
-def _replicas(args, conf, uuid, store_note, state_dir):
-    """A line per configured replica: its last replicate from this host, and the last success.
-
-    The runs are kept per store uuid, which the store opened for the counts tells.
-    """
+def _replicas(args, conf, state_dir):
+    """A line per configured replica: its last replicate from this host, and the last success."""
+    from foundation.cli.common import store_path
     from foundation.replica import lastrun, replicas_from_config
+    from foundation.store import format as F
 
     try:
         specs = replicas_from_config(conf)
+        if not specs:
+            return []
+        with open(os.path.join(store_path(args), F.CONFIG), "rb") as f:
+            uuid = F.unpack_config(f.read())["uuid"]
     except Error as e:
         return [f"replicas: {e}"]
-    if not specs:
-        return []
-    if uuid is None:
-        try:
-            store_path(args)
-        except Error as e:
-            return [f"replicas: {e}"]
-        return [f"replicas: {len(specs)} configured; their last runs are unknown while the store cannot be read "
-                f"({store_note})"]
+    except (OSError, ValueError, KeyError) as e:
+        return [f"replicas: {len(specs)} configured; their last runs are unknown while the store cannot be read ({e})"]
     runs = lastrun.load(state_dir, uuid)
     out = []
     for spec in specs:
