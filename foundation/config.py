@@ -75,6 +75,8 @@ def load_config(path=None):
         raise ConfigError(path, f"cannot read it: {e.strerror or e}") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(path, f"not valid TOML: {e}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(path, f"not UTF-8 text (byte {e.start} cannot be read): save it as UTF-8") from None
     conf.path = os.path.abspath(path)
     here = os.path.dirname(conf.path)
     known = set(_TYPES) | {"vms", "exclude"}
