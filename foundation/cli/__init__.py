@@ -12,6 +12,7 @@ import os
 import pkgutil
 import sys
 
+from foundation import __version__
 from foundation.errors import Error
 
 _NOT_COMMANDS = {"common"}
@@ -40,6 +41,7 @@ def parser():
     p.add_argument("--config", default=os.environ.get("FOUNDATION_CONFIG"),
                    help="config file (default /etc/foundation/foundation.toml; env FOUNDATION_CONFIG)")
     p.add_argument("-v", "--verbose", action="store_true", help="log debugging detail")
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for mod in _commands():
