@@ -1,5 +1,7 @@
 """The command as a desktop user meets it: --version, the install check, --json, logs, completion, man page."""
 
+import datetime as dt
+import json
 import os
 import shutil
 import subprocess
@@ -7,13 +9,14 @@ import sys
 
 import foundation
 from foundation.native import build
+from tests.conftest import FIRST_PAYLOAD, arena_files, blocks, damage
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run(*args, env=None, **kw):
     e = dict(os.environ)
-    for k in ("FOUNDATION_STORE", "FOUNDATION_KEY_FILE", "FOUNDATION_CONFIG", "JOURNAL_STREAM"):
+    for k in ("FOUNDATION_STORE", "FOUNDATION_KEY_FILE", "FOUNDATION_CONFIG", "JOURNAL_STREAM", "INVOCATION_ID"):
         e.pop(k, None)
     e.update(env or {})
     return subprocess.run([sys.executable, "-m", "foundation", *args], capture_output=True, text=True,
@@ -45,3 +48,66 @@ def test_build_without_headers_says_which_packages(tmp_path):
         "Debian/Ubuntu `apt-get install gcc pkg-config libzstd-dev libssl-dev`, "
         "Fedora `dnf install gcc pkgconf-pkg-config libzstd-devel openssl-devel`")
     assert "No such file or directory" not in r.stderr and "Traceback" not in r.stderr
+
+
+# -- --json outputs ------------------------------------------------------------
+
+NO_LIBVIRT = "qemu+unix:///system?socket=/nonexistent/libvirt-sock"
+
+
+def journal_record(state, name, status, finished, error=None, uuid=None):
+    """A VM journal record as the archiver writes it (foundation/vm/journal.py)."""
+    uuid = uuid or f"00000000-0000-0000-0000-{abs(hash(name)) % 10**12:012d}"
+    os.makedirs(os.path.join(state, "vm"), exist_ok=True)
+    rec = {"version": 1, "uuid": uuid, "name": name, "seq": 1, "disks": {}, "run": None,
+           "last": {"finished": finished.isoformat(), "status": status, "error": error, "changed_bytes": 0,
+                    "consistency": "crash-consistent", "repaired": [], "snapshots": [], "seconds": 1.0}}
+    with open(os.path.join(state, "vm", f"{uuid}.json"), "w") as f:
+        json.dump(rec, f)
+
+
+def test_status_json_and_glance(tmp_path, host_state):
+    now = dt.datetime.now(dt.timezone.utc)
+    state = str(host_state)
+    journal_record(state, "fresh", "ok", now - dt.timedelta(hours=5))
+    journal_record(state, "old", "ok", now - dt.timedelta(days=3, hours=1))
+    journal_record(state, "broken", "failed", now - dt.timedelta(hours=1), error="disk vda: qemu-img map failed")
+    conf = tmp_path / "foundation.toml"
+    conf.write_text(f'state_dir = "{state}"\nlibvirt_uri = "{NO_LIBVIRT}"\n')
+    r = run("--config", str(conf), "status", "--json")
+    assert r.returncode == 0, r.stderr
+    st = json.loads(r.stdout)
+    assert st["version"] == 1 and st["stale_days"] == 2
+    vms = {v["name"]: v for v in st["vms"]}
+    assert sorted(vms) == ["broken", "fresh", "old"]
+    assert vms["fresh"]["stale"] is False and 5 * 3600 - 60 < vms["fresh"]["age_seconds"] < 5 * 3600 + 60
+    assert vms["old"]["stale"] is True and vms["old"]["status"] == "ok"
+    assert vms["broken"]["status"] == "failed" and vms["broken"]["error"] == "disk vda: qemu-img map failed"
+    assert vms["broken"]["last_good"] is None and vms["broken"]["stale"] is True
+    assert "chains not checked" in st["libvirt"]
+    r = run("--config", str(conf), "status")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "old\n  last good: " in out and "(3 days ago)  STALE" in out
+    assert "fresh\n  last good: " in out and "(5 hours ago)\n" in out
+    assert "broken\n  last good: none yet  STALE" in out and "disk vda: qemu-img map failed" in out
+
+
+def test_list_stats_verify_json(make_store, tmp_path):
+    opener = make_store(encrypt=False)
+    with opener(writable=True) as s:
+        s.write_blocks(blocks(50, seed=3))
+    env = {"FOUNDATION_STORE": opener.path}
+    r = run("list", "--json", env=env)
+    assert r.returncode == 0 and json.loads(r.stdout) == []
+    st = json.loads(run("stats", "--json", env=env).stdout)
+    assert st["records"] == 50 and st["encrypted"] is False
+    r = run("verify", "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == {"version": 1, "ok": True, "records": 50, "arenas": 1, "damaged": []}
+    damage(arena_files(opener.path)[0], FIRST_PAYLOAD + 5, b"\x00\x01\x02")
+    r = run("verify", "--json", env=env)
+    assert r.returncode == 1
+    v = json.loads(r.stdout)
+    assert v["ok"] is False and v["damaged"][0]["arena"] == 0 and v["damaged"][0]["offset"] == 72
+    assert v["damaged"][0]["record"] is True
