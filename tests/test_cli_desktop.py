@@ -111,3 +111,33 @@ def test_list_stats_verify_json(make_store, tmp_path):
     v = json.loads(r.stdout)
     assert v["ok"] is False and v["damaged"][0]["arena"] == 0 and v["damaged"][0]["offset"] == 72
     assert v["damaged"][0]["record"] is True
+
+
+# -- logs ------------------------------------------------------------------------
+
+def journal_run(args, journal=True):
+    """Run with stderr a pipe that JOURNAL_STREAM names (as systemd does) -> (status, stderr text)."""
+    r, w = os.pipe()
+    st = os.fstat(w)
+    env = {"JOURNAL_STREAM": f"{st.st_dev}:{st.st_ino}" if journal else "1:1"}
+    e = {k: v for k, v in os.environ.items() if not k.startswith("FOUNDATION_")}
+    p = subprocess.Popen([sys.executable, *args], stderr=w, stdout=subprocess.DEVNULL, cwd=ROOT, env={**e, **env})
+    os.close(w)
+    with os.fdopen(r) as f:
+        err = f.read()
+    return p.wait(), err
+
+
+def test_journal_priorities():
+    code = ("import logging; from foundation.cli import logs; logs.setup(); log = logging.getLogger('foundation.x'); "
+            "log.info('archiving web'); log.warning('web: repaired\\nsecond line'); log.error('web: failed')")
+    status, err = journal_run(["-c", code])
+    assert status == 0
+    assert err == ("<6>foundation.x: archiving web\n<4>foundation.x: web: repaired\n<4>second line\n"
+                   "<3>foundation.x: web: failed\n")
+    status, err = journal_run(["-m", "foundation", "--store", "/nonexistent/store", "list"])
+    assert status == 10
+    assert err.startswith("<3>foundation: Store /nonexistent/store does not exist") and err.count("\n") == 1
+    # JOURNAL_STREAM naming another stream (a command run from a service's shell): no prefixes
+    status, err = journal_run(["-c", code], journal=False)
+    assert err.splitlines()[0] == "INFO foundation.x: archiving web"

@@ -7,15 +7,15 @@ layers never edit one shared dispatch table.
 
 import argparse
 import importlib
-import logging
 import os
 import pkgutil
 import sys
 
 from foundation import __version__
+from foundation.cli import logs
 from foundation.errors import Error
 
-_NOT_COMMANDS = {"common"}
+_NOT_COMMANDS = {"common", "logs"}
 
 
 def _commands():
@@ -53,17 +53,14 @@ def parser():
 
 def main(argv=None):
     args = parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(message)s" if sys.stderr.isatty() else "%(levelname)s %(name)s: %(message)s",
-    )
+    logs.setup(args.verbose)
     try:
         return args._run(args) or 0
     except Error as e:
-        print(f"foundation: {e}", file=sys.stderr)
+        logs.error(e)
         return e.code
     except KeyboardInterrupt:
-        print("foundation: interrupted", file=sys.stderr)
+        logs.error("interrupted")
         return 130
 
 
