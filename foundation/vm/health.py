@@ -51,7 +51,7 @@ def health(name, rec, latest=None):
     last = (rec or {}).get("last") or {}
     if last:
         h.status, h.error = last.get("status"), last.get("error")
-        h.last_run = _time(last.get("finished"))
+        h.last_run = parse_time(last.get("finished"))
         if h.status in GOOD and h.last_run and (h.last_good is None or h.last_run > h.last_good):
             h.last_good = h.last_run
     run = (rec or {}).get("run")
@@ -70,7 +70,7 @@ def human_age(age):
     return "moments"
 
 
-def _time(t):
+def parse_time(t):
     if not t:
         return None
     t = datetime.fromisoformat(t) if isinstance(t, str) else t
