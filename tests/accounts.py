@@ -33,7 +33,13 @@ def local_account(groups=(), uid=None):
         subprocess.run(["userdel", name], check=False)
 
 
+def setpriv(pw):
+    """The setpriv prefix that runs a command as the account (by name: two accounts may share a uid)."""
+    groups = ",".join(str(g) for g in os.getgrouplist(pw.pw_name, pw.pw_gid))
+    return ["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", f"--groups={groups}", "--"]
+
+
 def as_user(pw, *cmd, **kw):
     """Run cmd as the account (its uid, gid and groups) -> CompletedProcess."""
-    return subprocess.run(["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--init-groups", "--", *cmd],
+    return subprocess.run([*setpriv(pw), *cmd],
                           capture_output=True, text=True, env={"PATH": os.environ["PATH"], "HOME": "/"}, **kw)

@@ -11,13 +11,12 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 
 import jeepney
 import pytest
 
-from tests.accounts import local_account, local_group
+from tests.accounts import local_account, local_group, setpriv
 from tests.test_cli_desktop import journal_record, run
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -40,7 +39,7 @@ class Desktop:
         open(self.log, "w").close()
         subprocess.run(["chown", "-R", f"{pw.pw_uid}:{pw.pw_gid}", self.dir], check=True)
         self.bus = f"unix:path={self.dir}/bus"
-        user = ["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--init-groups", "--"]
+        user = setpriv(pw)
         env = {"PATH": os.environ["PATH"], "HOME": self.dir, "PYTHONPATH": lib}
         self.procs = [subprocess.Popen([*user, "dbus-daemon", "--session", f"--address={self.bus}", "--nofork",
                                         "--print-address"], stdout=subprocess.PIPE, env=env, text=True)]
