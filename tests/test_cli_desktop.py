@@ -7,6 +7,8 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 import foundation
 from foundation.native import build
 from tests.conftest import FIRST_PAYLOAD, arena_files, blocks, damage
@@ -141,3 +143,85 @@ def test_journal_priorities():
     # JOURNAL_STREAM naming another stream (a command run from a service's shell): no prefixes
     status, err = journal_run(["-c", code], journal=False)
     assert err.splitlines()[0] == "INFO foundation.x: archiving web"
+
+
+# -- bash completion -------------------------------------------------------------
+
+@pytest.fixture
+def complete(tmp_path, host_state):
+    """complete(line) -> the candidates bash offers for the last word of `foundation LINE`."""
+    from foundation.snapshotfs import testing as T
+
+    arch = T.StoreArchiver(str(tmp_path / "arch"), encrypt=False)
+    disk = tmp_path / "d.img"
+    disk.write_bytes(b"x" * 8192)
+    for day in (19, 21):
+        arch.add("web", T.utc(2026, 11, day, 12), {"vda": str(disk)})
+    arch.add("mydisk", T.utc(2026, 11, 20, 12), {"vda": str(disk)})
+    now = dt.datetime.now(dt.timezone.utc)
+    journal_record(str(host_state), "web", "ok", now)
+    journal_record(str(host_state), "db", "ok", now)
+    conf = tmp_path / "foundation.toml"
+    conf.write_text(f'store = "{arch.store_path}"\nlibvirt_uri = "{NO_LIBVIRT}"\nvms = ["web", "db", "mail"]\n')
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "foundation").write_text(f'#!/bin/sh\nPYTHONPATH={ROOT} exec {sys.executable} -m foundation "$@"\n')
+    (bindir / "foundation").chmod(0o755)
+    script = tmp_path / "foundation.bash"
+    script.write_text(run("completion").stdout)
+
+    def complete(line):
+        words = ["foundation", *line.split(" ")]
+        prog = (f'source {script}; COMP_WORDS=({" ".join(repr(w) for w in words)}); '
+                f'COMP_CWORD={len(words) - 1}; _foundation; printf "%s\\n" "${{COMPREPLY[@]}}"')
+        env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "FOUNDATION_CONFIG": str(conf),
+               "FOUNDATION_STATE_DIR": str(host_state)}
+        r = subprocess.run(["bash", "-c", prog], capture_output=True, text=True, env=env, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        return sorted(w for w in r.stdout.split("\n") if w)
+    return complete
+
+
+def test_completion(complete):
+    assert complete("st") == ["stats", "status"]
+    assert {"archive", "notify", "completion", "restore", "verify"} <= set(complete(""))
+    assert complete("--ver") == ["--verbose", "--version"]
+    assert complete("list --j") == ["--json"]
+    assert complete("verify --") == ["--help", "--json"]
+    # VM names: config file and journal (libvirt unreachable here); several of them
+    assert complete("archive ") == ["db", "mail", "web"]
+    assert complete("status web m") == ["mail"]
+    assert complete("--config /dev/null archive --state-dir x w") == ["web"]
+    # snapshot names: NAME@ first, then the local days of that name's snapshots
+    assert complete("restore ") == ["mydisk@", "web@"]
+    days = sorted(f"web@{T.astimezone():%Y-%m-%d}" for T in (dt.datetime(2026, 11, d, 12, tzinfo=dt.timezone.utc)
+                                                             for d in (19, 21)))
+    assert complete("restore web@") == days
+    assert complete("forget web@2026-11-19 web@2026-11-2") == days[1:]
+    # after the snapshot, restore wants a file
+    assert complete("restore web@2026-11-21 foundation.b") == ["foundation.bash"]
+    assert complete("list m") == ["mail", "mydisk"]
+    assert complete("boot web ") == []
+
+
+# -- man page ---------------------------------------------------------------------
+
+def test_man_page_covers_every_command(tmp_path):
+    pytest.importorskip("build_manpages", reason="argparse-manpage is not installed (pip install .[man])")
+    from foundation.cli import parser
+
+    page = tmp_path / "foundation.1"
+    r = subprocess.run([sys.executable, "-m", "foundation.cli.manpage", str(page)], cwd=ROOT, capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stderr
+    assert page.read_text().startswith('.TH FOUNDATION "1" ')
+    r = subprocess.run(["man", "--warnings", "-l", str(page)], capture_output=True, text=True,
+                       env={**os.environ, "MANWIDTH": "100", "MAN_KEEP_FORMATTING": ""})
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    text = r.stdout
+    assert f"foundation {foundation.__version__}" in text and "[--version]" in text
+    sub = parser()._subparsers._group_actions[0]
+    for name in sub.choices:
+        assert f"COMMAND 'foundation {name}'" in text, name
+    verify = text[text.index("COMMAND 'foundation verify'"):]
+    assert "--json" in verify[:600]

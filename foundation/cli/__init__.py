@@ -15,7 +15,7 @@ from foundation import __version__
 from foundation.cli import logs
 from foundation.errors import Error
 
-_NOT_COMMANDS = {"common", "logs"}
+_NOT_COMMANDS = {"common", "logs", "manpage"}
 
 
 def _commands():
