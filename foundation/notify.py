@@ -13,7 +13,7 @@ has no such name on its bus and is skipped without a word.
 What to say comes from two records in the state directory (on the host):
 
 `<state_dir>/archive-run.json`, written by every `foundation archive` (and
-by a failing `archive --check`):
+by a failing `archive --check`) into an existing state directory:
     {"version": 1, "finished": ISO time, "error": string | null,   # the run as a whole failed
      "vms": [{"name": ..., "status": "ok"|"unchanged"|"failed"|"skipped"|"not run", "error": ...}]}
 
@@ -58,14 +58,19 @@ class Alert:
 
 
 def record_run(state_dir, results=(), error=None):
-    """Write down what an archive run did (best effort: a record lost never fails the run)."""
+    """Write down what an archive run did (best effort: a record lost never fails the run).
+
+    Only into an existing state directory (the service's StateDirectory=): a
+    run that stops at a missing store leaves a host that never ran one as it was.
+    """
     from foundation.store.disk import atomic_write
 
     doc = {"version": 1, "finished": _now().isoformat(), "error": str(error) if error else None,
            "vms": [{"name": r.name, "status": r.status, "error": r.error} for r in results]}
     path = os.path.join(state_dir, RUN_FILE)
+    if not os.path.isdir(state_dir):
+        return
     try:
-        os.makedirs(state_dir, exist_ok=True)
         atomic_write(path, json.dumps(doc, indent=1).encode() + b"\n", sync=False)
     except (OSError, Error) as e:
         log.debug("archive run not recorded in %s: %s", path, e)
@@ -172,9 +177,10 @@ def _as_user(pw, fn):
     if pid == 0:
         ok = False
         try:
-            os.setgroups(os.getgrouplist(pw.pw_name, pw.pw_gid))
-            os.setgid(pw.pw_gid)
-            os.setuid(pw.pw_uid)
+            if os.geteuid() != pw.pw_uid:        # root (the service); a user running it tells only themselves
+                os.setgroups(os.getgrouplist(pw.pw_name, pw.pw_gid))
+                os.setgid(pw.pw_gid)
+                os.setuid(pw.pw_uid)
             ok = bool(fn())
         except BaseException as e:      # noqa: BLE001 -- a desktop that does not answer is no error
             log.debug("no notification for %s: %s", pw.pw_name, e)

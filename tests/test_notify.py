@@ -123,6 +123,7 @@ def test_night_that_did_not_run(desk, host_state):
     """The store check failed (the disk is not plugged in): one notification naming the day and the reason."""
     config, member, outsider = desk
     store = "/nonexistent/backup/foundation"
+    host_state.mkdir()                               # as the service's StateDirectory= makes it
     r = run("--config", config(f'store = "{store}"\n'), "archive", "--check")
     assert r.returncode == 10
     notify(config(f'store = "{store}"\n'))
@@ -159,6 +160,8 @@ def test_no_desktop_is_silent(tmp_path, host_state):
         conf = tmp_path / "foundation.toml"
         conf.write_text(f'state_dir = "{host_state}"\nvms = ["web"]\nsnapshot_group = "{group}"\n')
         archive_run(str(host_state), [("web", "failed", "boom")])
+        out = notify(str(conf), "--dry-run")
+        assert out.startswith("due: Foundation: web was not archived on ") and "web: failed on " in out
         out = notify(str(conf))
         assert f"told nobody (no desktop session of group {group})" in out
 
@@ -169,6 +172,7 @@ def test_failed_archive_run_is_told_once(desk, host_state, make_store):
     config, member, _ = desk
     store = make_store(encrypt=False)
     conf = config(f'store = "{store.path}"\n')
+    host_state.mkdir()
     r = run("--config", conf, "archive", "fdn-no-such-vm")
     assert r.returncode == 1
     notify(conf)
