@@ -18,7 +18,7 @@ fi
 PKGS=(gcc make pkg-config libssl-dev libzstd-dev
       qemu-utils qemu-system-x86 libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients libvirt-dev
       fuse3 libfuse3-dev e2fsprogs dosfstools mtools fdisk parted ntfs-3g
-      dbus-daemon)
+      dbus-daemon man-db)
 missing=()
 for p in "${PKGS[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -161,9 +161,9 @@ def _glance(h, max_age):
     """The health line: last good archive and its age, STALE past max_age."""
     from foundation.vm.health import human_age
 
-    if h.last_good is None:
-        return "  last good: none yet" + ("  STALE" if h.stale(max_age) else "")
     mark = "  STALE" if h.stale(max_age) else ""
+    if h.last_good is None:
+        return f"  last good: none yet{mark}"
     return f"  last good: {_when(h.last_good)} ({human_age(h.age())} ago){mark}"
 
 
