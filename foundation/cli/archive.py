@@ -17,7 +17,8 @@ import sys
 
 from foundation.cli.common import Progress, open_store, store_path
 from foundation.config import load_config
-from foundation.errors import UsageError
+from foundation.errors import Error, UsageError
+from foundation.notify import record_run
 from foundation.vm.archiver import Result
 
 NAME = "archive"
@@ -56,9 +57,13 @@ def run(args):
                 print(f"store {store_path(args)} is present ({how})")
                 return 0
             _archive_all(args, conf, store, results)
+    except Error as e:
+        record_run(args.state_dir or conf.state_dir, results, e)     # for `foundation notify`
+        raise
     finally:
         if results:
             print(summary(results), flush=True)
+    record_run(args.state_dir or conf.state_dir, results)
     if results:
         from foundation.cli.replicate import after_write
 
