@@ -3,7 +3,9 @@
 Layers, top to bottom; each imports only from the layers below it
 (pyproject.toml's [tool.importlinter] contracts, checked by the tests):
     cli/         the `foundation` command, one module per subcommand
-    replica/     copies of the arenas on FTP, FTPS, S3 or a mounted directory
+    replica/ | notify.py
+                 copies of the arenas on FTP, FTPS, S3 or a mounted directory;
+                 desktop notices of a failed night or a stale VM
     gc/ | snapshotfs/ | vm/
                  garbage collection; the /snapshot FUSE tree and booting
                  past days; the libvirt archiver (none imports another)
@@ -13,8 +15,9 @@ Layers, top to bottom; each imports only from the layers below it
     crypto/ | config.py
                  keys, AES-CTR and the hierarchical HMAC; the config file
     native/      the C core (csrc/) and its pure-Python reference
-    errors.py | faults.py
-                 every error and its exit code; the crash tests' crash points
+    errors.py | faults.py | access.py
+                 every error and its exit code; the crash tests' crash points;
+                 the group that may see the VMs' past
 """
 
 __version__ = "0.1.0"

@@ -7,13 +7,14 @@ layers never edit one shared dispatch table.
 
 import argparse
 import importlib
-import logging
 import pkgutil
 import sys
 
+from foundation import __version__
+from foundation.cli import logs
 from foundation.errors import INTERRUPTED, Error
 
-_NOT_COMMANDS = {"common"}
+_NOT_COMMANDS = {"common", "logs", "manpage"}
 
 
 def _commands():
@@ -39,6 +40,7 @@ def parser():
     p.add_argument("--config",
                    help="config file (default /etc/foundation/foundation.toml; env FOUNDATION_CONFIG)")
     p.add_argument("-v", "--verbose", action="store_true", help="log debugging detail")
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for mod in _commands():
@@ -50,17 +52,14 @@ def parser():
 
 def main(argv=None):
     args = parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(message)s" if sys.stderr.isatty() else "%(levelname)s %(name)s: %(message)s",
-    )
+    logs.setup(args.verbose)
     try:
         return args._run(args) or 0
     except Error as e:
-        print(f"foundation: {e}", file=sys.stderr)
+        logs.error(e)
         return e.code
     except KeyboardInterrupt:
-        print("foundation: interrupted", file=sys.stderr)
+        logs.error("interrupted")
         return INTERRUPTED
 
 

@@ -15,7 +15,8 @@ import logging
 import sys
 
 from foundation.cli.common import Progress, after_write, open_store, settings, store_path
-from foundation.errors import UsageError
+from foundation.errors import Error, UsageError
+from foundation.notify import record_run
 from foundation.vm.archiver import Result
 
 NAME = "archive"
@@ -54,9 +55,13 @@ def run(args):
                 print(f"store {store_path(args)} is present ({how})")
                 return 0
             _archive_all(args, conf, store, results)
+    except Error as e:
+        record_run(settings(args).state_dir, results, e)     # for `foundation notify`
+        raise
     finally:
         if results:
             print(summary(results), flush=True)
+    record_run(settings(args).state_dir, results)
     if results:
         after_write(args)  # configured replicas; a failure there only warns, the status stays
     return 0 if all(r.status in ("ok", "unchanged") for r in results) else 1
