@@ -150,7 +150,7 @@ def test_journal_priorities():
 @pytest.fixture
 def complete(tmp_path, host_state):
     """complete(line) -> the candidates bash offers for the last word of `foundation LINE`."""
-    from foundation.snapshotfs import testing as T
+    import snapshotfs_support as T
 
     arch = T.StoreArchiver(str(tmp_path / "arch"), encrypt=False)
     disk = tmp_path / "d.img"

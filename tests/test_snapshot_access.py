@@ -13,8 +13,8 @@ import shutil
 import subprocess
 
 import pytest
+import snapshotfs_support as T
 
-from foundation.snapshotfs import testing as T
 from tests.accounts import as_user, local_account, local_group, setpriv
 
 pytestmark = [pytest.mark.fuse]

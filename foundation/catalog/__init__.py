@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from datetime import date, datetime, time, timedelta, timezone
 
 from foundation.errors import BadInput, DataCorrupt, NotFound
-from foundation.image.tree import Root, read_blob, write_blob
+from foundation.image import Root, read_blob, write_blob
 
 CATALOG = 3  # foundation.store.BlockType.CATALOG
 

@@ -7,13 +7,12 @@ layers never edit one shared dispatch table.
 
 import argparse
 import importlib
-import os
 import pkgutil
 import sys
 
 from foundation import __version__
 from foundation.cli import logs
-from foundation.errors import Error
+from foundation.errors import INTERRUPTED, Error
 
 _NOT_COMMANDS = {"common", "logs", "manpage"}
 
@@ -34,11 +33,11 @@ def parser():
         prog="foundation",
         description="Keep every day of your virtual machines on one disk, and travel back in time.",
     )
-    p.add_argument("--store", default=os.environ.get("FOUNDATION_STORE"),
+    p.add_argument("--store",
                    help="store directory on the backup disk (env FOUNDATION_STORE)")
-    p.add_argument("--key-file", default=os.environ.get("FOUNDATION_KEY_FILE"),
+    p.add_argument("--key-file",
                    help="key file of an encrypted store (env FOUNDATION_KEY_FILE)")
-    p.add_argument("--config", default=os.environ.get("FOUNDATION_CONFIG"),
+    p.add_argument("--config",
                    help="config file (default /etc/foundation/foundation.toml; env FOUNDATION_CONFIG)")
     p.add_argument("-v", "--verbose", action="store_true", help="log debugging detail")
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -61,7 +60,7 @@ def main(argv=None):
         return e.code
     except KeyboardInterrupt:
         logs.error("interrupted")
-        return 130
+        return INTERRUPTED
 
 
 if __name__ == "__main__":

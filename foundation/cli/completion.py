@@ -11,9 +11,9 @@ source that cannot be read adds nothing.
 """
 
 import argparse
-import os
 import sys
 
+from foundation.cli.common import settings
 from foundation.errors import Error
 
 NAME = "completion"
@@ -40,16 +40,15 @@ def run(args):
 
 def names(args, kind):
     """The candidates for a positional argument of that kind."""
-    from foundation.config import load_config
-
     out = []
     try:
-        conf = load_config(args.config)
+        s = settings(args)
+        conf, state_dir = s.config, s.state_dir
     except Error:
         return out
     if kind in ("vm", "name"):
         out += conf.vms if conf.vms != "all" else []
-        out += _journal_names(os.environ.get("FOUNDATION_STATE_DIR") or conf.state_dir)
+        out += _journal_names(state_dir)
         if kind == "vm":
             out += _libvirt_names(conf.libvirt_uri)
     if kind in ("name", "snapshot"):

@@ -18,7 +18,7 @@ import uuid as uuidlib
 from datetime import datetime, timezone
 
 from foundation.catalog import Catalog, DiskEntry, Snapshot, check_name, check_time, format_time, parse_time
-from foundation.cli.common import Progress, open_store
+from foundation.cli.common import Progress, after_write, open_store
 from foundation.errors import BadInput
 from foundation.image import load_changed, open_image, write_image
 
@@ -96,8 +96,6 @@ def run(args):
         print(msg, file=sys.stderr)
     else:
         log.debug(msg)
-    from foundation.cli.replicate import after_write
-
     after_write(args)  # configured replicas; a failure there only warns
     return 0
 

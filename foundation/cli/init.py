@@ -3,23 +3,11 @@
 import os
 import sys
 
-from foundation.cli.common import key_file, store_path
+from foundation.cli.common import key_file, settings, size, store_path
 from foundation.errors import StoreMissing, UsageError
 
 NAME = "init"
 HELP = "create a new store in an empty directory (the mounted backup disk)"
-
-
-def size(text):
-    """Parse 4096, 16M, 16MiB, 2G, 1T."""
-    t = text.strip().upper().removesuffix("IB").removesuffix("B")
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-    try:
-        if t and t[-1] in mult:
-            return int(float(t[:-1]) * mult[t[-1]])
-        return int(t)
-    except ValueError:
-        raise UsageError(f"not a size: {text!r} (use e.g. 4096, 16M, 512G)") from None
 
 
 class NoParent(StoreMissing):
@@ -56,7 +44,7 @@ def run(args):
     _make_dir(path)
     pw = None
     if args.passphrase:
-        pw = os.environ.get("FOUNDATION_PASSPHRASE")
+        pw = settings(args).passphrase
         if not pw:
             if not sys.stdin.isatty():
                 raise UsageError("--passphrase needs a terminal or FOUNDATION_PASSPHRASE")

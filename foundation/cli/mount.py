@@ -99,9 +99,8 @@ def run(args):
 def _group(args):
     """The gid that may read the tree; root's (0) when the group does not exist."""
     from foundation import access
-    from foundation.config import load_config
 
-    conf = load_config(args.config)
+    conf = common.settings(args).config
     name = args.group or access.group_name(conf)
     gid = access.group_id(name)
     if gid is None and (args.group or conf.snapshot_group):

@@ -8,10 +8,8 @@ the config file turns it off; no desktop session means nobody is told and
 nothing fails.
 """
 
-import os
-
 from foundation import access, notify
-from foundation.config import load_config
+from foundation.cli.common import settings
 from foundation.errors import Error
 
 NAME = "notify"
@@ -20,18 +18,18 @@ HELP = "send desktop notifications of a failed night or a stale VM (the archive 
 
 def add_arguments(p):
     p.add_argument("--dry-run", action="store_true", help="print the notifications due; send and record nothing")
-    p.add_argument("--state-dir", default=os.environ.get("FOUNDATION_STATE_DIR"),
+    p.add_argument("--state-dir",
                    help="journal directory (default: config `state_dir`; env FOUNDATION_STATE_DIR)")
 
 
 def run(args):
     from foundation.vm import journal
 
-    conf = load_config(args.config)
+    conf = settings(args).config
     if conf.notify == "never" and not args.dry_run:
         print("notifications are off (notify = \"never\" in the config file)")
         return 0
-    state_dir = args.state_dir or conf.state_dir
+    state_dir = settings(args).state_dir
     records = {r["name"]: r for r in journal.records(state_dir)}
     due, sent = notify.alerts(conf, state_dir, records, _latest(args))
     group = access.group_name(conf)

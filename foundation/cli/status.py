@@ -16,7 +16,7 @@ import json
 import os
 import subprocess
 
-from foundation.config import load_config
+from foundation.cli.common import settings
 from foundation.errors import Error
 
 NAME = "status"
@@ -28,7 +28,7 @@ def add_arguments(p):
     p.add_argument("vms", nargs="*", metavar="VM", help="VMs to show (default: every VM ever archived "
                                                         "and the config file's `vms`)")
     p.add_argument("--libvirt-uri", help="libvirt connection (default: config `libvirt_uri`)")
-    p.add_argument("--state-dir", default=os.environ.get("FOUNDATION_STATE_DIR"),
+    p.add_argument("--state-dir",
                    help="journal directory (default: config `state_dir`; env FOUNDATION_STATE_DIR)")
     p.add_argument("--json", action="store_true", help="print JSON (schema in docs/operation.md)")
 
@@ -36,11 +36,11 @@ def add_arguments(p):
 def run(args):
     from foundation.vm import journal
 
-    conf = load_config(args.config)
-    state_dir = args.state_dir or conf.state_dir
+    s = settings(args)
+    conf, state_dir = s.config, s.state_dir
     recs = {r["name"]: r for r in journal.records(state_dir)}
     names = list(args.vms) or sorted(set(recs) | set(conf.vms if conf.vms != "all" else []))
-    conn, why = _connect(args.libvirt_uri or conf.libvirt_uri)
+    conn, why = _connect(s.libvirt_uri)
     counts, store_note = _store_counts(args)
     max_age = datetime.timedelta(days=conf.stale_days)
     if args.json:
