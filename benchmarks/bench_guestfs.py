@@ -36,7 +36,7 @@ sys.path.insert(0, HERE)
 import guest_images as G  # noqa: E402
 from bench_read import drop_caches, read_all  # noqa: E402
 from foundation.guestfs.sources import FileObject  # noqa: E402
-from foundation.snapshotfs import testing as T  # noqa: E402
+import snapshotfs_support as T  # noqa: E402
 
 MIB = G.MIB
 

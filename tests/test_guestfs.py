@@ -18,7 +18,7 @@ import subprocess
 import pytest
 
 import guest_images as G
-from foundation.snapshotfs import testing as T
+import snapshotfs_support as T
 
 pytestmark = [pytest.mark.fuse, pytest.mark.slow]
 
