@@ -16,7 +16,7 @@ import os
 import sys
 
 from foundation.cli.common import Progress, open_store, store_path
-from foundation.config import load_config
+from foundation.config import QUIESCE_MODES, load_config
 from foundation.errors import UsageError
 from foundation.vm.archiver import Result
 
@@ -40,7 +40,13 @@ def add_arguments(p):
     p.add_argument("--state-dir", default=os.environ.get("FOUNDATION_STATE_DIR"),
                    help="journal directory (default: config `state_dir`, /var/lib/foundation; "
                         "env FOUNDATION_STATE_DIR)")
-    p.add_argument("--no-quiesce", action="store_true", help="never freeze guest file systems")
+    q = p.add_mutually_exclusive_group()
+    q.add_argument("--quiesce", choices=QUIESCE_MODES, metavar="MODE",
+                   help="auto: freeze guest file systems through the guest agent when it answers, else "
+                        "crash-consistent; always: a running VM whose agent cannot freeze is not archived; "
+                        "never (default: config `quiesce`, auto)")
+    q.add_argument("--no-quiesce", dest="quiesce", action="store_const", const="never",
+                   help="the same as --quiesce never")
 
 
 def run(args):
@@ -76,7 +82,7 @@ def _archive_all(args, conf, store, results):
         return
     tty = sys.stderr.isatty()
     archiver = Archiver(conn, StoreSink(store), args.state_dir or conf.state_dir,
-                        quiesce=conf.quiesce and not args.no_quiesce,
+                        quiesce=args.quiesce or conf.quiesce,
                         progress=(lambda what, total: Progress(what, total)) if tty else None)
     for i, name in enumerate(names):
         log.info("archiving %s (%d of %d)", name, i + 1, len(names))
