@@ -40,8 +40,13 @@ snapshot, so it can always be archived later).
     cleanup         overlay(k) deleted or not     delete overlay(k) if it is still there and
                                                   nothing uses it.
 
+A run killed while the guest's file systems are frozen for the snapshot
+(kill -9, power cut: stop signals wait for the thaw) leaves the guest
+frozen; the next run on that VM thaws it before anything else.
+
 No two runs touch one VM at once (journal.Lock). Tests kill the process at
-each point with FOUNDATION_TEST_CRASH_AT=<point> (see CRASH_POINTS).
+each point with FOUNDATION_TEST_CRASH_AT=<point> (see CRASH_POINTS and
+FROZEN_POINT).
 """
 
 import dataclasses
@@ -66,6 +71,7 @@ CRASH_ENV = "FOUNDATION_TEST_CRASH_AT"
 # <step>: right after journaling the step, before doing it; <step>-done: right after doing it.
 CRASH_POINTS = ("snapshot", "snapshot-done", "archive", "archive-disk", "archive-done",
                 "commit", "commit-started", "commit-done", "cleanup", "cleanup-done")
+FROZEN_POINT = "frozen"   # with the guest's file systems frozen (only reached with a guest agent)
 OVERLAY_RE = re.compile(r"^(.*)\.fdn-(\d+)\.qcow2$")
 MERGE_ATTEMPTS = 3
 
@@ -388,7 +394,8 @@ class Archiver:
         if run["live"] and why is None:
             when = _now()
             try:
-                pause, frozen = dom.snapshot(news, others, freeze=True)
+                pause, frozen = dom.snapshot(news, others, freeze=True,
+                                             while_frozen=lambda: _crash(FROZEN_POINT))
             except FreezeFailed as e:
                 why = f"the guest agent could not freeze the file systems ({e})"
                 if self.quiesce == "always":

@@ -9,6 +9,11 @@ XML pointing at them (one define, so all disks switch at once), and
 between runs is base <- overlay(k), so a VM that is running one night and
 shut off the next needs nothing special, and one that is started while a
 run is under way simply continues on the new overlay.
+
+A quiesced snapshot is three calls, not libvirt's QUIESCE flag: the guest
+agent's freeze, the snapshot, the thaw in a `finally`. That way the freeze
+time can be told apart from the snapshot's pause, and the guest agent's
+state is ours to check and repair (`frozen()`, `thaw()`).
 """
 
 import collections
@@ -239,7 +244,7 @@ class Domain:
         """Thaw the guest's file systems (harmless if they are not frozen); -> how many were thawed."""
         return self.agent("guest-fsfreeze-thaw")
 
-    def snapshot(self, news, others, freeze=False):
+    def snapshot(self, news, others, freeze=False, while_frozen=None):
         """External disk-only snapshot of all disks at once; -> (pause, frozen) in seconds.
 
         Works on a running domain (QEMU switches to the new overlays
@@ -253,7 +258,8 @@ class Domain:
         back meanwhile so that stopping the archiver cannot leave the guest
         frozen; `frozen` runs from the freeze request to the thaw's answer
         (None without `freeze`). Raises FreezeFailed (nothing taken, guest
-        thawed) if the agent cannot freeze.
+        thawed) if the agent cannot freeze. `while_frozen()` is called with
+        the guest frozen (the tests' kill point).
         """
         lv = self.libvirt
         disks = "".join(
@@ -276,6 +282,8 @@ class Domain:
                 self.agent("guest-fsfreeze-freeze", FREEZE_TIMEOUT)
             except AgentFailed as e:
                 raise FreezeFailed(str(e)) from None
+            if while_frozen:
+                while_frozen()
             t1 = time.monotonic()
             self._call("take an external disk-only snapshot", self.dom.snapshotCreateXML, xml, flags)
             pause = time.monotonic() - t1
