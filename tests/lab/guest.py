@@ -107,6 +107,7 @@ def wait_agent(dom, timeout=600):
 def wait_workload(dom, timeout=600):
     """Wait until the workload has committed a file to the data disk (so /data is mounted)."""
     deadline = time.monotonic() + timeout
+    wait_agent(dom, timeout)
     while True:
         rc, _ = run(dom, "/bin/grep", "-q", "^file /data/", "/var/lib/lab/committed.log", check=False)
         if rc == 0:
