@@ -9,7 +9,9 @@ once, because a TCG boot costs a minute on a busy machine:
     night 2   stale data in bios's swap partition; both, --quiesce always
     night 3   bios: the archiver killed while the guest is frozen; the next
               run thaws it first, then archives (quiesced)
-    night 4   bios, --quiesce never: crash-consistent
+    night 5   bios, its freeze hook refusing: --quiesce always fails and
+              changes nothing, auto falls back to crash-consistent
+    night 6   bios, --quiesce never: crash-consistent
 
 Before each run the test reads the guest's committed.log through the agent:
 everything in it was durable before the snapshot, so the archived day must
@@ -159,6 +161,12 @@ def _scenario(lab):
     lab.after_thaw = guest.read_file(bios, "/var/lib/lab/committed.log")
     time.sleep(3)
     lab.later = guest.read_file(bios, "/var/lib/lab/committed.log")
+    # night 5: the guest's freeze hook refuses: always fails that VM, auto falls back
+    guest.run(bios, "/usr/bin/touch", "/run/lab-fail-freeze")
+    lab.refused = lab.archive("--quiesce", "always", lab.names["bios"])
+    lab.refused_status = guest.agent(bios, "guest-fsfreeze-status")
+    lab.night(["bios"])
+    guest.run(bios, "/bin/rm", "/run/lab-fail-freeze")
     lab.night(["bios"], "--quiesce", "never")
 
 
@@ -167,7 +175,7 @@ def _load_catalog(lab):
     assert p.returncode == 0, p.stderr
     snaps = json.loads(p.stdout)
     by_vm = {fw: [s for s in snaps if s["name"] == lab.names[fw]] for fw in lab.names}
-    assert [len(by_vm["bios"]), len(by_vm["uefi"])] == [4, 2], [s["name"] for s in snaps]
+    assert [len(by_vm["bios"]), len(by_vm["uefi"])] == [5, 2], [s["name"] for s in snaps]
     seen = {"bios": 0, "uefi": 0}
     for n in lab.nights:
         n["snap"] = by_vm[n["vm"]][seen[n["vm"]]]
@@ -183,14 +191,29 @@ def quiesced(lab):
 
 def test_nights_quiesced_unless_told_not(lab):
     meta = [(n["vm"], n["snap"]["meta"]) for n in lab.nights]
-    assert [m["quiesced"] for _, m in meta] == [True, True, True, True, True, False]
+    assert [m["quiesced"] for _, m in meta] == [True, True, True, True, True, False, False]
     for vm, m in meta[:5]:
         assert m["not_quiesced"] is None and 0 < m["pause_seconds"] < m["freeze_seconds"] < 30, (vm, m)
-    assert [m["quiesce"] for _, m in meta] == ["auto", "auto", "always", "always", "auto", "never"]
-    assert meta[5][1]["not_quiesced"] == "quiesce = never" and meta[5][1]["freeze_seconds"] is None
+    assert [m["quiesce"] for _, m in meta] == ["auto", "auto", "always", "always", "auto", "auto", "never"]
+    assert meta[6][1]["not_quiesced"] == "quiesce = never" and meta[6][1]["freeze_seconds"] is None
     for n in lab.nights[:5]:
         assert re.search(r"quiesced: pause \d+\.\d+ s, file systems frozen \d+\.\d+ s", n["run"]), n["run"]
     print("pause/freeze s:", [(m["pause_seconds"], m["freeze_seconds"]) for _, m in meta])
+
+
+def test_freeze_refused_always_fails_auto_falls_back(lab):
+    p = lab.refused
+    name = lab.names["bios"]
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert (f"{name}: failed: VM {name} was not archived: quiesce = always, but the guest agent could not "
+            f"freeze the file systems") in p.stdout and "fsfreeze hook" in p.stdout, p.stdout
+    assert lab.refused_status == "thawed"
+    n = lab.nights[5]
+    assert n["snap"]["meta"]["quiesced"] is False and n["snap"]["meta"]["freeze_seconds"] is None
+    assert "the guest agent could not freeze the file systems" in n["snap"]["meta"]["not_quiesced"]
+    assert "crash-consistent (quiesce = auto)" in n["run"]
+    # the refused run left nothing behind: no repair, and the next snapshot follows the one before
+    assert "repaired:" not in n["run"] and n["snap"]["meta"]["incremental"] == {"vda": True, "vdb": True}
 
 
 def test_killed_while_frozen_the_next_run_thaws_first(lab):
@@ -272,10 +295,11 @@ def _replayed_root(lab, n, tmp_path):
     return copy
 
 
-def test_crash_consistent_day_replays_its_journals(lab, tmp_path):
-    (n,) = [n for n in lab.nights if not n["snap"]["meta"]["quiesced"]]
-    _replayed_root(lab, n, tmp_path)
-    _data_disk(lab, n, tmp_path)
+def test_crash_consistent_days_replay_their_journals(lab, tmp_path):
+    for n in lab.nights:
+        if not n["snap"]["meta"]["quiesced"]:
+            os.unlink(_replayed_root(lab, n, tmp_path))
+            _data_disk(lab, n, tmp_path)
 
 
 def _debugfs_get(image, path, out):

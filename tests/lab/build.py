@@ -17,9 +17,10 @@ three are written at their offsets in a GPT disk laid out with sfdisk.
     <cache>/lab.json     UUIDs, partition offsets, the kernel command line
 
 The guest: Debian 12 (bookworm) from the host's apt sources, qemu-guest-agent
-(started by udev when its channel appears), python3 for the workload
-service (workload.py, started at boot), no network, periodic timers masked
-so that a TCG guest spends its time on the workload.
+(started by udev when its channel appears; its freeze hook refuses while
+/run/lab-fail-freeze exists), python3 for the workload service
+(workload.py, started at boot), no network, periodic timers masked so
+that a TCG guest spends its time on the workload.
 """
 
 import hashlib
@@ -197,6 +198,11 @@ def _configure(root, ids, cmdline):
     os.makedirs(os.path.join(root, "data"), exist_ok=True)
     with open(os.path.join(HERE, "workload.py")) as f:
         put("/usr/local/bin/lab-workload", f.read(), 0o755)
+    # qemu-ga runs this before freezing: a freeze fails while /run/lab-fail-freeze exists (tests make it so)
+    put("/etc/qemu/qemu-ga.conf", "[general]\nfsfreeze-hook=/usr/local/sbin/lab-fsfreeze-hook\n")
+    put("/usr/local/sbin/lab-fsfreeze-hook",
+        '#!/bin/sh\n[ "$1" = freeze ] && [ -e /run/lab-fail-freeze ] && echo "lab: freeze refused" >&2 && exit 1\n'
+        "exit 0\n", 0o755)
     put("/etc/systemd/system/lab-workload.service",
         "[Unit]\nDescription=Foundation lab workload (files and SQLite, logged once durable)\n"
         "After=local-fs.target data.mount\n\n[Service]\nExecStart=/usr/local/bin/lab-workload\nRestart=always\n"
