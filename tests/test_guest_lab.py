@@ -105,7 +105,7 @@ def lab_image():
 
 @pytest.fixture(scope="module")
 def lab(libvirt_conn, lab_image, tmp_path_factory):  # noqa: F811
-    from foundation.snapshotfs import testing as T
+    import snapshotfs_support as T
     from foundation.store import Store
 
     lab = Lab(libvirt_conn, lab_image, tmp_path_factory.mktemp("lab"))
