@@ -140,3 +140,33 @@ def shutdown(dom, timeout=180):
             dom.destroy()
     except libvirt.libvirtError:
         pass
+
+
+def main():
+    """`python3 tests/lab/guest.py NAME bios|uefi [--start]`: a lab guest to try things by hand."""
+    import argparse
+    import sys
+
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    import libvirt
+
+    from lab import build
+
+    ap = argparse.ArgumentParser(description="Define a lab guest in qemu:///system over the cached Debian image.")
+    ap.add_argument("name")
+    ap.add_argument("firmware", choices=("bios", "uefi"))
+    ap.add_argument("--dir", help="where its overlays go (default /var/lib/libvirt/images/NAME)")
+    ap.add_argument("--start", action="store_true", help="start it and wait for the guest agent")
+    a = ap.parse_args()
+    conn = libvirt.open("qemu:///system")
+    dom = define(conn, a.name, build.image(log=lambda m: print(m, file=sys.stderr)),
+                 a.dir or f"/var/lib/libvirt/images/{a.name}", a.firmware)
+    print(f"defined {a.name} ({a.firmware}); the guest agent: virsh qemu-agent-command {a.name} "
+          "'{\"execute\":\"guest-ping\"}'")
+    if a.start:
+        dom.create()
+        print(f"the guest agent answered after {wait_agent(dom):.0f} s")
+
+
+if __name__ == "__main__":
+    main()
