@@ -35,6 +35,7 @@ from foundation.catalog import Catalog
 from foundation.errors import DataCorrupt
 from foundation.gc import compact, mark, reflow
 from foundation.store import format as F
+from foundation.store import switch
 from foundation.store.disk import atomic_write
 
 log = logging.getLogger(__name__)
@@ -89,7 +90,7 @@ def catalog_roots(cat):
 def collect(store, min_garbage=0.1, max_time=None, target_free=None, dry_run=False, progress=None):
     """Run one gc over a writable store -> Report."""
     t0 = time.monotonic()
-    if reflow.pending(store.path):
+    if switch.pending(store.path):
         raise DataCorrupt("an interrupted gc switch is pending; reopen the store to finish it")
     store.exclusive()
     cat = Catalog.load(store)
@@ -241,8 +242,8 @@ def _value(store, arenas, live, cat, rep, min_garbage, dry_run, progress):
     _crash("gc.written")
     old_last = arenas.last
     store.suspend()  # nothing of the old log may be written after the journal; the locks stay
-    reflow.commit(store, first, out.files, old_last, head)
+    switch.commit(store, first, out.files, old_last, head)
     _crash("gc.journaled")
-    reflow.finish(store.path)
+    switch.finish(store.path)
     rep.rewritten = list(out.files)
     store.resume()

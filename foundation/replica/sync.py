@@ -35,6 +35,7 @@ from foundation.crypto.keys import Keys, load_key_file
 from foundation.errors import DataCorrupt, Error, KeyMissing, StoreBusy, StoreLocked, StoreMissing, WrongKey
 from foundation.replica.backend import RemoteMissing
 from foundation.store import format as F
+from foundation.store import switch
 from foundation.store.arena import Log
 from foundation.store.disk import Disk
 
@@ -332,11 +333,9 @@ class Local:
     def share(self):
         """Hold the readers' lock (gc waits for us) and the one-replicate-at-a-time lock, an
         flock on the config file itself; release() lets both go."""
-        from foundation.gc import reflow
-
         self._flock(F.READERS, fcntl.LOCK_SH, lambda _: StoreBusy(
             f"garbage collection is running on store {self.path}; replicate when it has finished"))
-        if reflow.pending(self.path):
+        if switch.pending(self.path):
             raise StoreBusy(f"a garbage collection of store {self.path} was interrupted; run `foundation gc` "
                             "(or any archive) to finish it, then replicate")
         self._flock(F.CONFIG, fcntl.LOCK_EX, lambda _: ReplicaBusy(self.path))

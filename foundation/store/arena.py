@@ -255,6 +255,14 @@ class Log:
             os.close(ofd)
         return fd
 
+    def forget(self, n):
+        """Arena n's file is about to be replaced: close it and drop what was read from it."""
+        fd = self.fds.pop(n, None)
+        if fd is not None:
+            os.close(fd)
+        self.ivs.pop(n, None)
+        self.window = None
+
     def close(self):
         for fd in self.fds.values():
             os.close(fd)

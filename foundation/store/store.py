@@ -29,6 +29,7 @@ from foundation.crypto.keys import Keys, create_key_file, load_key_file
 from foundation.errors import (BadInput, DataCorrupt, StoreBusy, DerivedCorrupt, KeyMissing, NotFound,
                                StoreLocked, StoreMissing, StoreNotEmpty, UsageError, WrongKey)
 from foundation.store import format as F
+from foundation.store import switch
 from foundation.store.arena import Log
 from foundation.store.disk import Disk, atomic_write
 from foundation.store.index import Index, IndexFull, plan
@@ -259,17 +260,14 @@ class Store:
         self.readfd = fd
 
     def _open_structures(self):
-        from foundation.gc import reflow
-        if reflow.pending(self.path):
+        if switch.pending(self.path):
             if not self.writable:
                 raise StoreBusy(f"a garbage collection of store {self.path} was interrupted; run `foundation gc` "
                                 "(or any archive) to finish it")
-            reflow.finish(self.path)
+            switch.finish(self.path)
             self.repaired.append("finished the switch of an interrupted gc")
         if self.writable:
-            for name in os.listdir(os.path.join(self.path, F.ARENAS)):
-                if name.endswith(".arena.gc"):  # a rewrite gc did not swap in: the old arena stands
-                    os.unlink(os.path.join(self.path, F.ARENAS, name))
+            switch.drop_leftovers(self.path)
         self.log = Log(self.path, self.disk, self.codec, self.keys, self.conf, self.writable)
         self.log.threads = self.tuning.threads
         self.log.on_seal = self._sealed
@@ -379,6 +377,12 @@ class Store:
 
     def bloom_capacity(self):
         return max(1024, self.conf["max_log_size"] // self.block_size)
+
+    def forget_summary(self, n):
+        """Arena n was replaced (gc, repair): its summary leaves the index cache."""
+        t = self.summaries.pop(n, None)
+        if t is not None:
+            self.summary_entries -= len(t)
 
     def _sealed(self, oa):
         """An arena was sealed: its in-memory summary joins the index cache."""
