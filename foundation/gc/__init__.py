@@ -30,11 +30,11 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from foundation import native
 from foundation.catalog import Catalog
 from foundation.errors import DataCorrupt
 from foundation.gc import compact, mark, reflow
 from foundation.store import format as F
+from foundation.store import layout as L
 from foundation.store import switch
 from foundation.store.disk import atomic_write
 
@@ -127,13 +127,11 @@ def _unlisted_damage(store, arenas, live):
             listed[n] = set(arenas.records(n)[1])
         if a in listed[n]:
             continue
-        with open(store.log.path(n), "rb") as f:
-            f.seek(off)
-            header = f.read(64)
-        if header[:4] == native.RECORD_MAGIC and (header[4] != F.TREE or header[16:48] not in live):
+        header = store.log.record_header(n, off)
+        if L.is_record(header, 0) and (L.btype(header, 0) != F.TREE or L.key(header, 0) not in live):
             continue   # data, or a node no kept snapshot reaches: nothing live hangs from it
         try:
-            store.read(header[16:48])
+            store.read(L.key(header, 0))
         except Exception:
             raise DataCorrupt(f"arena {n} offset {off}: a damaged record that no summary lists, and no intact "
                               "copy of its block exists: gc cannot tell what it names, so it stopped before "

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from foundation import native
 from foundation.store import format as F
+from foundation.store import layout as L
 from foundation.store import switch
 
 @dataclass
@@ -85,7 +86,7 @@ def rewrite(store, n, keep_addrs, generation, chain, sealed):
             keys += keyfield[j * 32:j * 32 + store.keylen]
             addrs.append(F.addr(n, o))
             types.append(btype)
-    tags = b"".join(out[o + 48:o + 64] for o in (a & 0xFFFFFFFF for a in addrs))
+    tags = b"".join(L.tag(out, a & 0xFFFFFFFF) for a in addrs)
     end = len(out)
     amac = F.arena_mac(store.keys.mac, hb, tags, len(addrs), end)
     tr = F.Trailer(len(addrs), end, amac, chain, generation, sealed)

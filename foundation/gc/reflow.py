@@ -23,6 +23,7 @@ from foundation import native
 from foundation.gc.compact import groups, key32
 from foundation.gc.mark import LIVE
 from foundation.store import format as F
+from foundation.store import layout as L
 from foundation.store import switch
 
 
@@ -69,7 +70,7 @@ class Relog:
             used = ends[fit - 1] - len(self.out)
             self.out += recs[:used]
             for o in offs[:fit]:
-                self.tags += self.out[o + 48:o + 64]
+                self.tags += L.tag(self.out, o)
                 addrs.append(F.addr(self.n, o))
             self.count += fit
             i += fit

@@ -21,6 +21,7 @@ from foundation.errors import Error
 from foundation.replica.backend import RemoteMissing
 from foundation.replica.sync import MANIFEST, STORE_JSON, Local, Manifest, ReplicaTampered, digest, verify_bytes
 from foundation.store import format as F
+from foundation.store import layout as L
 from foundation.store.disk import atomic_write, fsync_dir
 
 PARTIAL = F.RECOVERING   # in the target directory while a recovery is under way
@@ -186,7 +187,7 @@ def _fetch_open(local, backend, m, sink):
         f.flush()
         os.fsync(f.fileno())
     with open(tmp, "rb") as f:
-        tag = f.read(F.ARENA_HEADER_SIZE)[F.ARENA_HEADER_SIZE - 16:]
+        tag = L.arena_tag(f.read(F.ARENA_HEADER_SIZE))
     if not tag.startswith(m.open.ident):
         raise ReplicaTampered(backend.url, f"the segments of open arena {m.open.n} are not of the arena the "
                                            "manifest names")

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from foundation import native
 from foundation.errors import Error
 from foundation.store import format as F
+from foundation.store import layout as L
 from foundation.store.disk import atomic_write, fsync_dir
 from foundation.replica.sync import Local, digest, own_prefix, read_remote, verify_bytes
 
@@ -196,7 +197,7 @@ def _prefix_from(local, head, n, b, m, res):
     mine = _read(local, n) or b""
     try:   # a header that fails its MAC says nothing by its tag: the mended file is judged whole
         F.ArenaHeader.unpack(mine[:F.ARENA_HEADER_SIZE], local.keys.mac)
-        if mine[F.ARENA_HEADER_SIZE - 16:F.ARENA_HEADER_SIZE - 16 + len(m.open.ident)] != m.open.ident:
+        if L.arena_tag(mine, len(m.open.ident)) != m.open.ident:
             res.notes.append(f"arena {n}: the replica holds another open arena {n} (the local one was rewritten)")
             return False
     except ValueError:
@@ -257,8 +258,8 @@ def _reseal(local, n, buf, mine):
                                        F.ARENA_HEADER_SIZE)
     if err is not None or end != old.end or end + F.COMPACT_SIZE > local.conf["arena_size"]:
         return None
-    kept = [e for e in entries if buf[e[0]:e[0] + native.HEADER_SIZE + e[3]]
-            == mine[e[0]:e[0] + native.HEADER_SIZE + e[3]]]
+    kept = [e for e in entries if buf[e[0]:e[0] + L.HEADER_SIZE + e[3]]
+            == mine[e[0]:e[0] + L.HEADER_SIZE + e[3]]]
     if F.arena_mac(local.keys.mac, hb, b"".join(e[5] for e in kept), len(kept), end) != old.amac:
         return None
     tags = b"".join(e[5] for e in entries)
@@ -323,7 +324,7 @@ def _from_images(local, head, damage, images, res):
         buf = patched.get(n)
         if buf is None:
             buf = patched[n] = bytearray(_read(local, n))
-        iv = bytes(buf[32:48])
+        iv = L.arena_iv(buf)
         rec = _reencode(local, w, iv, block)
         if rec is not None:
             buf[off:off + len(rec)] = rec
@@ -352,7 +353,7 @@ def _reencode(local, w, iv, block):
     for level in ZLEVELS:
         codec = native.Codec(local.keys.enc, local.keys.mac, level)
         rec, _ = native.pack(codec, w.arena, iv, w.offset, w.btype, block, len(block), w.key)
-        if len(rec) == w.length and (local.mode == "hash" or rec[48:64] == w.tag):
+        if len(rec) == w.length and (local.mode == "hash" or L.tag(rec, 0) == w.tag):
             return rec
     return None
 
@@ -369,7 +370,7 @@ def _damaged_records(local, head, n, damage):
     out = []
     for off, btype, key, length in records:
         if off in single or cut is not None and off >= cut:
-            out.append(_Want(n, off, btype, key, length, bytes(buf[off + 48:off + 64])))
+            out.append(_Want(n, off, btype, key, length, L.tag(buf, off)))
     return out
 
 
@@ -393,12 +394,11 @@ def _records(local, head, n, buf, damaged=()):
                 for i in range(len(addrs))]
     limit = len(buf) - tr.size if tr else (head.end if n == head.arena else len(buf))
     out, off = [], F.ARENA_HEADER_SIZE
-    while off + native.HEADER_SIZE <= limit and buf[off:off + 4] == native.RECORD_MAGIC:
-        stored = int.from_bytes(buf[off + 8:off + 12], "little")
-        length = native.HEADER_SIZE + stored
+    while off + L.HEADER_SIZE <= limit and L.is_record(buf, off):
+        length = L.HEADER_SIZE + L.stored(buf, off)
         if off + length > limit:
             break
-        out.append((off, buf[off + 4], bytes(buf[off + 16:off + 48]), length))
+        out.append((off, L.btype(buf, off), L.key(buf, off), length))
         off += length
     return out
 

@@ -35,6 +35,7 @@ from foundation.crypto.keys import Keys, load_key_file
 from foundation.errors import DataCorrupt, Error, KeyMissing, StoreBusy, StoreLocked, StoreMissing, WrongKey
 from foundation.replica.backend import RemoteMissing
 from foundation.store import format as F
+from foundation.store import layout as L
 from foundation.store import switch
 from foundation.store.arena import Log
 from foundation.store.disk import Disk
@@ -48,7 +49,6 @@ MANIFEST_VERSION = 1
 MANIFEST_MAC = b"foundation replica manifest"
 MAX_PARTS = 16                   # more segments of one open arena are merged into one upload
 ID_BYTES = 8                     # bytes of a MAC or tag (as hex) that name an object
-KEY_END = 48                     # a record header's magic, type, codec, lengths and key: bytes 0..47
 
 _ARENA_OBJ = re.compile(r"arenas/(\d{8})\.(\d+)\.([0-9a-f]{16})\.arena")
 _PART_OBJ = re.compile(r"open/(\d{8})\.([0-9a-f]{16})\.(\d{10})-(\d{10})\.([0-9a-f]{16})\.part")
@@ -392,13 +392,13 @@ def own_prefix(local, n, mine, theirs, base, damage):
     start = max(base, h)
     entries, end, err = local.log.scan(n, bytes(native.IV_SIZE), memoryview(theirs)[start - base:], start)
     for off, _, _, stored, _, _ in entries:
-        a, b = off - base, off - base + native.HEADER_SIZE + stored
+        a, b = off - base, off - base + L.HEADER_SIZE + stored
         if mine[a:b] == theirs[a:b]:
             continue
         # A damaged local record is the replica's only if its header still names the same record
         # (type, lengths, key: the score in hash mode): the lost timeline's record at that offset
         # is valid too. A damaged or missing header says nothing: stop there.
-        if not hurt(off) or mine[a:a + KEY_END] != theirs[a:a + KEY_END]:
+        if not hurt(off) or mine[a:a + L.KEY_END] != theirs[a:a + L.KEY_END]:
             return a
     return end - base
 
@@ -446,7 +446,7 @@ def arena_files(local, head):
             else:
                 try:
                     F.ArenaHeader.unpack(os.pread(fd, F.ARENA_HEADER_SIZE, 0), local.keys.mac)
-                    p.ident = os.pread(fd, ID_BYTES, F.ARENA_HEADER_SIZE - 16)
+                    p.ident = os.pread(fd, ID_BYTES, L.A_TAG)
                 except ValueError as e:
                     if head.end > F.ARENA_HEADER_SIZE:
                         raise DataCorrupt(f"arena {n} offset 0: the open arena's header is damaged ({e}); "
@@ -614,7 +614,7 @@ def _ahead(backend, old, head, files):
         hb = backend.get(old.arenas[head.arena].name, 0, F.ARENA_HEADER_SIZE)
     except RemoteMissing:
         return False
-    return hb[F.ARENA_HEADER_SIZE - 16:F.ARENA_HEADER_SIZE - 16 + ID_BYTES] == files[-1].ident
+    return L.arena_tag(hb, ID_BYTES) == files[-1].ident
 
 
 def _part_token(name):

@@ -15,11 +15,12 @@ from collections import OrderedDict
 from foundation import native
 from foundation.errors import DataCorrupt
 from foundation.store import format as F
+from foundation.store import layout as L
 from foundation.store.disk import atomic_write, fsync_dir
 
 log = logging.getLogger(__name__)
 
-RH = native.HEADER_SIZE
+RH = L.HEADER_SIZE
 MAX_FDS = 64
 WINDOW = 1 << 20  # read-ahead for sequential single-record reads
 SPAN_GAP = 64 << 10  # batched reads merge records closer than this
@@ -51,7 +52,7 @@ class OpenArena:
     def add_packed(self, recs, rel, offs, btype, keys, keylen):
         """Add k freshly packed records: rel are their offsets in recs, keys their 32-byte key fields."""
         k = len(offs)
-        self.tags += b"".join(recs[o + 48:o + 64] for o in rel)
+        self.tags += b"".join(recs[o + L.H_TAG:o + L.HEADER_SIZE] for o in rel)
         self.keys += keys[:k * 32] if keylen == 32 else b"".join(keys[j * 32:j * 32 + keylen] for j in range(k))
         base = self.n << 32
         self.addrs += [base | o for o in offs]
@@ -170,7 +171,7 @@ class Log:
             if end >= committed:
                 break
             what = err.kind if err else "missing"
-            stored = int.from_bytes(buf[end + 8:end + 12], "little") if end + 12 <= size else -1
+            stored = L.stored_at(buf, end, size)
             skip = end + RH + stored
             if what not in ("tag", "decompress") or not end < skip <= committed:
                 raise DataCorrupt(f"arena {n} offset {end}: committed record is damaged ({what})")
@@ -226,7 +227,7 @@ class Log:
         out = []
         for off, btype, key, stored, raw in entries:
             o = off - base
-            out.append((off, btype, key[: self.keylen], stored, raw, bytes(buf[o + 48:o + 64])))
+            out.append((off, btype, key[: self.keylen], stored, raw, L.tag(buf, o)))
         return out, end, err
 
     # ---- files -----------------------------------------------------------------
@@ -262,6 +263,10 @@ class Log:
             os.close(fd)
         self.ivs.pop(n, None)
         self.window = None
+
+    def record_header(self, n, off):
+        """The header bytes of the record at offset off of arena n, as they are (not verified)."""
+        return self.disk.pread(self.fd(n), "arena", off, L.HEADER_SIZE)
 
     def close(self):
         for fd in self.fds.values():
@@ -463,7 +468,7 @@ class Log:
     def _complete(self, rec):
         if len(rec) < RH:
             return False
-        stored = int.from_bytes(rec[8:12], "little")
+        stored = L.stored(rec, 0)
         return len(rec) >= RH + stored
 
     def _unpack(self, n, off, rec):

@@ -14,6 +14,7 @@ import pybloomfilter
 
 from foundation import native
 from foundation.store import format as F
+from foundation.store import layout as L
 from foundation.store.disk import atomic_write
 from foundation.store.index import Index, plan
 
@@ -39,11 +40,11 @@ def scan_arena(store, n):
     limit = size - tr.size if tr else size
     mv = memoryview(buf)
     entries, end, err = lg.scan(n, header.iv, mv[F.ARENA_HEADER_SIZE:limit], F.ARENA_HEADER_SIZE)
-    while err is not None and err.kind in ("tag", "decompress") and end + 12 <= limit \
-            and buf[end:end + 4] == native.RECORD_MAGIC:
+    while err is not None and err.kind in ("tag", "decompress") and L.stored_at(buf, end, limit) >= 0 \
+            and L.is_record(buf, end):
         # Step over a damaged record whose header still gives its length, as the open arena's
         # scan does: its block is not served anyway, and the rest of the arena still is.
-        skip = end + native.HEADER_SIZE + int.from_bytes(buf[end + 8:end + 12], "little")
+        skip = end + L.HEADER_SIZE + L.stored(buf, end)
         if not end < skip <= limit:
             break
         log.error("arena %d offset %d: record is damaged (%s); left out of its summary", n, end, err.kind)
@@ -82,8 +83,6 @@ def _all_entries(store):
 
 def rebuild_index(store, min_entries=0):
     """Write a new index holding every record of the log, then rename it into place."""
-    from foundation import native
-
     path = os.path.join(store.path, F.INDEX)
     kl = store.keylen
     records = sum(len(a) for _, a in _all_entries(store))

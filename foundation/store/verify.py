@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from foundation import native
 from foundation.store import format as F
+from foundation.store import layout as L
 
 
 @dataclass
@@ -90,7 +91,7 @@ def verify_arena(store, n, buf, sealed, chain, committed=None):
             tags += tag
             count += 1
             checked += 1
-            rec = buf[e_off:e_off + native.HEADER_SIZE + stored]
+            rec = buf[e_off:e_off + L.HEADER_SIZE + stored]
             try:
                 _, fullkey, data = native.unpack(store.codec, n, header.iv, e_off, rec)
             except native.RecordError as e:
@@ -105,11 +106,11 @@ def verify_arena(store, n, buf, sealed, chain, committed=None):
         if err is None or off >= limit:
             break
         ok = False
-        stored = int.from_bytes(buf[off + 8:off + 12], "little") if off + 12 <= limit else -1
-        if err.kind in ("tag", "decompress", "length") and buf[off:off + 4] == native.RECORD_MAGIC \
-                and 0 <= stored and off + native.HEADER_SIZE + stored <= limit:
+        stored = L.stored_at(buf, off, limit)
+        if err.kind in ("tag", "decompress", "length") and L.is_record(buf, off) \
+                and 0 <= stored and off + L.HEADER_SIZE + stored <= limit:
             damage.append(Damage(n, off, f"record is damaged ({err.kind})", True))
-            off += native.HEADER_SIZE + stored
+            off += L.HEADER_SIZE + stored
             continue
         damage.append(Damage(n, off, f"record is damaged ({err.kind}); the rest of the arena ({limit - off} bytes) cannot be parsed"))
         break
