@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from foundation import native
 from foundation.errors import Error
 from foundation.store import format as F
+from foundation.store import verify
+from foundation.store.verify import Kind
 from foundation.store import layout as L
 from foundation.store.disk import atomic_write, fsync_dir
 from foundation.replica.sync import Local, digest, own_prefix, read_remote, verify_bytes
@@ -52,7 +54,7 @@ def repair(path, key_file=None, backends=(), images=(), progress=None):
         res.found = [d for ds in damage.values() for d in ds]
         if damage and backends:
             _from_replicas(local, head, damage, backends, res)
-        if any(d.record or "cannot be parsed" in d.what for ds in damage.values() for d in ds) and images:
+        if any(d.kind in (Kind.RECORD, Kind.UNPARSABLE) for ds in damage.values() for d in ds) and images:
             later = _from_images(local, head, damage, images, res)
         _record_damaged(local, damage)
     finally:
@@ -65,15 +67,13 @@ def repair(path, key_file=None, backends=(), images=(), progress=None):
 
 def scan(local, head):
     """{arena: [Damage]} of every damaged arena, checked as `verify` does (without opening the store)."""
-    from foundation.store.verify import Damage
-
     out = {}
     chain = F.ZERO_CHAIN
     for n in range(head.arena + 1):
         buf = _read(local, n)
         if buf is None:
             if n < head.arena or head.end > F.ARENA_HEADER_SIZE:
-                out[n] = [Damage(n, 0, "arena file is missing")]
+                out[n] = [verify.Damage(n, 0, Kind.MISSING, "arena file is missing")]
             chain = None
             continue
         damage, _, c = verify_bytes(local, n, buf, n < head.arena, chain, head.end)
@@ -82,7 +82,7 @@ def scan(local, head):
             out[n] = damage
     if chain is not None and chain != head.chain:
         out.setdefault(head.arena, []).append(
-            Damage(head.arena, 0, "the head's chain MAC does not match the sealed arenas"))
+            verify.Damage(head.arena, 0, Kind.HEAD_CHAIN, "the head's chain MAC does not match the sealed arenas"))
     return out
 
 
@@ -233,7 +233,7 @@ def _prefix_from(local, head, n, b, m, res):
     before = before or ["missing"]
     after = check(new)
     resealed = False
-    if sealed and after and all("arena MAC does not match" in d.what for d in after):
+    if sealed and after and all(d.kind is Kind.ARENA_MAC for d in after):
         new, resealed = _reseal(local, n, new, mine) or new, True
         after = check(new)
     if any(d.offset < len(theirs) for d in after) or len(after) >= len(before):
@@ -366,7 +366,7 @@ def _damaged_records(local, head, n, damage):
         return []
     single = {d.offset for d in damage if d.record}
     records = _records(local, head, n, buf, single)
-    cut = min((d.offset for d in damage if "cannot be parsed" in d.what), default=None)
+    cut = min((d.offset for d in damage if d.kind is Kind.UNPARSABLE), default=None)
     out = []
     for off, btype, key, length in records:
         if off in single or cut is not None and off >= cut:
@@ -451,13 +451,12 @@ def _store_again(path, master, later, res):
 def _final(path, master, res):
     """Open the store (writable: derived structures are rebuilt) and verify it."""
     from foundation.store import Store
-    from foundation.store.verify import verify
 
     try:
         with Store.open(path, master=master, writable=True):
             pass
         with Store.open(path, master=master) as s:
-            damage, _ = verify(s)
+            damage, _ = verify.verify(s)
     except Error as e:   # still too damaged to open: say so with what is known, not with a traceback
         res.notes.append(f"the store does not open yet: {e}")
         try:

@@ -380,8 +380,7 @@ def own_prefix(local, n, mine, theirs, base, damage):
     Records of `theirs` must verify; the arena header may differ only if the local one is
     damaged."""
     at = {d.offset for d in damage}
-    rest = min((d.offset for d in damage if "cannot be parsed" in d.what or "ends before" in d.what
-                or "missing" in d.what), default=None)
+    rest = min((d.offset for d in damage if d.cuts()), default=None)
 
     def hurt(off):
         return off in at or rest is not None and off >= rest

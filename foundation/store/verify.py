@@ -8,6 +8,7 @@ what catches a dropped, reordered, truncated or rolled-back arena. It
 reports every damaged place by arena and offset and never stops early.
 """
 
+import enum
 import json
 import os
 from dataclasses import dataclass
@@ -17,12 +18,37 @@ from foundation.store import format as F
 from foundation.store import layout as L
 
 
+class Kind(enum.Enum):
+    """What a damaged place means for the arena around it (Venti's ECorrupt, native.RecordError.kind):
+    repair, audit and replicate decide on this, never on the message."""
+
+    RECORD = "record"          # one record fails (tag, decoding, score); the rest of the arena is fine
+    UNPARSABLE = "unparsable"  # a record whose length is lost: nothing after it can be parsed
+    SHORT = "short"            # the open arena ends before the head's committed end
+    HEADER = "header"          # the arena header fails, or names another arena or log
+    TRAILER = "trailer"        # a sealed arena's trailer is missing or fails its checks
+    ARENA_MAC = "arena-mac"    # every record verifies, but the arena MAC does not cover them
+    CHAIN = "chain"            # the arena's chain MAC does not follow the arena before it
+    HEAD_CHAIN = "head-chain"  # the sealed arenas' chain does not reach the head
+    MISSING = "missing"        # the arena file is absent
+    EXTRA = "extra"            # an arena file past the head's end
+
+
 @dataclass
 class Damage:
     arena: int
     offset: int
+    kind: Kind
     what: str
-    record: bool = False  # one record is damaged (the rest of the arena may be fine)
+
+    @property
+    def record(self):
+        """One record is damaged (the rest of the arena may be fine)."""
+        return self.kind is Kind.RECORD
+
+    def cuts(self):
+        """Is everything from this offset on unusable (the record's length, or the bytes, are gone)?"""
+        return self.kind in (Kind.UNPARSABLE, Kind.SHORT, Kind.MISSING, Kind.TRAILER)
 
     def __str__(self):
         return f"arena {self.arena} offset {self.offset}: {self.what}"
@@ -38,10 +64,10 @@ def verify(store, progress=None):
     names = sorted(os.listdir(lg.dir))
     extra = [x for x in names if x.endswith(".arena") and int(x.split(".")[0]) > last]
     for x in extra:
-        damage.append(Damage(int(x.split(".")[0]), 0, "arena file beyond the end of the log (not referenced by the head)"))
+        damage.append(Damage(int(x.split(".")[0]), 0, Kind.EXTRA, "arena file beyond the end of the log (not referenced by the head)"))
     for n in range(last + 1):
         if not os.path.exists(lg.path(n)):
-            damage.append(Damage(n, 0, "arena file is missing"))
+            damage.append(Damage(n, 0, Kind.MISSING, "arena file is missing"))
             chain = None
             continue
         fd = lg.fd(n)
@@ -53,7 +79,7 @@ def verify(store, progress=None):
         if progress:
             progress(n)
     if chain is not None and chain != lg.head.chain:
-        damage.append(Damage(last, 0, "the head's chain MAC does not match the sealed arenas (log rolled back or truncated)"))
+        damage.append(Damage(last, 0, Kind.HEAD_CHAIN, "the head's chain MAC does not match the sealed arenas (log rolled back or truncated)"))
     _record(store, [d for d in damage if d.record])
     return damage, checked
 
@@ -75,7 +101,7 @@ def verify_arena(store, n, buf, sealed, chain, committed=None):
     try:
         header, hb = lg._header(n, buf)
     except Exception as e:  # DataCorrupt naming the header
-        return [Damage(n, 0, str(e).split(": ", 2)[-1])], 0, None, None
+        return [Damage(n, 0, Kind.HEADER, str(e).split(": ", 2)[-1])], 0, None, None
     tags = bytearray()
     count, off, ok = 0, F.ARENA_HEADER_SIZE, True
     tr = None
@@ -83,7 +109,7 @@ def verify_arena(store, n, buf, sealed, chain, committed=None):
         try:
             tr = F.Trailer.from_tail(buf[max(0, size - F.MAX_TRAILER):], store.keys.mac, n)
         except ValueError as e:
-            damage.append(Damage(n, max(0, size - F.TRAILER_SIZE), f"sealed arena {e} (truncated arena?)"))
+            damage.append(Damage(n, max(0, size - F.TRAILER_SIZE), Kind.TRAILER, f"sealed arena {e} (truncated arena?)"))
     limit = size - tr.size if tr else size
     while off < limit:
         entries, end, err = lg.scan(n, header.iv, buf[off:limit], off)
@@ -95,12 +121,12 @@ def verify_arena(store, n, buf, sealed, chain, committed=None):
             try:
                 _, fullkey, data = native.unpack(store.codec, n, header.iv, e_off, rec)
             except native.RecordError as e:
-                damage.append(Damage(n, e_off, f"record does not decode ({e.kind})", True))
+                damage.append(Damage(n, e_off, Kind.RECORD, f"record does not decode ({e.kind})"))
                 ok = False
                 continue
             if store.mode == "hash" and data:
                 if native.scores(data, len(data), btype, key=store.keys.score) != fullkey:
-                    damage.append(Damage(n, e_off, "block content does not match its score", True))
+                    damage.append(Damage(n, e_off, Kind.RECORD, "block content does not match its score"))
                     ok = False
         off = end
         if err is None or off >= limit:
@@ -109,24 +135,24 @@ def verify_arena(store, n, buf, sealed, chain, committed=None):
         stored = L.stored_at(buf, off, limit)
         if err.kind in ("tag", "decompress", "length") and L.is_record(buf, off) \
                 and 0 <= stored and off + L.HEADER_SIZE + stored <= limit:
-            damage.append(Damage(n, off, f"record is damaged ({err.kind})", True))
+            damage.append(Damage(n, off, Kind.RECORD, f"record is damaged ({err.kind})"))
             off += L.HEADER_SIZE + stored
             continue
-        damage.append(Damage(n, off, f"record is damaged ({err.kind}); the rest of the arena ({limit - off} bytes) cannot be parsed"))
+        damage.append(Damage(n, off, Kind.UNPARSABLE, f"record is damaged ({err.kind}); the rest of the arena ({limit - off} bytes) cannot be parsed"))
         break
     if tr:
         if ok:
             amac = F.arena_mac(store.keys.mac, hb, bytes(tags), count, tr.end)
             if tr.count != count or tr.end != off or tr.amac != amac:
-                damage.append(Damage(n, tr.end, "arena MAC does not match its records (records dropped or replaced)"))
+                damage.append(Damage(n, tr.end, Kind.ARENA_MAC, "arena MAC does not match its records (records dropped or replaced)"))
         if chain is not None and tr.chain != F.chain_mac(store.keys.mac, chain, n, tr.sealed):
-            damage.append(Damage(n, size - tr.size,
+            damage.append(Damage(n, size - tr.size, Kind.CHAIN,
                                  "arena chain MAC mismatch: an arena before it was dropped, reordered or rolled back"))
         return damage, checked, tr, tr.chain
     if not sealed:
         committed = lg.head.end if committed is None else committed
         if off < committed:
-            damage.append(Damage(n, off, f"open arena ends before the committed end {committed}"))
+            damage.append(Damage(n, off, Kind.SHORT, f"open arena ends before the committed end {committed}"))
         return damage, checked, None, chain
     return damage, checked, None, None
 
