@@ -36,11 +36,30 @@ def _config_value(args, name):
     return getattr(conf, name, None)
 
 
+def ask_passphrase():
+    """The passphrase of a wrapped key file, asked only when one is needed: FOUNDATION_PASSPHRASE,
+    else a prompt on the terminal; None without either (the store then says what is missing)."""
+    p = os.environ.get("FOUNDATION_PASSPHRASE")
+    if p:
+        return p
+    if sys.stdin.isatty():
+        import getpass
+        return getpass.getpass("Passphrase for the store key: ")
+    return None
+
+
 def open_store(args, writable=False, **kw):
     """Open the store named by the arguments, with its key if it is encrypted."""
     from foundation.store import Store
 
-    return Store.open(store_path(args), key_file=key_file(args), writable=writable, **kw)
+    return Store.open(store_path(args), key_file=key_file(args), writable=writable, passphrase=ask_passphrase, **kw)
+
+
+def open_primary(args):
+    """The store's primary files without its caches (replicate, audit), with its key."""
+    from foundation.replica.sync import Local
+
+    return Local(store_path(args), key_file(args), passphrase=ask_passphrase)
 
 
 class Progress:

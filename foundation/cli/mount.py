@@ -51,7 +51,7 @@ def _archive(args):
         from foundation.errors import StoreMissing
 
         raise StoreMissing(path)
-    return StoreArchive(path, key_file=common.key_file(args))
+    return StoreArchive(path, key_file=common.key_file(args), passphrase=common.ask_passphrase)
 
 
 def run(args):

@@ -9,7 +9,7 @@ same command resumes it (arenas already down are kept).
 
 import sys
 
-from foundation.cli.common import Progress, key_file, store_path
+from foundation.cli.common import Progress, ask_passphrase, key_file, store_path
 from foundation.config import load_config
 
 NAME = "recover"
@@ -42,7 +42,7 @@ def run(args):
 
     with open_backend(spec) as backend:
         try:
-            res = recover(backend, dest, args.target_key or key_file(args), progress=bar)
+            res = recover(backend, dest, args.target_key or key_file(args), progress=bar, passphrase=ask_passphrase)
         finally:
             for b in bars:
                 b.finish()

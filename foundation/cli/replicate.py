@@ -13,7 +13,7 @@ import logging
 import os
 import sys
 
-from foundation.cli.common import Progress, key_file, store_path
+from foundation.cli.common import Progress, open_primary
 from foundation.config import load_config
 from foundation.errors import Error, UsageError
 
@@ -56,7 +56,7 @@ def replicas(args, names=None, urls=None):
 
 def replicate_one(args, spec, allow=False, progress=True, resend=(), force=False):
     from foundation.replica import lastrun, open_backend
-    from foundation.replica.sync import Local, replicate
+    from foundation.replica.sync import replicate
 
     bars = []
 
@@ -64,7 +64,7 @@ def replicate_one(args, spec, allow=False, progress=True, resend=(), force=False
         bars.append(Progress(f"replica {spec.name or spec.url}", total))
         return bars[-1]
 
-    with Local(store_path(args), key_file(args)) as local:
+    with open_primary(args) as local:
         try:
             with open_backend(spec) as backend:
                 res = replicate(local, backend, allow_plaintext=allow or spec.allow_plaintext,

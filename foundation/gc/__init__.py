@@ -23,7 +23,6 @@ written without them at the end. Killed before that rename, they still
 apply to the old file; after it, to nothing.
 """
 
-import json
 import logging
 import os
 import sys
@@ -36,7 +35,6 @@ from foundation.gc import compact, mark, reflow
 from foundation.store import format as F
 from foundation.store import layout as L
 from foundation.store import switch
-from foundation.store.disk import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -171,16 +169,16 @@ def _hash(store, arenas, live, rep, min_garbage, max_time, target_free, dry_run,
         _, addrs, _, _ = arenas.records(n)
         p = compact.plan_hash(store, arenas, live, n, p.healed)
         tr = store.log.trailer(n)
-        old = os.path.getsize(store.log.path(n))
+        old = store.log.file_size(n)
         path, new, arrays = compact.rewrite(store, n, [addrs[i] for i in p.keep], tr.generation + 1,
                                             tr.chain, tr.sealed)
         if any(a >> 32 == n for a in store.bad):
-            _save_damaged(store, (n, tr.generation))  # durable before the rename (module doc)
+            switch.save_damaged(store, (n, tr.generation))  # durable before the rename (module doc)
         _crash("gc.written")
         compact.swap(store, n, path, new, arrays)
         _crash("gc.swapped")
-        store.bad = {a for a in store.bad if a >> 32 != n}  # damaged records there were healed copies: dropped
-        freed += old - os.path.getsize(store.log.path(n))
+        store.forget_damaged(n)  # damaged records there were healed copies: dropped
+        freed += old - store.log.file_size(n)
         rep.rewritten.append(n)
         if step:
             step(k + 1)
@@ -189,27 +187,8 @@ def _hash(store, arenas, live, rep, min_garbage, max_time, target_free, dry_run,
 
 def _rebuild(store):
     """Index, Bloom filter, caches and damaged.json after records moved."""
-    from foundation.store.rebuild import rebuild_bloom, rebuild_index
-    _save_damaged(store)
-    store.summaries.clear()
-    store.summary_entries = 0
-    store.blocks.clear()
-    rebuild_index(store)
-    rebuild_bloom(store)
-    store._reset_buffer()
-    store._catch_up(store.index.h.covered)
-
-
-def _save_damaged(store, old=None):
-    """damaged.json from store.bad (if verify wrote one); `old` = (arena, generation)
-    about to be swapped out: its entries carry that generation."""
-    p = os.path.join(store.path, F.DAMAGED)
-    if os.path.exists(p):
-        recs = [list(F.split(a)) for a in sorted(store.bad)]
-        for r in recs:
-            if old and r[0] == old[0]:
-                r.append(old[1])
-        atomic_write(p, json.dumps({"records": recs}).encode())
+    switch.save_damaged(store)
+    store.rebuild_derived()
 
 
 # ---- compare-by-value: one reflow from the first arena worth it ---------------------

@@ -48,7 +48,7 @@ class Arenas:
         oa = self.store.log.open
         if n == oa.n:
             return bytes(oa.keys), list(oa.addrs), bytes(oa.types), oa.end
-        keys, addrs, types = self.store._summary_file(n)
+        keys, addrs, types = self.store.summary_records(n)
         tr = self.store.log.trailer(n)
         if tr is None:
             raise DataCorrupt(f"arena {n}: sealed arena has no valid trailer")

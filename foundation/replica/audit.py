@@ -19,7 +19,7 @@ import tempfile
 from dataclasses import dataclass
 
 from foundation.replica import sync
-from foundation.replica.sync import (MANIFEST, STORE_JSON, ForeignReplica, NotAReplica, arena_files,
+from foundation.replica.sync import (MANIFEST, STORE_JSON, ForeignReplica, NotAReplica,
                                      read_remote, verify_bytes)
 from foundation.store import format as F
 from foundation.store import layout as L
@@ -103,7 +103,7 @@ def _audit(local, backend, sample, progress, rng, rep):
 def _staleness(local, m, add):
     """Compare the replica's head and arena generations with the local store's."""
     _, head = local.read_head()
-    files = arena_files(local, head)
+    files = local.arena_files(head, sync.ID_BYTES)
     for a in m.arenas[:head.arena]:
         tr = files[a.n].trailer
         if tr is None or (tr.generation, tr.amac) == (a.generation, a.amac):

@@ -161,7 +161,7 @@ class Log:
             self.repaired.append(f"recreated empty open arena {n}")
             return self._create_arena(n)
         buf = self.disk.pread(fd, "arena", 0, size)
-        header, hbytes = self._header(n, buf)
+        header, hbytes = self.header(n, buf)
         oa = OpenArena(n, fd, header, hbytes)
         mv = memoryview(buf)
         end = F.ARENA_HEADER_SIZE
@@ -264,6 +264,9 @@ class Log:
         self.ivs.pop(n, None)
         self.window = None
 
+    def file_size(self, n):
+        return os.path.getsize(self.path(n))
+
     def record_header(self, n, off):
         """The header bytes of the record at offset off of arena n, as they are (not verified)."""
         return self.disk.pread(self.fd(n), "arena", off, L.HEADER_SIZE)
@@ -273,7 +276,8 @@ class Log:
             os.close(fd)
         self.fds.clear()
 
-    def _header(self, n, buf):
+    def header(self, n, buf):
+        """(ArenaHeader, its bytes) of arena n from the file's first bytes; DataCorrupt if they are not its header."""
         try:
             h = F.ArenaHeader.unpack(bytes(buf[:F.ARENA_HEADER_SIZE]), self.keys.mac)
         except ValueError as e:
@@ -287,7 +291,7 @@ class Log:
         iv = self.ivs.get(n)
         if iv is None:
             b = self.disk.pread(self.fd(n), "arena", 0, F.ARENA_HEADER_SIZE)
-            iv = self._header(n, b)[0].iv
+            iv = self.header(n, b)[0].iv
         return iv
 
     def trailer(self, n):

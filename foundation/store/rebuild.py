@@ -14,6 +14,7 @@ import pybloomfilter
 
 from foundation import native
 from foundation.store import format as F
+from foundation.store import primary
 from foundation.store import layout as L
 from foundation.store.disk import atomic_write
 from foundation.store.index import Index, plan
@@ -29,7 +30,7 @@ def scan_arena(store, n):
     fd = lg.fd(n)
     size = os.fstat(fd).st_size
     buf = store.disk.pread(fd, "arena", 0, size)
-    header, hb = lg._header(n, buf)
+    header, hb = lg.header(n, buf)
     tr = None
     if n < lg.open.n:
         try:
@@ -86,7 +87,7 @@ def rebuild_index(store, min_entries=0):
     path = os.path.join(store.path, F.INDEX)
     kl = store.keylen
     records = sum(len(a) for _, a in _all_entries(store))
-    want = max(store.conf["max_log_size"] // store.block_size, 2 * records, min_entries)
+    want = max(primary.capacity(store.conf["max_log_size"], store.block_size), 2 * records, min_entries)
     home, nfile = plan(want, kl)
     idx = Index.create(path, store.disk, kl, home, nfile, store.log.uuid, covered=0)
     chunk = bytearray()
@@ -124,7 +125,7 @@ def rebuild_bloom(store):
     tmp = path + ".new"
     if os.path.exists(tmp):
         os.unlink(tmp)
-    bf = pybloomfilter.BloomFilter(store.bloom_capacity(), 0.001, tmp)
+    bf = pybloomfilter.BloomFilter(primary.bloom_capacity(store.conf), primary.BLOOM_ERROR, tmp)
     kl, es = store.keylen, store.keylen + 8
     ents = store.index.entries()
     bf.update(bytes(ents[i:i + kl]) for i in range(0, len(ents), es))
@@ -145,10 +146,6 @@ def rebuild(store, progress=None):
         if progress:
             progress(n)
     records += store.log.open.count
-    rebuild_index(store)
-    rebuild_bloom(store)
-    store._reset_buffer()
-    store.summaries.clear()
-    store.summary_entries = 0
+    store.rebuild_derived()
     store.counters["records"] = records
     return records

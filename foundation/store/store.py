@@ -12,7 +12,6 @@ byte for byte. The "venti" policy turns those tricks off, for benchmarks.
 
 import array
 import bisect
-import fcntl
 import json
 import logging
 import os
@@ -25,11 +24,11 @@ from datetime import datetime, timezone
 import pybloomfilter
 
 from foundation import native
-from foundation.crypto.keys import Keys, create_key_file, load_key_file
-from foundation.errors import (BadInput, DataCorrupt, StoreBusy, DerivedCorrupt, KeyMissing, NotFound,
-                               StoreLocked, StoreMissing, StoreNotEmpty, UsageError, WrongKey)
+from foundation.crypto.keys import Keys, create_key_file
+from foundation.errors import (BadInput, DataCorrupt, DerivedCorrupt, NotFound, StoreBusy, StoreMissing,
+                               StoreNotEmpty, UsageError)
 from foundation.store import format as F
-from foundation.store import switch
+from foundation.store import primary, switch
 from foundation.store.arena import Log
 from foundation.store.disk import Disk, atomic_write
 from foundation.store.index import Index, IndexFull, plan
@@ -37,7 +36,6 @@ from foundation.store.index import Index, IndexFull, plan
 log = logging.getLogger(__name__)
 
 DATA, TREE, CATALOG = F.DATA, F.TREE, F.CATALOG
-BLOOM_ERROR = 0.001
 
 
 class BlockType:
@@ -57,11 +55,6 @@ class Tuning:
     flush_at_close: float = 0.25  # flush the write buffer at close when at least this full
     zlevel: int = 1  # zstd level 1: ~3x faster than 3 for ~5 % more bytes
     threads: int = field(default_factory=lambda: min(4, os.cpu_count() or 1))
-
-
-def default_key_path(store_uuid):
-    base = "/etc/foundation/keys" if os.geteuid() == 0 else os.path.expanduser("~/.config/foundation/keys")
-    return os.path.join(base, f"{store_uuid}.key")
 
 
 class LRU:
@@ -118,14 +111,14 @@ class Store:
         su = str(uuidlib.uuid4())
         keys = Keys.unkeyed()
         if encrypt:
-            key_file = key_file or default_key_path(su)
+            key_file = key_file or primary.default_key_path(su)
             os.makedirs(os.path.dirname(os.path.abspath(key_file)), mode=0o700, exist_ok=True)
             if os.path.realpath(os.path.dirname(os.path.abspath(key_file))).startswith(os.path.realpath(path) + os.sep):
                 raise BadInput("the key file must not be kept inside the store: the store disk may be stolen")
             master = create_key_file(key_file, su, passphrase)
             keys = Keys.derive(master, su)
         keylen = 32 if mode == "hash" else 8
-        home, nfile = plan(max_log_size // block_size, keylen)
+        home, _ = plan(primary.capacity(max_log_size, block_size), keylen)
         conf = dict(format="foundation-store", version=F.VERSION, uuid=su, mode=mode, block_size=block_size,
                     arena_size=arena_size, max_log_size=max_log_size, encrypted=bool(encrypt),
                     key_check=keys.check_value(), index_buckets=home, bucket_size=4096,
@@ -133,18 +126,13 @@ class Store:
         os.makedirs(os.path.join(path, F.ARENAS))
         os.makedirs(os.path.join(path, F.SUMMARIES))
         disk = Disk(path)
-        lg = Log(path, disk, _codec(keys, 0), keys, conf, True)
+        lg = Log(path, disk, primary.codec(keys, 0), keys, conf, True)
         lg.head = F.Head(0, F.ARENA_HEADER_SIZE, 0, F.ZERO_CHAIN)
         lg.open = lg._create_arena(0)
         lg.write_head()
         lg.close()
-        Index.create(os.path.join(path, F.INDEX), disk, keylen, home, nfile, lg.uuid).install(
-            os.path.join(path, F.INDEX))
-        pybloomfilter.BloomFilter(max(1024, max_log_size // block_size), BLOOM_ERROR,
-                                  os.path.join(path, F.BLOOM)).close()
-        atomic_write(os.path.join(path, F.BLOOM_STATE), json.dumps({"covered": 0}).encode())
-        # The config goes last: a directory without it is not yet a store.
-        atomic_write(os.path.join(path, F.CONFIG), F.pack_config(conf))
+        primary.make_derived(path, disk, conf, keylen, lg.uuid)
+        primary.write_config(path, F.pack_config(conf))
         return key_file if encrypt else None
 
     # ---- opening -------------------------------------------------------------
@@ -162,18 +150,7 @@ class Store:
         self.lockfd = self.readfd = None
         self.index = self.bloom = None
         self.log = None
-        if not os.path.isdir(path):
-            raise StoreMissing(path)
-        try:
-            with open(os.path.join(path, F.CONFIG), "rb") as f:
-                conf = F.unpack_config(f.read())
-        except FileNotFoundError:
-            raise StoreMissing(f"{path} (no {F.CONFIG}: not a Foundation store, or the backup disk is not mounted)") from None
-        except (ValueError, KeyError) as e:
-            raise DataCorrupt(f"store config {os.path.join(path, F.CONFIG)} is unreadable ({e})") from None
-        if not recovering and os.path.exists(os.path.join(path, F.RECOVERING)):
-            raise StoreMissing(f"{path} (its recovery from a replica has not finished: run the same "
-                               "`foundation recover` again)")
+        conf, _ = primary.read_config(path, recovering=recovering)
         self.conf = conf
         self.uuid = conf["uuid"]
         self.mode = conf["mode"]
@@ -183,13 +160,13 @@ class Store:
         self.keylen = self.ref_size
         self.null_ref = bytes(self.ref_size)
         self.zero_block = bytes(self.block_size)
-        self.keys = self._keys(key_file, passphrase, master)
+        self.keys, _ = primary.load_keys(conf, path, key_file, master, passphrase)
         if writable:
             self._lock()
         else:
             self._share()
         self.disk = Disk(path)
-        self.codec = _codec(self.keys, tuning.zlevel)
+        self.codec = primary.codec(self.keys, tuning.zlevel)
         self.venti = tuning.policy == "venti"
         self.blocks = LRU(tuning.block_cache_bytes)
         self.summaries = OrderedDict()  # arena -> native.Table (the index cache)
@@ -203,61 +180,19 @@ class Store:
             self.close()
             raise
 
-    def _keys(self, key_file, passphrase, master):
-        conf = self.conf
-        if not conf["encrypted"]:
-            keys = Keys.unkeyed()
-        else:
-            if master is None:
-                if not key_file:
-                    key_file = default_key_path(self.uuid)
-                    if not os.path.exists(key_file):
-                        raise KeyMissing(f"store {self.path} is encrypted: pass --key-file (or set FOUNDATION_KEY_FILE) to the key file made by `foundation init`")
-                if passphrase is None:
-                    passphrase = _ask_passphrase
-                master = load_key_file(key_file, self.uuid, passphrase)
-            keys = Keys.derive(master, self.uuid)
-        if keys.check_value() != conf["key_check"]:
-            raise WrongKey(f"wrong key for store {self.path}: the key does not match the store's key check")
-        return keys
-
     def _lock(self):
-        p = os.path.join(self.path, F.LOCK)
-        fd = os.open(p, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            pid = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-            os.close(fd)
-            raise StoreLocked(self.path, pid) from None
-        # flock dies with its process, so a crashed writer never leaves a stale lock.
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self.lockfd = fd
+        self.lockfd = primary.lock_writer(self.path)
 
     def _share(self):
         """Readers hold a shared lock on `readers`, so gc never moves arenas under them."""
-        try:
-            fd = os.open(os.path.join(self.path, F.READERS), os.O_RDONLY | os.O_CREAT, 0o644)
-        except OSError:
-            return  # a read-only store disk: nothing can move arenas either
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise StoreBusy(f"garbage collection is running on store {self.path}; try again when it has finished") from None
-        self.readfd = fd
+        self.readfd = primary.lock_readers(self.path, False, lambda: StoreBusy(
+            f"garbage collection is running on store {self.path}; try again when it has finished"))
 
     def exclusive(self):
         """For gc: no reader may have the store open while arenas move."""
-        fd = os.open(os.path.join(self.path, F.READERS), os.O_RDONLY | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise StoreBusy(f"store {self.path} is open for reading (the /snapshot tree is mounted, or a restore "
-                            "or replicate is running); stop it and run gc again") from None
-        self.readfd = fd
+        self.readfd = primary.lock_readers(self.path, True, lambda: StoreBusy(
+            f"store {self.path} is open for reading (the /snapshot tree is mounted, or a restore "
+            "or replicate is running); stop it and run gc again"))
 
     def _open_structures(self):
         if switch.pending(self.path):
@@ -376,7 +311,27 @@ class Store:
                      json.dumps({"covered": self.log.end_addr}).encode(), sync=False)
 
     def bloom_capacity(self):
-        return max(1024, self.conf["max_log_size"] // self.block_size)
+        return primary.bloom_capacity(self.conf)
+
+    def forget_damaged(self, n):
+        """Arena n was rewritten: the damaged records known there are gone (gc kept intact copies)."""
+        self.bad = {a for a in self.bad if a >> 32 != n}
+
+    def skip_records(self, addrs):
+        """Never deduplicate against the records at these addresses in this session (known damaged)."""
+        self.bad |= set(addrs)
+
+    def rebuild_derived(self):
+        """After records moved (gc) or summaries were rebuilt: index and Bloom filter rebuilt from the
+        summaries, every cache started afresh."""
+        from foundation.store.rebuild import rebuild_bloom, rebuild_index
+        self.summaries.clear()
+        self.summary_entries = 0
+        self.blocks.clear()
+        rebuild_index(self)
+        rebuild_bloom(self)
+        self._reset_buffer()
+        self._catch_up(self.index.h.covered)
 
     def forget_summary(self, n):
         """Arena n was replaced (gc, repair): its summary leaves the index cache."""
@@ -525,7 +480,7 @@ class Store:
         """Raise the right error for a score nothing readable holds."""
         for n in sorted({F.split(a)[0] for a in self.bad}):
             if n < self.log.open.n:
-                keys, addrs, _ = self._summary_file(n)
+                keys, addrs, _ = self.summary_records(n)
                 for i, a in enumerate(addrs):
                     if a in self.bad and keys[i * 32:(i + 1) * 32] == score:
                         raise DataCorrupt(f"arena {n} offset {a & 0xFFFFFFFF}: the only copy of block "
@@ -540,12 +495,14 @@ class Store:
     def _summary_arrays(self, n):
         """(keys, addrs, types) of sealed arena n, from its summary file or a
         scan, without the records known to be damaged."""
-        keys, addrs, types = self._summary_file(n)
+        keys, addrs, types = self.summary_records(n)
         if self.bad and addrs and any(F.split(a)[0] == n for a in self.bad):
             return self._drop_bad(keys, addrs, types)
         return keys, addrs, types
 
-    def _summary_file(self, n):
+    def summary_records(self, n):
+        """(keys, addrs, types) of sealed arena n from its summary (rebuilt if it is missing, damaged or
+        of another version of the arena), every record included, damaged ones too."""
         p = os.path.join(self.path, F.SUMMARIES, F.summary_name(n))
         try:
             with open(p, "rb") as f:
@@ -962,18 +919,3 @@ def _le(arr):
     a = array.array("Q", arr)
     a.byteswap()
     return a.tobytes()
-
-
-def _codec(keys, zlevel):
-    return native.Codec(keys.enc, keys.mac, zlevel)
-
-
-def _ask_passphrase():
-    p = os.environ.get("FOUNDATION_PASSPHRASE")
-    if p:
-        return p
-    import sys
-    if sys.stdin.isatty():
-        import getpass
-        return getpass.getpass("Passphrase for the store key: ")
-    return None

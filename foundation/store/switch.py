@@ -45,6 +45,19 @@ def swap(store, n, path, summary):
     store.forget_summary(n)
 
 
+def save_damaged(store, old=None):
+    """damaged.json from store.bad (if verify wrote one); `old` = (arena, generation) about to be
+    swapped out: its entries carry that generation, so they stop naming records once the arena
+    has another (foundation.gc's docstring)."""
+    p = os.path.join(store.path, F.DAMAGED)
+    if os.path.exists(p):
+        recs = [list(F.split(a)) for a in sorted(store.bad)]
+        for r in recs:
+            if old and r[0] == old[0]:
+                r.append(old[1])
+        atomic_write(p, json.dumps({"records": recs}).encode())
+
+
 def drop_leftovers(path):
     """Rewritten arenas gc never swapped in (it stopped first): the old arenas stand."""
     adir = os.path.join(path, F.ARENAS)

@@ -87,7 +87,7 @@ def verify(store, progress=None):
 def verify_arena(store, n, buf, sealed, chain, committed=None):
     """Check the bytes of arena n (a whole file) -> (damage, records checked, trailer, chain).
 
-    `store` needs only .log (its _header and scan), .codec, .keys and .mode,
+    `store` needs only .log (its header and scan), .codec, .keys and .mode,
     so a file that is not in the store (a replica's copy) is checked the
     same way. `chain` is the chain of arena n - 1, or None to skip the chain
     check; the chain returned is this arena's (None if unknown). An open
@@ -99,7 +99,7 @@ def verify_arena(store, n, buf, sealed, chain, committed=None):
     checked = 0
     size = len(buf)
     try:
-        header, hb = lg._header(n, buf)
+        header, hb = lg.header(n, buf)
     except Exception as e:  # DataCorrupt naming the header
         return [Damage(n, 0, Kind.HEADER, str(e).split(": ", 2)[-1])], 0, None, None
     tags = bytearray()
