@@ -200,11 +200,17 @@ def test_wrong_and_missing_keys(make_store, tmp_path):
         Store.open(op.path, key_file=str(bad))
 
 
-def test_passphrase_key_file(tmp_path):
+def wrapped_store(tmp_path):
+    """(store path, key file) of a new store whose key file is wrapped by the passphrase "correct horse"."""
     p = tmp_path / "s"
     p.mkdir()
     kf = str(tmp_path / "k")
     Store.create(str(p), arena_size=256 << 10, max_log_size=16 << 20, key_file=kf, passphrase="correct horse")
+    return p, kf
+
+
+def test_passphrase_key_file(tmp_path):
+    p, kf = wrapped_store(tmp_path)
     assert os.stat(kf).st_mode & 0o777 == 0o600
     assert "correct horse" not in open(kf).read()
     with Store.open(str(p), key_file=kf, passphrase="correct horse", writable=True) as s:
@@ -216,7 +222,6 @@ def test_passphrase_key_file(tmp_path):
     # the plaintext never reaches the store disk
     for f in arena_files(str(p)):
         assert b"secret block" not in open(f, "rb").read()
-
     # The store never prompts: the passphrase comes as a string or from a callback the caller
     # gives (the CLI's prompt), asked only for a wrapped key file.
     asked = []
@@ -232,10 +237,7 @@ def test_passphrase_from_the_cli_environment(tmp_path, monkeypatch):
     """foundation verify on a passphrase-wrapped key: FOUNDATION_PASSPHRASE, as before the prompt moved to the CLI."""
     from foundation.cli import main
 
-    p = tmp_path / "s"
-    p.mkdir()
-    kf = str(tmp_path / "k")
-    Store.create(str(p), arena_size=256 << 10, max_log_size=16 << 20, key_file=kf, passphrase="correct horse")
+    p, kf = wrapped_store(tmp_path)
     monkeypatch.setattr("sys.stdin.isatty", lambda: False)
     monkeypatch.delenv("FOUNDATION_PASSPHRASE", raising=False)
     assert main(["--store", str(p), "--key-file", kf, "verify"]) == KeyMissing.code

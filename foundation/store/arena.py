@@ -26,6 +26,21 @@ WINDOW = 1 << 20  # read-ahead for sequential single-record reads
 SPAN_GAP = 64 << 10  # batched reads merge records closer than this
 
 
+def read_head(root, mac_key):
+    """(bytes, Head) of the head file of the store at root, or None if there is none; DataCorrupt if
+    it is damaged."""
+    path = os.path.join(root, F.HEAD)
+    try:
+        with open(path, "rb") as f:
+            b = f.read()
+    except FileNotFoundError:
+        return None
+    try:
+        return b, F.Head.unpack(b, mac_key)
+    except ValueError as e:
+        raise DataCorrupt(f"head file {path} is damaged ({e})") from None
+
+
 class OpenArena:
     """The arena being written, with its summary kept in memory."""
 
@@ -122,15 +137,9 @@ class Log:
             n += 1
 
     def _read_head(self):
-        path = os.path.join(self.root, F.HEAD)
-        try:
-            with open(path, "rb") as f:
-                b = f.read()
-            return F.Head.unpack(b, self.keys.mac)
-        except FileNotFoundError:
-            pass
-        except ValueError as e:
-            raise DataCorrupt(f"head file {path} is damaged ({e})") from None
+        got = read_head(self.root, self.keys.mac)
+        if got is not None:
+            return got[1]
         # No head: derive it from the arenas (a store created by an older
         # crash or a copied log); rollback protection of the tail is lost.
         n, chain = 0, F.ZERO_CHAIN

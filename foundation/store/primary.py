@@ -26,7 +26,7 @@ from foundation.errors import DataCorrupt, KeyMissing, StoreBusy, StoreLocked, S
 from foundation.store import format as F
 from foundation.store import layout as L
 from foundation.store import switch
-from foundation.store.arena import Log
+from foundation.store.arena import Log, read_head
 from foundation.store.disk import Disk, atomic_write, flock, fsync_dir
 from foundation.store.index import Index, plan
 
@@ -186,16 +186,11 @@ class Primary:
 
     def read_head(self):
         """(bytes, Head) of the store's commit point."""
-        p = os.path.join(self.path, F.HEAD)
-        try:
-            with open(p, "rb") as f:
-                b = f.read()
-            return b, F.Head.unpack(b, self.keys.mac)
-        except FileNotFoundError:
-            raise DataCorrupt(f"the head file {p} is missing: open the store for writing once "
-                              "(it is rebuilt from the arenas)") from None
-        except ValueError as e:
-            raise DataCorrupt(f"head file {p} is damaged ({e})") from None
+        got = read_head(self.path, self.keys.mac)
+        if got is None:
+            raise DataCorrupt(f"the head file {os.path.join(self.path, F.HEAD)} is missing: open the store for "
+                              "writing once (it is rebuilt from the arenas)")
+        return got
 
     def write_head(self, head_bytes):
         atomic_write(os.path.join(self.path, F.HEAD), head_bytes)

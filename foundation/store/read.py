@@ -8,12 +8,11 @@ raises DataCorrupt naming arena and offset. `Reads` is the part of Store
 that does this.
 """
 
-import os
 
 from foundation import native
 from foundation.errors import BadInput, DataCorrupt, DerivedCorrupt, NotFound
 from foundation.store import format as F
-from foundation.store.arena import Log
+from foundation.store.arena import Log, read_head
 
 
 class Reads:
@@ -142,12 +141,13 @@ class Reads:
         if self.writable:
             return False
         try:
-            with open(os.path.join(self.path, F.HEAD), "rb") as f:
-                b = f.read()
+            got = read_head(self.path, self.keys.mac)
         except OSError:
             return False
+        if got is None:
+            return False
         old = self.log.head
-        h = F.Head.unpack(b, self.keys.mac)
+        h = got[1]
         if (h.arena, h.end) == (old.arena, old.end):
             return False
         self.log.close()
