@@ -31,6 +31,7 @@ import pybloomfilter
 
 from foundation.errors import DataCorrupt
 from foundation.store import format as F
+from foundation.store import layout as L
 
 LIVE_ERROR = 0.001  # Bloom false positives: the share of garbage a sweep may keep
 LIVE_FILE = "gc.live"
@@ -60,9 +61,10 @@ class Arenas:
         total = self.store.log.open.count
         for n in range(self.last):
             try:
-                total += (os.path.getsize(os.path.join(self.store.path, F.SUMMARIES, F.summary_name(n))) - 96) // (k + 9)
+                total += F.summary_count(os.path.getsize(os.path.join(self.store.path, F.SUMMARIES,
+                                                                      F.summary_name(n))), k)
             except OSError:
-                total += self.store.arena_size // (64 + self.store.block_size) * 4
+                total += self.store.arena_size // (L.HEADER_SIZE + self.store.block_size) * 4
         return total
 
 
