@@ -96,7 +96,9 @@ class Store(Writes, Reads, IndexCache):
     @classmethod
     def open(cls, path, key_file=None, passphrase=None, writable=False, tuning=None, master=None,
              recovering=False):
-        """`recovering`: foundation recover's own opens of a store it has not finished."""
+        """`passphrase`: for a key file wrapped by one, a string or a callable asked only then (the
+        CLI's prompt); the store itself never prompts, and without one such a key file raises
+        KeyMissing. `recovering`: foundation recover's own opens of a store it has not finished."""
         s = cls.__new__(cls)
         s._init(path, key_file, passphrase, writable, tuning or Tuning(), master, recovering)
         return s
