@@ -312,7 +312,8 @@ class Primary:
         if switch.pending(self.path):
             raise StoreBusy(f"a garbage collection of store {self.path} was interrupted; run `foundation gc` "
                             "(or any archive) to finish it, then replicate")
-        self._hold(lock_config(self.path, busy_one))
+        self._hold(lock_config(self.path, busy_one or (lambda: StoreBusy(
+            f"another replicate or audit of store {self.path} is running; wait for it to finish"))))
 
     def exclusive(self):
         """Hold the writer lock and the readers' lock exclusively, as gc does (repair)."""
