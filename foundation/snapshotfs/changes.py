@@ -1,0 +1,308 @@
+"""What changed inside a guest's file systems between two archived days.
+
+Two image trees of the same disk share every subtree whose blocks did not
+change, and a shared subtree has the same ref in both. So the changed byte
+ranges of a disk come from walking the two trees together and descending
+only where refs differ: a day that rewrote 60 MB of a 20 GB disk reads a
+few hundred tree nodes, not the disk. The file systems are then walked
+with the same readers as the /snapshot tree (volumes.py) and each file is
+judged exactly: different metadata or size is a change; equal metadata
+with the same data extents, none of them in a changed range, is the same
+content without reading it; anything else (extents moved, touched by a
+changed range, resident data, a reader that cannot tell extents) is
+decided by comparing the two contents byte for byte. A modified file is
+never reported unchanged, whatever its mtime says.
+
+Without trees (loose image files) every range counts as changed: the
+result is the same, only slower.
+"""
+
+import bisect
+import stat
+from dataclasses import dataclass
+
+import pytsk3
+
+from foundation.errors import DataCorrupt, Error
+from foundation.image.tree import Shape
+from foundation.snapshotfs.volumes import DiskFiles, ReadFailed, scrub
+
+READ = 1 << 20                     # bytes per read when contents are compared
+BATCH = 4096                       # tree nodes per read_blocks call
+_DATA_TYPES = {pytsk3.TSK_FS_ATTR_TYPE_DEFAULT, pytsk3.TSK_FS_ATTR_TYPE_NTFS_DATA}
+_PLAIN = int(pytsk3.TSK_FS_ATTR_NONRES)
+_ODD = int(pytsk3.TSK_FS_ATTR_RES) | int(pytsk3.TSK_FS_ATTR_COMP) | int(pytsk3.TSK_FS_ATTR_ENC)
+
+
+class FilesUnreadable(Error):
+    """{}: the guest file system cannot be read ({}). Nothing is reported for it; `foundation verify` tells whether the archive is damaged."""
+
+    code = 70
+
+
+# ---- changed byte ranges of two image trees -------------------------------------
+def changed_ranges(store, a, b):
+    """[(offset, length)] of disk bytes where trees `a` and `b` (Roots) may differ, merged.
+
+    Subtrees with equal refs are identical and never read. Trees of different
+    depth (a resized disk) count as wholly changed.
+    """
+    size = max(a.size, b.size)
+    if a.ref == b.ref and a.size == b.size:
+        return []
+    if a.depth != b.depth or a.depth == 0:
+        return [(0, size)] if size else []
+    sa, sb = Shape(store, a.size), Shape(store, b.size)
+    sa.check(a)
+    sb.check(b)
+    F, rs, bs, null = sa.fanout, sa.rs, sa.bs, store.null_ref
+    counts = [max(x, y) for x, y in zip(sa.counts, sb.counts)]
+    zero = bytes(bs)
+    level = [(0, a.ref, b.ref)]
+    for k in range(a.depth, 0, -1):
+        nxt = []
+        for i in range(0, len(level), BATCH):
+            part = level[i:i + BATCH]
+            want = [r for _, ra, rb in part for r in (ra, rb) if r != null]
+            got = dict(zip(want, store.read_blocks(b"".join(want)))) if want else {}
+            for j, ra, rb in part:
+                ca, cb = got.get(ra, zero), got.get(rb, zero)
+                if len(ca) != bs or len(cb) != bs:
+                    raise DataCorrupt(f"a tree node holds {len(ca)} or {len(cb)} bytes, not {bs}")
+                for s in range(min(F, counts[k - 1] - j * F)):
+                    x, y = ca[s * rs:(s + 1) * rs], cb[s * rs:(s + 1) * rs]
+                    if x != y:
+                        nxt.append((j * F + s, x, y))
+        level = nxt
+    runs = []
+    for leaf, _, _ in level:
+        if runs and runs[-1][1] == leaf:
+            runs[-1][1] = leaf + 1
+        else:
+            runs.append([leaf, leaf + 1])
+    out = [(s * bs, min(e * bs, size) - s * bs) for s, e in runs]
+    if a.size != b.size:
+        lo = min(a.size, b.size)
+        out = [(o, n) for o, n in out if o < lo] + [(lo, size - lo)]
+        out = [(o, min(n, size - o)) for o, n in out]
+    return _merge(out)
+
+
+def _merge(ranges):
+    out = []
+    for o, n in sorted(ranges):
+        if out and o <= out[-1][0] + out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][0] + out[-1][1], o + n) - out[-1][0])
+        elif n > 0:
+            out.append((o, n))
+    return out
+
+
+class Ranges:
+    """A sorted set of disk byte ranges; None means every byte may have changed."""
+
+    def __init__(self, ranges):
+        self.all = ranges is None
+        self.starts = [o for o, _ in ranges or ()]
+        self.ends = [o + n for o, n in ranges or ()]
+
+    def touches(self, lo, hi):
+        if self.all:
+            return True
+        i = bisect.bisect_right(self.starts, hi - 1) - 1
+        return i >= 0 and self.ends[i] > lo
+
+    def empty(self):
+        return not self.all and not self.starts
+
+
+# ---- one disk of one day ------------------------------------------------------
+class Side:
+    """One archived disk of one day: its byte source and its file systems."""
+
+    def __init__(self, source, label):
+        self.source = source
+        self.label = label
+        self.files = DiskFiles(source, label=label)
+
+    def volumes(self):
+        try:
+            return self.files.volumes()
+        except (ReadFailed, DataCorrupt) as e:
+            raise unreadable(self.label, e) from None
+
+    def extents(self, vol, addr):
+        """Disk byte runs [(logical offset, disk offset, length, flags)] of a file's data, or None.
+
+        None when the data is not simply blocks on this disk (resident,
+        compressed, encrypted) or when the volume is not a TSK file system
+        read straight from this disk: then only comparing contents is exact.
+        """
+        try:
+            fs = vol.fs
+            if vol.disk is not self.files or fs.info.block_pre_size or fs.info.block_post_size:
+                return None
+            bsz, base = int(fs.info.block_size), int(vol.offset)
+            f = vol.open_file(addr)
+        except AttributeError:
+            return None
+
+        def runs():
+            out = []
+            for attr in f:
+                info = attr.info
+                if int(info.type) not in _DATA_TYPES:
+                    continue
+                if int(info.flags) & _ODD or not int(info.flags) & _PLAIN:
+                    return None
+                for r in attr:
+                    out.append((int(r.offset), base + int(r.addr) * bsz, int(r.len) * bsz, int(r.flags)))
+            return out
+
+        return self.files.call(runs)
+
+
+def unreadable(label, e):
+    msg = str(e.cause if isinstance(e, ReadFailed) else e)
+    scrub(e)
+    return FilesUnreadable(label, msg)
+
+
+@dataclass
+class Change:
+    """One difference: change is "added", "removed", "modified" or "type"."""
+
+    disk: str
+    partition: str
+    path: str
+    change: str
+    before: object          # Entry or None
+    after: object
+    content: bool           # the bytes differ (or the entry came or went)
+    volumes: tuple = (None, None)   # the Volumes before and after, to read the files
+
+    def to_json(self):
+        return {"disk": self.disk, "partition": self.partition, "path": self.path, "change": self.change,
+                "size_before": size_of(self.before), "size_after": size_of(self.after),
+                "type_before": kind_of(self.before), "type_after": kind_of(self.after),
+                "content": self.content}
+
+
+def size_of(e):
+    return None if e is None else (0 if e.is_dir else e.size)
+
+
+def kind_of(e):
+    if e is None:
+        return None
+    m = e.mode
+    return ("dir" if stat.S_ISDIR(m) else "file" if stat.S_ISREG(m) else "symlink" if stat.S_ISLNK(m)
+            else "other")
+
+
+def path_text(parts):
+    return "/" + "/".join(p.decode("utf-8", "backslashreplace") for p in parts)
+
+
+# ---- comparing two days ---------------------------------------------------------
+def compare_disks(a, b, changed, disk, every=False):
+    """Yield a Change for every difference between Sides `a` (before) and `b` (after).
+
+    `changed`: the disk byte ranges that may differ (list), or None for
+    unknown. With `every`, unchanged entries of `b` are yielded too, with
+    change None (what the find index records). Raises FilesUnreadable.
+    """
+    rng = Ranges(changed)
+    va = a.volumes() if a is not None else {}
+    vb = b.volumes() if b is not None else {}
+    if b is not None:
+        gone = sorted(set(va) - set(vb), key=_part_key)
+        if gone:
+            # A damaged file system is not seen at all: never take that for every file removed.
+            what = ", ".join(f"partition {n}" if n else "the disk" for n in gone)
+            raise FilesUnreadable(b.label, f"{what} held a file system the day before and none that can be read now")
+    for name in sorted(set(va) | set(vb), key=_part_key):
+        x, y = va.get(name), vb.get(name)
+        if x is not None and y is not None and rng.empty() and not every:
+            continue
+        try:
+            yield from _compare_dir(a, x, b, y, rng, disk, name, every)
+        except (ReadFailed, DataCorrupt) as e:
+            label = (b or a).label + (f" partition {name}" if name else "")
+            raise unreadable(label, e) from None
+
+
+def _part_key(name):
+    return (0, int(name[1:])) if name[1:].isdigit() else (1, name)
+
+
+def _compare_dir(a, x, b, y, rng, disk, part, every):
+    """Walk volumes x (of side a) and y (of side b) together, depth first, in name order."""
+    stack = [((), x.root_addr if x is not None else None, y.root_addr if y is not None else None)]
+    while stack:
+        parts, da, db = stack.pop()
+        ea = {e.name: e for e in x.list_dir(da)} if da is not None else {}
+        eb = {e.name: e for e in y.list_dir(db)} if db is not None else {}
+        sub = []
+        for n in sorted(set(ea) | set(eb)):
+            p, q = ea.get(n), eb.get(n)
+            path = parts + (n,)
+            c, content = _judge(a, x, p, b, y, q, rng)
+            if c is not None or every and q is not None:
+                yield Change(disk, part, path_text(path), c, p, q, content, (x, y))
+            if (p is not None and p.is_dir) or (q is not None and q.is_dir):
+                sub.append((path, p.addr if p is not None and p.is_dir else None,
+                            q.addr if q is not None and q.is_dir else None))
+        stack.extend(reversed(sub))
+
+
+def _judge(a, x, p, b, y, q, rng):
+    """-> (change or None, whether the content differs). atime and ctime are not compared."""
+    if p is None:
+        return "added", True
+    if q is None:
+        return "removed", True
+    if stat.S_IFMT(p.mode) != stat.S_IFMT(q.mode):
+        return "type", True
+    if p.is_dir:
+        return None, False          # its entries speak for it
+    content = _content_differs(a, x, p, b, y, q, rng)
+    if content or (p.mode, p.uid, p.gid, p.mtime_ns) != (q.mode, q.uid, q.gid, q.mtime_ns):
+        return "modified", content
+    return None, False
+
+
+def _content_differs(a, x, p, b, y, q, rng):
+    """Whether two regular files' bytes differ; reads them only when the extents cannot tell."""
+    if not stat.S_ISREG(q.mode) or not stat.S_ISREG(p.mode):
+        return p.link != q.link
+    if p.size != q.size:
+        return True
+    if q.size == 0:
+        return False
+    ra, rb = a.extents(x, p.addr), b.extents(y, q.addr)
+    if ra is not None and ra == rb and not any(rng.touches(o, o + n) for _, o, n, fl in rb if not fl & 3):
+        return False
+    return not same_bytes(x, p, y, q)
+
+
+def same_bytes(x, p, y, q):
+    """Compare two files' contents a megabyte at a time."""
+    fa, fb = x.open_file(p.addr), y.open_file(q.addr)
+    for off in range(0, q.size, READ):
+        if x.read_file(fa, off, READ, p.size) != y.read_file(fb, off, READ, q.size):
+            return False
+    return True
+
+
+def find_entry(vol, path):
+    """The Entry at absolute text path `path` in volume `vol`, or None."""
+    addr, e = vol.root_addr, None
+    for n in path.strip("/").split("/"):
+        if not n:
+            continue
+        e = next((c for c in vol.list_dir(addr) if c.name.decode("utf-8", "backslashreplace") == n), None)
+        if e is None:
+            return None
+        addr = e.addr
+    return e
