@@ -206,3 +206,38 @@ def test_only_files_in_changed_blocks_are_read(world, capsys, monkeypatch):
     assert read == []                      # free space only: no file is read
     assert len(diff(world, capsys, 0, 1)[1]) == 11
     assert sorted(read) == [b"big.bin", b"photo.bin"]    # same size and extents, blocks changed
+
+
+def _can_mount():
+    try:
+        import pyfuse3  # noqa: F401
+    except ImportError:
+        return False
+    return os.geteuid() == 0 and os.path.exists("/dev/fuse")
+
+
+@pytest.mark.skipif(not _can_mount(), reason="FUSE mounts need root, /dev/fuse and pyfuse3")
+def test_snapshot_tree_lists_each_days_changes(world, capsys):
+    mnt = f"/tmp/fdntest-changes-{os.getpid()}"
+    _, want, _ = cli(world, capsys, "diff", f"web@{DAYS[0]}", f"web@{DAYS[1]}", "--json")
+    _, human_out, _ = cli(world, capsys, "diff", f"web@{DAYS[0]}", f"web@{DAYS[1]}")
+    with T.Mounted(world["arch"], mnt):
+        day = os.path.join(mnt, "2026", "10", "02", "web")
+        assert {"changes", "changes.json"} <= set(os.listdir(day))
+        with open(os.path.join(day, "changes.json")) as f:
+            assert f.read() == want
+        with open(os.path.join(day, "changes")) as f:
+            text = f.read().splitlines()
+        assert text[0] == "changes since 2026/10/01/030000/web"
+        assert text[1:] == human_out.splitlines()[1:-1]
+        assert os.stat(os.path.join(day, "changes")).st_size == len("\n".join(text)) + 1
+        with open(os.path.join(mnt, "2026", "10", "03", "web", "changes")) as f:
+            assert f.read() == "changes since 2026/10/02/030000/web\n"        # free space only
+        with open(os.path.join(mnt, "2026", "10", "05", "web", "changes")) as f:
+            last = f.read().splitlines()
+        assert last[1].startswith("! vda: ") and "partition p1" in last[1] and "cannot be read" in last[1]
+        assert last[2:] == ["-  vdc/notes.txt  (6 B)"]
+        with open(os.path.join(mnt, "2026", "10", "01", "web", "changes.json")) as f:
+            first = [json.loads(x) for x in f]
+        assert {r["change"] for r in first} == {"added"} and {"path": "/sub/big.bin"}.items() <= next(
+            r for r in first if r["path"] == "/sub/big.bin").items()

@@ -12,9 +12,8 @@ import sys
 
 from foundation.catalog import Catalog, parse_time
 from foundation.cli.common import open_store
-from foundation.cli.list import human
 from foundation.cli.replicate import state_dir
-from foundation.snapshotfs.changes import FilesUnreadable
+from foundation.snapshotfs.changes import FilesUnreadable, human, show_path
 from foundation.snapshotfs.filesindex import FilesIndex
 
 NAME = "find"
@@ -65,8 +64,7 @@ def run(args):
                               "path": path, "size": size, "changed": changed, "type": kind, "id": sid},
                              ensure_ascii=False))
         else:
-            where = f"{disk}/{part}{path}" if part else f"{disk}{path}"
-            print(f"{vm}@{t}  {where}{'/' if kind == 'dir' else ''}  {human(size)}"
+            print(f"{vm}@{t}  {show_path(disk, part, path)}{'/' if kind == 'dir' else ''}  {human(size)}"
                   f"{'  changed' if changed else ''}")
     for vm, t, sid, disk, msg in errors:
         when = parse_time(t)

@@ -23,7 +23,9 @@ from dataclasses import dataclass
 
 import pytsk3
 
+from foundation.catalog import format_time
 from foundation.errors import DataCorrupt, Error
+from foundation.image import ImageReader
 from foundation.image.tree import Shape
 from foundation.snapshotfs.volumes import DiskFiles, ReadFailed, scrub
 
@@ -117,6 +119,23 @@ class Ranges:
 
 
 # ---- one disk of one day ------------------------------------------------------
+class TreeSource:
+    """An archived disk as a byte source (reads past the end are short, as a file's)."""
+
+    def __init__(self, store, entry):
+        self.r = ImageReader(store, entry.root)
+        self.size = entry.size
+
+    def read(self, offset, length):
+        end = min(offset + length, self.size)
+        return self.r.read(offset, end - offset) if offset < end else b""
+
+
+def label(snap):
+    """NAME@TIME, as `restore` takes it."""
+    return f"{snap.name}@{format_time(snap.time)}"
+
+
 class Side:
     """One archived disk of one day: its byte source and its file systems."""
 
@@ -205,6 +224,22 @@ def path_text(parts):
 
 
 # ---- comparing two days ---------------------------------------------------------
+def snapshot_changes(source_of, a, b, disk, store=None):
+    """[Change] of one disk from snapshot `a` (None: an empty disk) to snapshot `b`.
+
+    source_of(snapshot, disk) gives a disk's byte source; with `store`, the
+    snapshots' disk entries carry tree roots there and only changed
+    ranges are looked at. Raises FilesUnreadable.
+    """
+    ea, eb = a.disks.get(disk) if a else None, b.disks.get(disk)
+    sa = Side(source_of(a, disk), f"{label(a)} disk {disk}") if ea else None
+    sb = Side(source_of(b, disk), f"{label(b)} disk {disk}") if eb else None
+    ranges = None
+    if store is not None and ea is not None and eb is not None:
+        ranges = changed_ranges(store, ea.root, eb.root)
+    return list(compare_disks(sa, sb, ranges, disk))
+
+
 def compare_disks(a, b, changed, disk, every=False):
     """Yield a Change for every difference between Sides `a` (before) and `b` (after).
 
@@ -306,3 +341,42 @@ def find_entry(vol, path):
             return None
         addr = e.addr
     return e
+
+
+# ---- how a change reads ------------------------------------------------------------
+MARK = {"added": "+", "removed": "-", "type": "T"}
+
+
+def human(n):
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+
+
+def show_path(disk, partition, path):
+    """vda/p1/etc/motd, or vda/etc/motd for a disk without a partition table (as in /snapshot)."""
+    return f"{disk}/{partition}{path}" if partition else f"{disk}{path}"
+
+
+def human_line(c):
+    """One line as `restic diff` prints it: + added, - removed, M content, U metadata only, T type."""
+    mark = ("M" if c.content else "U") if c.change == "modified" else MARK[c.change]
+    j = c.to_json()
+    if c.change in ("added", "removed"):
+        what = human(j["size_after"] if c.change == "added" else j["size_before"])
+    elif c.change == "type":
+        what = f"{j['type_before']} -> {j['type_after']}"
+    elif c.content:
+        what = f"{human(j['size_before'])} -> {human(j['size_after'])}"
+    else:
+        what = "metadata only"
+    slash = "/" if (c.after or c.before).is_dir else ""
+    return f"{mark}  {show_path(c.disk, c.partition, c.path)}{slash}  ({what})"
+
+
+def summary(changes):
+    n = {k: sum(1 for c in changes if c.change == k) for k in ("added", "removed", "modified", "type")}
+    grew = sum((size_of(c.after) or 0) - (size_of(c.before) or 0) for c in changes)
+    return (f"{n['added']} added, {n['removed']} removed, {n['modified']} modified, "
+            f"{n['type']} changed type; {'+' if grew >= 0 else '-'}{human(abs(grew))}")

@@ -18,9 +18,8 @@ import os
 import sqlite3
 
 from foundation.catalog import format_time
-from foundation.image import ImageReader
-from foundation.snapshotfs.changes import (FilesUnreadable, Side, changed_ranges, compare_disks, find_entry,
-                                           kind_of, same_bytes, size_of)
+from foundation.snapshotfs.changes import (FilesUnreadable, Side, TreeSource, find_entry, kind_of, label,
+                                           same_bytes, size_of, snapshot_changes)
 
 log = logging.getLogger(__name__)
 
@@ -35,18 +34,6 @@ CREATE INDEX IF NOT EXISTS files_name ON files (name);
 CREATE INDEX IF NOT EXISTS files_path ON files (vm, disk, part, path, last);
 CREATE INDEX IF NOT EXISTS files_open ON files (vm, disk, last);
 """
-
-
-class Reader:
-    """A disk's byte source with the size clipped, as the /snapshot tree reads it."""
-
-    def __init__(self, store, entry):
-        self.r = ImageReader(store, entry.root)
-        self.size = entry.size
-
-    def read(self, offset, length):
-        end = min(offset + length, self.size)
-        return self.r.read(offset, end - offset) if offset < end else b""
 
 
 class FilesIndex:
@@ -110,15 +97,8 @@ class FilesIndex:
 
     def _index_one(self, store, vm, disk, snap, prev, prev_seq, seq):
         """Index one snapshot's disk against `prev` (at prev_seq); False if it could not be read."""
-        label = f"{vm}@{format_time(snap.time)} disk {disk}"
-        after = Side(Reader(store, snap.disks[disk]), label)
         try:
-            if prev is None:
-                changes, ranges = list(compare_disks(None, after, None, disk)), None
-            else:
-                ranges = changed_ranges(store, prev.disks[disk].root, snap.disks[disk].root)
-                before = Side(Reader(store, prev.disks[disk]), f"{vm}@{format_time(prev.time)} disk {disk}")
-                changes = list(compare_disks(before, after, ranges, disk)) if ranges else []
+            changes = snapshot_changes(lambda s, d: TreeSource(store, s.disks[d]), prev, snap, disk, store)
             new = [self._row(store, vm, disk, c, prev_seq, seq) for c in changes
                    if c.after is not None and (c.content or c.before is None)]
         except FilesUnreadable as e:
@@ -165,7 +145,7 @@ class FilesIndex:
         old = next((s for s in self._cat.snapshots(vm) if s.id == sid), None)
         if old is None or kind != "file":
             return True
-        side = Side(Reader(store, old.disks[disk]), f"{vm}@{format_time(old.time)} disk {disk}")
+        side = Side(TreeSource(store, old.disks[disk]), f"{label(old)} disk {disk}")
         vol = side.volumes().get(c.partition)
         e = find_entry(vol, c.path) if vol is not None else None
         if e is None or e.size != c.after.size:
