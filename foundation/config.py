@@ -7,6 +7,7 @@
     exclude = ["scratch"]                 # never archived, even with "all" or --all
     state_dir = "/var/lib/foundation"     # the archiver's journal and locks (on the host, not the store)
     quiesce = true                        # freeze guest file systems through the QEMU guest agent when it answers
+    list_files = true                     # after each archive, add the night to `find`'s file listings
 
     [replica]                             # a table for another part of Foundation: kept as is
     ...
@@ -43,6 +44,7 @@ class Config:
     exclude: list = field(default_factory=list)
     state_dir: str = "/var/lib/foundation"
     quiesce: bool = True
+    list_files: bool = True           # `archive` updates the file listings `find` searches
     clones_dir: str | None = None     # where `boot` puts clone overlays (default <state_dir>/clones)
     sections: dict = field(default_factory=dict)
 
@@ -53,7 +55,7 @@ class Config:
 
 _PATHS = ("store", "key_file", "state_dir", "clones_dir")
 _TYPES = {"store": str, "key_file": str, "libvirt_uri": str, "state_dir": str, "quiesce": bool,
-          "clones_dir": str}
+          "clones_dir": str, "list_files": bool}
 
 
 def load_config(path=None):

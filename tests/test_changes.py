@@ -241,3 +241,24 @@ def test_snapshot_tree_lists_each_days_changes(world, capsys):
             first = [json.loads(x) for x in f]
         assert {r["change"] for r in first} == {"added"} and {"path": "/sub/big.bin"}.items() <= next(
             r for r in first if r["path"] == "/sub/big.bin").items()
+
+
+def test_listings_updated_after_archiving_only_warn_on_failure(world, capsys, tmp_path, caplog):
+    import argparse
+    import logging
+
+    from foundation.cli.find import update_listings
+
+    arch = world["arch"]
+    args = argparse.Namespace(store=arch.store_path, key_file=arch.key_file, config=None)
+    with caplog.at_level(logging.INFO):
+        update_listings(args, ["web"], str(tmp_path / "state"))
+    assert "file listings: 15 snapshot disk(s) added" in caplog.text   # 5 days x 3 disks
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    caplog.clear()
+    update_listings(args, ["web"], str(blocker))
+    assert "file listings not updated" in caplog.text and "`foundation find` adds them" in caplog.text
+    # what the archive step listed is what find answers, without indexing again
+    code, out, _ = cli(world, capsys, "find", "inside.txt", "--json", "--state-dir", str(tmp_path / "state"))
+    assert [json.loads(x)["day"] for x in out.splitlines()] == ["2026-10-04"]

@@ -63,6 +63,11 @@ def run(args):
         from foundation.cli.replicate import after_write
 
         after_write(args)  # configured replicas; a failure there only warns, the status stays
+        done = [r.name for r in results if r.status == "ok"]
+        if done and conf.list_files:
+            from foundation.cli.find import update_listings
+
+            update_listings(args, done, args.state_dir or conf.state_dir)   # only warns, too
     return 0 if all(r.status in ("ok", "unchanged") for r in results) else 1
 
 

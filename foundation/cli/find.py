@@ -8,6 +8,7 @@ never searched as if it were empty.
 """
 
 import json
+import logging
 import sys
 
 from foundation.catalog import Catalog, parse_time
@@ -15,6 +16,8 @@ from foundation.cli.common import open_store
 from foundation.cli.replicate import state_dir
 from foundation.snapshotfs.changes import FilesUnreadable, human, show_path
 from foundation.snapshotfs.filesindex import FilesIndex
+
+log = logging.getLogger(__name__)
 
 NAME = "find"
 HELP = "find files by name in every archived day of every VM"
@@ -74,3 +77,17 @@ def run(args):
         print(f"foundation: {msg} (not searched)", file=sys.stderr)
         status = FilesUnreadable.code
     return status
+
+
+def update_listings(args, names, state):
+    """Add the new snapshots of `names` to the listings, after `archive`; a failure only warns."""
+    try:
+        with open_store(args, writable=False) as store:
+            idx = FilesIndex(state, store.uuid)
+            try:
+                n = idx.update(store, Catalog.load(store), names)
+            finally:
+                idx.close()
+        log.info("file listings: %d snapshot disk(s) added", n)
+    except Exception as e:
+        log.warning("file listings not updated (%s); `foundation find` adds them when next run", e)

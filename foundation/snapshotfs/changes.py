@@ -143,6 +143,14 @@ class Side:
         self.source = source
         self.label = label
         self.files = DiskFiles(source, label=label)
+        self.dirs = {}              # (volume, dir addr) -> entries; one day is walked once
+        self.runs = {}              # (volume, addr) -> extents
+
+    def list_dir(self, vol, addr):
+        key = (vol.name, addr)
+        if key not in self.dirs:
+            self.dirs[key] = vol.list_dir(addr)
+        return self.dirs[key]
 
     def volumes(self):
         try:
@@ -151,6 +159,12 @@ class Side:
             raise unreadable(self.label, e) from None
 
     def extents(self, vol, addr):
+        key = (vol.name, addr)
+        if key not in self.runs:
+            self.runs[key] = self._extents(vol, addr)
+        return self.runs[key]
+
+    def _extents(self, vol, addr):
         """Disk byte runs [(logical offset, disk offset, length, flags)] of a file's data, or None.
 
         None when the data is not simply blocks on this disk (resident,
@@ -224,16 +238,24 @@ def path_text(parts):
 
 
 # ---- comparing two days ---------------------------------------------------------
-def snapshot_changes(source_of, a, b, disk, store=None):
+def snapshot_changes(source_of, a, b, disk, store=None, sides=None):
     """[Change] of one disk from snapshot `a` (None: an empty disk) to snapshot `b`.
 
     source_of(snapshot, disk) gives a disk's byte source; with `store`, the
     snapshots' disk entries carry tree roots there and only changed
-    ranges are looked at. Raises FilesUnreadable.
+    ranges are looked at. `sides`, a dict kept by the caller, lends one
+    day's walk to the next comparison. Raises FilesUnreadable.
     """
+    sides = {} if sides is None else sides
+
+    def side(s):
+        if (s.id, disk) not in sides:
+            sides[(s.id, disk)] = Side(source_of(s, disk), f"{label(s)} disk {disk}")
+        return sides[(s.id, disk)]
+
     ea, eb = a.disks.get(disk) if a else None, b.disks.get(disk)
-    sa = Side(source_of(a, disk), f"{label(a)} disk {disk}") if ea else None
-    sb = Side(source_of(b, disk), f"{label(b)} disk {disk}") if eb else None
+    sa = side(a) if ea else None
+    sb = side(b) if eb else None
     ranges = None
     if store is not None and ea is not None and eb is not None:
         ranges = changed_ranges(store, ea.root, eb.root)
@@ -276,8 +298,8 @@ def _compare_dir(a, x, b, y, rng, disk, part, every):
     stack = [((), x.root_addr if x is not None else None, y.root_addr if y is not None else None)]
     while stack:
         parts, da, db = stack.pop()
-        ea = {e.name: e for e in x.list_dir(da)} if da is not None else {}
-        eb = {e.name: e for e in y.list_dir(db)} if db is not None else {}
+        ea = {e.name: e for e in a.list_dir(x, da)} if da is not None else {}
+        eb = {e.name: e for e in b.list_dir(y, db)} if db is not None else {}
         sub = []
         for n in sorted(set(ea) | set(eb)):
             p, q = ea.get(n), eb.get(n)

@@ -89,16 +89,19 @@ class FilesIndex:
             rows, todo, done = {}, chain, []
         prev = next((s for s in reversed(done) if rows[s.id][2] is None), None)
         seq = max((r[1] for r in rows.values() if r[1] is not None), default=-1) + 1
+        sides = {}
         for s in todo:
-            if self._index_one(store, vm, disk, s, prev, rows[prev.id][1] if prev else None, seq):
+            if self._index_one(store, vm, disk, s, prev, rows[prev.id][1] if prev else None, seq, sides):
                 rows[s.id] = (_root(s, disk), seq, None)
                 prev, seq = s, seq + 1
+            for k in [k for k in sides if prev is None or k[0] != prev.id]:
+                del sides[k]           # keep only the walk the next night is compared with
         return len(todo)
 
-    def _index_one(self, store, vm, disk, snap, prev, prev_seq, seq):
+    def _index_one(self, store, vm, disk, snap, prev, prev_seq, seq, sides):
         """Index one snapshot's disk against `prev` (at prev_seq); False if it could not be read."""
         try:
-            changes = snapshot_changes(lambda s, d: TreeSource(store, s.disks[d]), prev, snap, disk, store)
+            changes = snapshot_changes(lambda s, d: TreeSource(store, s.disks[d]), prev, snap, disk, store, sides)
             new = [self._row(store, vm, disk, c, prev_seq, seq) for c in changes
                    if c.after is not None and (c.content or c.before is None)]
         except FilesUnreadable as e:
