@@ -45,12 +45,16 @@ MIB, GIB = 1 << 20, 1 << 30
 PART = 1 * MIB              # the partition's offset in the disk
 
 
+def noise(rng, n):
+    return b"".join(rng.randbytes(min(MIB, n - i)) for i in range(0, n, MIB))
+
+
 def tree(files, seed, big_mb):
     """{relpath: bytes}: `files` small files in 100 directories and one large file."""
     rng = random.Random(seed)
     out = {f"dir{i % 100:03d}/file{i:06d}.txt": rng.randbytes(rng.choice((600, 3000, 9000, 30000)))
            for i in range(files)}
-    out["data/big.bin"] = rng.randbytes(big_mb * MIB)
+    out["data/big.bin"] = noise(rng, big_mb * MIB)
     return out
 
 
@@ -140,7 +144,7 @@ def bench_sizes(work, gib, files, change_mbs):
         fd = os.open(disk, os.O_WRONLY)
         if mb:
             start = rng.randrange(0, max(1, max(change_mbs) - mb + 1)) * MIB
-            write_file_range(fd, big, start, rng.randbytes(mb * MIB))
+            write_file_range(fd, big, start, noise(rng, mb * MIB))
         else:
             os.pwrite(fd, rng.randbytes(8 * MIB), PART + fs_size - 64 * MIB)    # high, unused blocks
         os.close(fd)

@@ -108,11 +108,18 @@ class Ranges:
         self.starts = [o for o, _ in ranges or ()]
         self.ends = [o + n for o, n in ranges or ()]
 
-    def touches(self, lo, hi):
+    def pieces(self, lo, hi):
+        """The parts of [lo, hi) inside the set, as (start, end) pairs."""
         if self.all:
-            return True
-        i = bisect.bisect_right(self.starts, hi - 1) - 1
-        return i >= 0 and self.ends[i] > lo
+            return [(lo, hi)]
+        i = max(0, bisect.bisect_right(self.starts, lo) - 1)
+        out = []
+        while i < len(self.starts) and self.starts[i] < hi:
+            a, b = max(lo, self.starts[i]), min(hi, self.ends[i])
+            if a < b:
+                out.append((a, b))
+            i += 1
+        return out
 
     def empty(self):
         return not self.all and not self.starts
@@ -165,7 +172,7 @@ class Side:
         return self.runs[key]
 
     def _extents(self, vol, addr):
-        """Disk byte runs [(logical offset, disk offset, length, flags)] of a file's data, or None.
+        """Byte runs [(offset in the file, offset on the disk, length, TSK flags)] of a file's data, or None.
 
         None when the data is not simply blocks on this disk (resident,
         compressed, encrypted) or when the volume is not a TSK file system
@@ -189,7 +196,7 @@ class Side:
                 if int(info.flags) & _ODD or not int(info.flags) & _PLAIN:
                     return None
                 for r in attr:
-                    out.append((int(r.offset), base + int(r.addr) * bsz, int(r.len) * bsz, int(r.flags)))
+                    out.append((int(r.offset) * bsz, base + int(r.addr) * bsz, int(r.len) * bsz, int(r.flags)))
             return out
 
         return self.files.call(runs)
@@ -338,17 +345,23 @@ def _content_differs(a, x, p, b, y, q, rng):
     if q.size == 0:
         return False
     ra, rb = a.extents(x, p.addr), b.extents(y, q.addr)
-    if ra is not None and ra == rb and not any(rng.touches(o, o + n) for _, o, n, fl in rb if not fl & 3):
-        return False
-    return not same_bytes(x, p, y, q)
+    if ra is None or ra != rb:
+        return not same_bytes(x, p, y, q)
+    # Same blocks on both days: only the bytes in changed regions can differ.
+    # (Sparse and filler runs, flags 1 and 2, hold no blocks: zeros on both days.)
+    spans = [(f + lo - o, hi - lo) for f, o, n, fl in rb if not fl & 3 for lo, hi in rng.pieces(o, o + n)]
+    return bool(spans) and not same_bytes(x, p, y, q, spans)
 
 
-def same_bytes(x, p, y, q):
-    """Compare two files' contents a megabyte at a time."""
+def same_bytes(x, p, y, q, spans=None):
+    """Compare two files' contents (only the (offset, length) `spans`, if given), a megabyte at a time."""
     fa, fb = x.open_file(p.addr), y.open_file(q.addr)
-    for off in range(0, q.size, READ):
-        if x.read_file(fa, off, READ, p.size) != y.read_file(fb, off, READ, q.size):
-            return False
+    for start, n in spans or [(0, q.size)]:
+        end = min(start + n, q.size)
+        for off in range(start, end, READ):
+            k = min(READ, end - off)
+            if x.read_file(fa, off, k, p.size) != y.read_file(fb, off, k, q.size):
+                return False
     return True
 
 
