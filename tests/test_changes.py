@@ -21,10 +21,11 @@ from guest_days import MIB, GuestDisk, GuestFS, rnd  # noqa: E402
 DAYS = ["2026-10-01", "2026-10-02", "2026-10-03", "2026-10-04", "2026-10-05"]
 
 
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    base = tmp_path_factory.mktemp("changes")
-    arch = T.StoreArchiver(str(base / "archive"))
+@pytest.fixture(scope="module", params=["hash", "value"])
+def world(request, tmp_path_factory):
+    """Five days of VM web in a store of each mode (in value mode refs are log addresses)."""
+    base = tmp_path_factory.mktemp(f"changes-{request.param}")
+    arch = T.StoreArchiver(str(base / "archive"), mode=request.param)
     w = str(base)
     ext = GuestFS("ext4", f"{w}/ext.img", 24 * MIB, {
         "a.txt": b"version 1\n", "docs/old.txt": b"removed on day 1, back on day 3\n",
@@ -206,9 +207,19 @@ def test_only_files_in_changed_blocks_are_read(world, capsys, monkeypatch):
         read.append((q.name, sum(n for _, n in spans) if spans else q.size))
         return real(x, p, y, q, spans)
 
+    walked = set()
+    real_list = changes.Side.list_dir
+
+    def spy_list(side, vol, addr):
+        walked.add((side.label[-3:], vol.name))
+        return real_list(side, vol, addr)
+
     monkeypatch.setattr(changes, "same_bytes", spy)
+    monkeypatch.setattr(changes.Side, "list_dir", spy_list)
     assert diff(world, capsys, 1, 2)[1] == {}
     assert read == []                      # free space only: no file is read
+    assert ("vda", "p2") not in walked     # nor the FAT partition walked: none of its blocks changed
+    assert ("vda", "p1") in walked
     assert len(diff(world, capsys, 0, 1)[1]) == 11
     # same size and extents, blocks changed: only those blocks are compared
     assert sorted(read) == [(b"big.bin", 8192), (b"photo.bin", 4096)]

@@ -171,6 +171,21 @@ class Side:
             self.runs[key] = self._extents(vol, addr)
         return self.runs[key]
 
+    def _tsk(self, vol):
+        """(TSK FS_Info, its offset on this disk) if `vol` is a TSK file system read straight from it."""
+        try:
+            fs = vol.fs
+            if vol.disk is not self.files or fs.info.block_pre_size or fs.info.block_post_size:
+                return None
+            return fs, int(vol.offset)
+        except AttributeError:
+            return None
+
+    def span(self, vol):
+        """(first, end) disk bytes of the file system, or None if unknown."""
+        t = self._tsk(vol)
+        return None if t is None else (t[1], t[1] + int(t[0].info.block_count) * int(t[0].info.block_size))
+
     def _extents(self, vol, addr):
         """Byte runs [(offset in the file, offset on the disk, length, TSK flags)] of a file's data, or None.
 
@@ -178,14 +193,11 @@ class Side:
         compressed, encrypted) or when the volume is not a TSK file system
         read straight from this disk: then only comparing contents is exact.
         """
-        try:
-            fs = vol.fs
-            if vol.disk is not self.files or fs.info.block_pre_size or fs.info.block_post_size:
-                return None
-            bsz, base = int(fs.info.block_size), int(vol.offset)
-            f = vol.open_file(addr)
-        except AttributeError:
+        t = self._tsk(vol)
+        if t is None:
             return None
+        bsz, base = int(t[0].info.block_size), t[1]
+        f = vol.open_file(addr)
 
         def runs():
             out = []
@@ -269,12 +281,12 @@ def snapshot_changes(source_of, a, b, disk, store=None, sides=None):
     return list(compare_disks(sa, sb, ranges, disk))
 
 
-def compare_disks(a, b, changed, disk, every=False):
+def compare_disks(a, b, changed, disk):
     """Yield a Change for every difference between Sides `a` (before) and `b` (after).
 
     `changed`: the disk byte ranges that may differ (list), or None for
-    unknown. With `every`, unchanged entries of `b` are yielded too, with
-    change None (what the find index records). Raises FilesUnreadable.
+    unknown. A file system on the same span of the disk, with no changed
+    range inside it, is not walked at all. Raises FilesUnreadable.
     """
     rng = Ranges(changed)
     va = a.volumes() if a is not None else {}
@@ -287,10 +299,12 @@ def compare_disks(a, b, changed, disk, every=False):
             raise FilesUnreadable(b.label, f"{what} held a file system the day before and none that can be read now")
     for name in sorted(set(va) | set(vb), key=_part_key):
         x, y = va.get(name), vb.get(name)
-        if x is not None and y is not None and rng.empty() and not every:
-            continue
+        if x is not None and y is not None:
+            span = a.span(x)
+            if span is not None and span == b.span(y) and not rng.pieces(*span):
+                continue
         try:
-            yield from _compare_dir(a, x, b, y, rng, disk, name, every)
+            yield from _compare_dir(a, x, b, y, rng, disk, name)
         except (ReadFailed, DataCorrupt) as e:
             label = (b or a).label + (f" partition {name}" if name else "")
             raise unreadable(label, e) from None
@@ -300,7 +314,7 @@ def _part_key(name):
     return (0, int(name[1:])) if name[1:].isdigit() else (1, name)
 
 
-def _compare_dir(a, x, b, y, rng, disk, part, every):
+def _compare_dir(a, x, b, y, rng, disk, part):
     """Walk volumes x (of side a) and y (of side b) together, depth first, in name order."""
     stack = [((), x.root_addr if x is not None else None, y.root_addr if y is not None else None)]
     while stack:
@@ -312,7 +326,7 @@ def _compare_dir(a, x, b, y, rng, disk, part, every):
             p, q = ea.get(n), eb.get(n)
             path = parts + (n,)
             c, content = _judge(a, x, p, b, y, q, rng)
-            if c is not None or every and q is not None:
+            if c is not None:
                 yield Change(disk, part, path_text(path), c, p, q, content, (x, y))
             if (p is not None and p.is_dir) or (q is not None and q.is_dir):
                 sub.append((path, p.addr if p is not None and p.is_dir else None,
