@@ -279,3 +279,70 @@ def test_listings_updated_after_archiving_only_warn_on_failure(world, capsys, tm
     # what the archive step listed is what find answers, without indexing again
     code, out, _ = cli(world, capsys, "find", "inside.txt", "--json", "--state-dir", str(tmp_path / "state"))
     assert [json.loads(x)["day"] for x in out.splitlines()] == ["2026-10-04"]
+
+
+def _differing_blocks(x, y, bs=4096):
+    n = max(len(x), len(y))
+    x, y = x.ljust(n, b"\0"), y.ljust(n, b"\0")
+    out = []
+    for o in range(0, n, bs):
+        if x[o:o + bs] != y[o:o + bs]:
+            if out and out[-1][0] + out[-1][1] == o:
+                out[-1] = (out[-1][0], out[-1][1] + min(bs, n - o))
+            else:
+                out.append((o, min(bs, n - o)))
+    return out
+
+
+def test_changed_ranges_are_exactly_the_changed_blocks(make_store, mode):
+    from foundation.image import write_image
+    from foundation.image.tree import BytesSource
+    from foundation.snapshotfs.changes import changed_ranges
+
+    opener = make_store(mode=mode, max_log_size=256 << 20, arena_size=4 << 20)
+    base = bytearray(rnd(3 << 20, 1))            # 768 leaves: a tree of depth 2 (fanout 128 or 512)
+    base[1 << 20:(1 << 20) + (600 << 10)] = bytes(600 << 10)   # an all-zero region: null subtrees
+    days = [bytes(base)]
+    d = bytearray(base)
+    d[5000:5003] = b"abc"                        # one block
+    d[(1 << 20) + 4096 * 3:(1 << 20) + 4096 * 5] = rnd(8192, 2)   # inside the zeros
+    d[-1] ^= 1                                   # the last block
+    days.append(bytes(d))
+    d = bytearray(d)
+    d[4096 * 200:4096 * 520] = rnd(4096 * 320, 3)  # across level-1 nodes
+    days.append(bytes(d))
+    days.append(bytes(d) + rnd(10_000, 4))       # grown, same depth
+    with opener() as s:
+        roots = [write_image(s, BytesSource(x), len(x)) for x in days]
+        for i in range(len(days)):
+            for j in range(len(days)):
+                assert changed_ranges(s, roots[i], roots[j]) == _differing_blocks(days[i], days[j]), (i, j)
+
+
+class _DamagedFile:
+    """A raw image whose bytes [lo, hi) read as a damaged store block would."""
+
+    def __init__(self, path, lo, hi):
+        self.fd, self.size, self.lo, self.hi = os.open(path, os.O_RDONLY), os.path.getsize(path), lo, hi
+
+    def read(self, offset, length):
+        from foundation.errors import DataCorrupt
+
+        if offset < self.hi and self.lo < offset + length:
+            raise DataCorrupt(f"record at arena 3 offset {self.lo} fails its MAC")
+        return os.pread(self.fd, min(length, self.size - offset), offset)
+
+
+def test_damaged_metadata_is_a_clear_error_not_a_shorter_list(tmp_path):
+    from foundation.snapshotfs.changes import FilesUnreadable, Side, compare_disks
+
+    fs = GuestFS("ext4", str(tmp_path / "e.img"), 8 * MIB, {f"d/f{i}.txt": b"x" * i for i in range(50)})
+    (d,) = [e for e in fs.extents("d")]           # the directory's block, which lists the 50 files
+    good = Side(_DamagedFile(fs.path, 0, 0), "web@day1 disk vda")
+    bad = Side(_DamagedFile(fs.path, d[0], d[0] + d[1]), "web@day2 disk vda")
+    assert len(list(compare_disks(None, good, None, "vda"))) == 52      # lost+found, d, 50 files
+    with pytest.raises(FilesUnreadable) as e:
+        list(compare_disks(good, bad, None, "vda"))
+    assert str(e.value).startswith("web@day2 disk vda: the guest file system cannot be read (")
+    assert "fails its MAC" in str(e.value)
+    assert e.value.code == 70

@@ -156,8 +156,10 @@ def test_top_levels_list_only_what_exists(world):
     assert ls(f"{mnt}/2026/11/21") == ["030000", "153000", "db", "web"]
     assert ls(f"{mnt}/2026/11/21/030000") == ["db", "web"]
     assert ls(f"{mnt}/2026/11/21/153000") == ["web"]
-    assert ls(f"{mnt}/2026/11/19/web") == ["changes", "changes.json", "domain.xml", "nvram.fd", "snapshot.json", "vda", "vda.raw"]
-    assert ls(f"{mnt}/2026/11/21/web") == ["changes", "changes.json", "domain.xml", "snapshot.json", "vda", "vda.raw"]
+    assert ls(f"{mnt}/2026/11/19/web") == ["changes", "changes.json", "domain.xml", "nvram.fd", "snapshot.json",
+                                           "vda", "vda.raw"]
+    assert ls(f"{mnt}/2026/11/21/web") == ["changes", "changes.json", "domain.xml", "snapshot.json", "vda",
+                                           "vda.raw"]
     assert os.readlink(f"{mnt}/latest/web") == "../2026/11/21/153000/web"
     assert os.readlink(f"{mnt}/latest/db") == "../2026/11/21/030000/db"
     st = os.stat(f"{mnt}/2026/11/19/web/vda.raw")

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import pytsk3
 
 from foundation.catalog import format_time
+from foundation.cli.list import human
 from foundation.errors import DataCorrupt, Error
 from foundation.image import ImageReader
 from foundation.image.tree import Shape
@@ -60,7 +61,8 @@ def changed_ranges(store, a, b):
     F, rs, bs, null = sa.fanout, sa.rs, sa.bs, store.null_ref
     counts = [max(x, y) for x, y in zip(sa.counts, sb.counts)]
     zero = bytes(bs)
-    level = [(0, a.ref, b.ref)]
+    level = [(0, a.ref, b.ref)]     # differing node pairs of one level: (index, ref a, ref b)
+    runs = []                       # differing leaves, as [first, end) runs
     for k in range(a.depth, 0, -1):
         nxt = []
         for i in range(0, len(level), BATCH):
@@ -72,16 +74,16 @@ def changed_ranges(store, a, b):
                 if len(ca) != bs or len(cb) != bs:
                     raise DataCorrupt(f"a tree node holds {len(ca)} or {len(cb)} bytes, not {bs}")
                 for s in range(min(F, counts[k - 1] - j * F)):
-                    x, y = ca[s * rs:(s + 1) * rs], cb[s * rs:(s + 1) * rs]
-                    if x != y:
-                        nxt.append((j * F + s, x, y))
+                    if ca[s * rs:(s + 1) * rs] == cb[s * rs:(s + 1) * rs]:
+                        continue
+                    c = j * F + s
+                    if k > 1:
+                        nxt.append((c, ca[s * rs:(s + 1) * rs], cb[s * rs:(s + 1) * rs]))
+                    elif runs and runs[-1][1] == c:
+                        runs[-1][1] = c + 1     # leaves are kept as runs only: a whole new disk stays small
+                    else:
+                        runs.append([c, c + 1])
         level = nxt
-    runs = []
-    for leaf, _, _ in level:
-        if runs and runs[-1][1] == leaf:
-            runs[-1][1] = leaf + 1
-        else:
-            runs.append([leaf, leaf + 1])
     out = [(s * bs, min(e * bs, size) - s * bs) for s, e in runs]
     if a.size != b.size:
         lo = min(a.size, b.size)
@@ -394,13 +396,6 @@ def find_entry(vol, path):
 
 # ---- how a change reads ------------------------------------------------------------
 MARK = {"added": "+", "removed": "-", "type": "T"}
-
-
-def human(n):
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
 
 
 def show_path(disk, partition, path):
