@@ -91,3 +91,9 @@ class BadInput(Error):
     """{}"""
 
     code = 31
+
+
+class FilesUnreadable(Error):
+    """{}: the guest file system cannot be read ({}). Nothing is reported for it; `foundation verify` tells whether the archive is damaged."""
+
+    code = 70

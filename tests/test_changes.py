@@ -334,7 +334,8 @@ class _DamagedFile:
 
 
 def test_damaged_metadata_is_a_clear_error_not_a_shorter_list(tmp_path):
-    from foundation.snapshotfs.changes import FilesUnreadable, Side, compare_disks
+    from foundation.errors import FilesUnreadable
+    from foundation.snapshotfs.changes import Side, compare_disks
 
     fs = GuestFS("ext4", str(tmp_path / "e.img"), 8 * MIB, {f"d/f{i}.txt": b"x" * i for i in range(50)})
     (d,) = [e for e in fs.extents("d")]           # the directory's block, which lists the 50 files

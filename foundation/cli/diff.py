@@ -13,8 +13,8 @@ import sys
 from foundation.catalog import Catalog
 from foundation.cli.common import open_store
 from foundation.cli.restore import split_target
-from foundation.errors import NotFound
-from foundation.snapshotfs.changes import FilesUnreadable, TreeSource, human_line, label, snapshot_changes, summary
+from foundation.errors import FilesUnreadable, NotFound
+from foundation.snapshotfs.changes import TreeSource, human_line, label, snapshot_changes, summary
 
 NAME = "diff"
 HELP = "list the files added, removed and modified inside the guest between two snapshots"

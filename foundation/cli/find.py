@@ -13,8 +13,10 @@ import sys
 
 from foundation.catalog import Catalog, parse_time
 from foundation.cli.common import open_store
+from foundation.cli.list import human
 from foundation.cli.replicate import state_dir
-from foundation.snapshotfs.changes import FilesUnreadable, human, show_path
+from foundation.errors import FilesUnreadable
+from foundation.snapshotfs.changes import show_path
 from foundation.snapshotfs.filesindex import FilesIndex
 
 log = logging.getLogger(__name__)

@@ -25,7 +25,7 @@ import pytsk3
 
 from foundation.catalog import format_time
 from foundation.cli.list import human
-from foundation.errors import DataCorrupt, Error
+from foundation.errors import DataCorrupt, FilesUnreadable
 from foundation.image import ImageReader
 from foundation.image.tree import Shape
 from foundation.snapshotfs.volumes import DiskFiles, ReadFailed, scrub
@@ -35,12 +35,6 @@ BATCH = 4096                       # tree nodes per read_blocks call
 _DATA_TYPES = {pytsk3.TSK_FS_ATTR_TYPE_DEFAULT, pytsk3.TSK_FS_ATTR_TYPE_NTFS_DATA}
 _PLAIN = int(pytsk3.TSK_FS_ATTR_NONRES)
 _ODD = int(pytsk3.TSK_FS_ATTR_RES) | int(pytsk3.TSK_FS_ATTR_COMP) | int(pytsk3.TSK_FS_ATTR_ENC)
-
-
-class FilesUnreadable(Error):
-    """{}: the guest file system cannot be read ({}). Nothing is reported for it; `foundation verify` tells whether the archive is damaged."""
-
-    code = 70
 
 
 # ---- changed byte ranges of two image trees -------------------------------------

@@ -18,8 +18,9 @@ import os
 import sqlite3
 
 from foundation.catalog import format_time
-from foundation.snapshotfs.changes import (FilesUnreadable, Side, TreeSource, find_entry, kind_of, label,
-                                           same_bytes, size_of, snapshot_changes)
+from foundation.errors import FilesUnreadable
+from foundation.snapshotfs.changes import (Side, TreeSource, find_entry, kind_of, label, same_bytes, size_of,
+                                           snapshot_changes)
 
 log = logging.getLogger(__name__)
 

@@ -43,7 +43,7 @@ import time
 import pyfuse3
 import trio
 
-from foundation.errors import DataCorrupt
+from foundation.errors import DataCorrupt, FilesUnreadable
 from foundation.snapshotfs import MARKER
 from foundation.snapshotfs import changes as ch
 from foundation.snapshotfs import timeindex as ti
@@ -473,7 +473,7 @@ class SnapshotFS(pyfuse3.Operations):
         for disk in sorted(snap.disks):
             try:
                 found = ch.snapshot_changes(self.archive.disk_reader, prev, snap, disk, getattr(snap, "store", None))
-            except ch.FilesUnreadable as e:
+            except FilesUnreadable as e:
                 log.error("%s: %s", snap.name, e)
                 lines.append(json.dumps({"disk": disk, "error": str(e)}) if as_json else f"! {disk}: {e}")
                 continue
