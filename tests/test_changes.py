@@ -347,3 +347,19 @@ def test_damaged_metadata_is_a_clear_error_not_a_shorter_list(tmp_path):
     assert str(e.value).startswith("web@day2 disk vda: the guest file system cannot be read (")
     assert "fails its MAC" in str(e.value)
     assert e.value.code == 70
+
+
+def test_find_listings_damaged_or_unwritable(world, capsys, tmp_path):
+    state = tmp_path / "state"
+    code, out, _ = cli(world, capsys, "find", "photo.bin", "--json", "--state-dir", str(state))
+    assert code == 70 and len(out.splitlines()) == 5
+    (db,) = (state / "files").iterdir()
+    db.write_bytes(b"this is not an SQLite database" * 100)
+    code, out2, err = cli(world, capsys, "find", "photo.bin", "--json", "--state-dir", str(state))
+    assert (code, out2) == (70, out)                # dropped and built again
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    code, out, err = cli(world, capsys, "find", "photo.bin", "--state-dir", str(blocked / "sub"))
+    assert (code, out) == (2, "")
+    assert err.startswith(f"foundation: cannot keep the file listings in {blocked}/sub/files: ")
+    assert err.rstrip().endswith("pass --state-dir DIR or set FOUNDATION_STATE_DIR")

@@ -18,7 +18,7 @@ import os
 import sqlite3
 
 from foundation.catalog import format_time
-from foundation.errors import FilesUnreadable
+from foundation.errors import FilesUnreadable, UsageError
 from foundation.snapshotfs.changes import (Side, TreeSource, find_entry, kind_of, label, same_bytes, size_of,
                                            snapshot_changes)
 
@@ -42,14 +42,28 @@ class FilesIndex:
 
     def __init__(self, state_dir, store_uuid):
         d = os.path.join(state_dir, "files")
-        os.makedirs(d, mode=0o700, exist_ok=True)
         self.path = os.path.join(d, f"{store_uuid}.sqlite")
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        os.close(fd)
+        try:
+            os.makedirs(d, mode=0o700, exist_ok=True)
+            os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
+        except OSError as e:
+            raise UsageError(f"cannot keep the file listings in {d}: {e.strerror or e}; "
+                             "pass --state-dir DIR or set FOUNDATION_STATE_DIR") from None
+        try:
+            self._open()
+        except (sqlite3.DatabaseError, ValueError) as e:
+            # Derived data: a damaged file is dropped and built again.
+            log.warning("file listings %s unreadable (%s): rebuilding them", self.path, e)
+            if getattr(self, "db", None) is not None:
+                self.db.close()
+            os.unlink(self.path)
+            self._open()
+
+    def _open(self):
         self.db = sqlite3.connect(self.path, timeout=60)
         self.db.executescript(SCHEMA)
         got = self.db.execute("SELECT value FROM meta WHERE key = 'format'").fetchone()
-        if got is None or int(got[0]) != FORMAT:
+        if got is None or got[0] != str(FORMAT):
             self.clear()
 
     def close(self):
