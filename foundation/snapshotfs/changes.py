@@ -312,7 +312,7 @@ def _part_key(name):
 
 def _compare_dir(a, x, b, y, rng, disk, part):
     """Walk volumes x (of side a) and y (of side b) together, depth first, in name order."""
-    stack = [((), x.root_addr if x is not None else None, y.root_addr if y is not None else None)]
+    stack = [((), x.root().addr if x is not None else None, y.root().addr if y is not None else None)]
     while stack:
         parts, da, db = stack.pop()
         ea = {e.name: e for e in a.list_dir(x, da)} if da is not None else {}
@@ -377,7 +377,7 @@ def same_bytes(x, p, y, q, spans=None):
 
 def find_entry(vol, path):
     """The Entry at absolute text path `path` in volume `vol`, or None."""
-    addr, e = vol.root_addr, None
+    addr, e = vol.root().addr, None
     for n in path.strip("/").split("/"):
         if not n:
             continue

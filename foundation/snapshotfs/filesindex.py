@@ -13,14 +13,16 @@ lost or stale index costs only the time to rebuild it. The SQL schema is
 in docs/format.md ("File listings").
 """
 
+import hashlib
 import logging
 import os
 import sqlite3
 
 from foundation.catalog import format_time
-from foundation.errors import FilesUnreadable, UsageError
-from foundation.snapshotfs.changes import (Side, TreeSource, find_entry, kind_of, label, same_bytes, size_of,
-                                           snapshot_changes)
+from foundation.errors import DataCorrupt, FilesUnreadable, UsageError
+from foundation.snapshotfs.changes import (READ, Side, TreeSource, find_entry, kind_of, label, size_of,
+                                           snapshot_changes, unreadable)
+from foundation.snapshotfs.volumes import ReadFailed, scrub
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +119,7 @@ class FilesIndex:
         """Index one snapshot's disk against `prev` (at prev_seq); False if it could not be read."""
         try:
             changes = snapshot_changes(lambda s, d: TreeSource(store, s.disks[d]), prev, snap, disk, store, sides)
-            new = [self._row(store, vm, disk, c, prev_seq, seq) for c in changes
+            new = [self._row(store, snap, disk, c, prev_seq, seq) for c in changes
                    if c.after is not None and (c.content or c.before is None)]
         except FilesUnreadable as e:
             log.warning("%s", e)
@@ -139,16 +141,17 @@ class FilesIndex:
                             (snap.id, disk, vm, format_time(snap.time), _root(snap, disk), seq))
         return True
 
-    def _row(self, store, vm, disk, c, prev_seq, seq):
-        e = c.after
+    def _row(self, store, snap, disk, c, prev_seq, seq):
+        e, vm = c.after, snap.name
         changed = True
         if c.before is None and prev_seq is not None:
-            changed = self._differs_from_last_seen(store, vm, disk, c, seq)
+            changed = self._differs_from_last_seen(store, snap, disk, c)
         name = c.path.rsplit("/", 1)[-1]
         return (vm, disk, c.partition, c.path, name, seq, seq, size_of(e), kind_of(e), int(changed))
 
-    def _differs_from_last_seen(self, store, vm, disk, c, seq):
+    def _differs_from_last_seen(self, store, snap, disk, c):
         """A path back after a gap: compare it with the version seen last (True if unknown)."""
+        vm = snap.name
         got = self.db.execute(
             "SELECT f.last, f.size, f.type, s.sid FROM files f JOIN snaps s ON s.vm = f.vm AND s.disk = f.disk "
             "AND s.seq = f.last WHERE f.vm = ? AND f.disk = ? AND f.part = ? AND f.path = ? "
@@ -163,12 +166,20 @@ class FilesIndex:
         old = next((s for s in self._cat.snapshots(vm) if s.id == sid), None)
         if old is None or kind != "file":
             return True
-        side = Side(TreeSource(store, old.disks[disk]), f"{label(old)} disk {disk}")
-        vol = side.volumes().get(c.partition)
-        e = find_entry(vol, c.path) if vol is not None else None
-        if e is None or e.size != c.after.size:
-            return True
-        return not same_bytes(vol, e, c.volumes[1], c.after)
+        try:
+            side = Side(TreeSource(store, old.disks[disk]), f"{label(old)} disk {disk}")
+            vol = side.volumes().get(c.partition)
+            e = find_entry(vol, c.path) if vol is not None else None
+            if e is None or e.size != c.after.size:
+                return True
+            then = _digest(vol, e)
+        except (ReadFailed, DataCorrupt, FilesUnreadable) as err:
+            scrub(err)
+            return True                     # the old version cannot be read: say changed
+        try:
+            return _digest(c.volumes[1], c.after) != then
+        except (ReadFailed, DataCorrupt) as err:
+            raise unreadable(f"{label(snap)} disk {disk}", err) from None
 
     # ---- searching -------------------------------------------------------------------
     def errors(self, names=None):
@@ -202,6 +213,15 @@ class FilesIndex:
                     first_seen = False
         out.sort(key=lambda r: (r[0], r[1], r[3], r[4], r[5]))
         return out
+
+
+def _digest(vol, e):
+    """SHA-256 of a file's bytes, read one side at a time (so a failure names its day)."""
+    h = hashlib.sha256()
+    f = vol.open_file(e.addr)
+    for off in range(0, e.size, READ):
+        h.update(vol.read_file(f, off, READ, e.size))
+    return h.digest()
 
 
 def _root(snap, disk):
