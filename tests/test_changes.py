@@ -363,3 +363,14 @@ def test_find_listings_damaged_or_unwritable(world, capsys, tmp_path):
     assert (code, out) == (2, "")
     assert err.startswith(f"foundation: cannot keep the file listings in {blocked}/sub/files: ")
     assert err.rstrip().endswith("pass --state-dir DIR or set FOUNDATION_STATE_DIR")
+
+
+def test_find_prints_one_line_a_day(world, capsys, tmp_path):
+    code, out, err = cli(world, capsys, "find", "README.TXT", "--until", "2026-10-02", "--state-dir", str(tmp_path))
+    assert code == 0 and err == ""          # the damaged day is after --until
+    assert out.splitlines() == ["web@2026-10-01T03:00:00.000000Z  vda/p2/README.TXT  10 B  changed",
+                                "web@2026-10-02T03:00:00.000000Z  vda/p2/README.TXT  30 B  changed"]
+    code, out, err = cli(world, capsys, "find", "newdir", "--vm", "web", "--state-dir", str(tmp_path))
+    assert out.splitlines() == ["web@2026-10-04T03:00:00.000000Z  vda/p1/newdir/  0 B  changed"]
+    code, out, err = cli(world, capsys, "find", "x", "--vm", "nosuchvm", "--state-dir", str(tmp_path))
+    assert code == 30 and "nosuchvm" in err and "web" in err

@@ -11,7 +11,7 @@ import json
 import logging
 import sys
 
-from foundation.catalog import Catalog, parse_time
+from foundation.catalog import Catalog, format_time, parse_time
 from foundation.cli.common import open_store
 from foundation.cli.list import human
 from foundation.cli.replicate import state_dir
@@ -43,8 +43,8 @@ def add_arguments(p):
 
 
 def run(args):
-    since = parse_time(args.since) if args.since else None
-    until = parse_time(args.until, end_of_day=True) if args.until else None
+    since = format_time(parse_time(args.since)) if args.since else None
+    until = format_time(parse_time(args.until, end_of_day=True)) if args.until else None
     with open_store(args, writable=False) as store:
         cat = Catalog.load(store)
         for vm in args.vm or ():
@@ -55,25 +55,22 @@ def run(args):
                 idx.clear()
             idx.update(store, cat, args.vm)
             live = {s.id for s in cat.snapshots()}
-            rows = idx.search(args.pattern, live, set(args.vm) if args.vm else None)
+            rows = idx.search(args.pattern, live, set(args.vm) if args.vm else None, since, until)
             errors = [e for e in idx.errors(set(args.vm) if args.vm else None)]
         finally:
             idx.close()
     status = 0
+    out = sys.stdout
     for vm, t, sid, disk, part, path, size, kind, changed in rows:
-        when = parse_time(t)
-        if since and when < since or until and when > until:
-            continue
         if args.json:
-            print(json.dumps({"vm": vm, "snapshot": f"{vm}@{t}", "day": t[:10], "disk": disk, "partition": part,
-                              "path": path, "size": size, "changed": changed, "type": kind, "id": sid},
-                             ensure_ascii=False))
+            out.write(json.dumps({"vm": vm, "snapshot": f"{vm}@{t}", "day": t[:10], "disk": disk, "partition": part,
+                                  "path": path, "size": size, "changed": changed, "type": kind, "id": sid},
+                                 ensure_ascii=False) + "\n")
         else:
-            print(f"{vm}@{t}  {show_path(disk, part, path)}{'/' if kind == 'dir' else ''}  {human(size)}"
-                  f"{'  changed' if changed else ''}")
+            out.write(f"{vm}@{t}  {show_path(disk, part, path)}{'/' if kind == 'dir' else ''}  {human(size)}"
+                      f"{'  changed' if changed else ''}\n")
     for vm, t, sid, disk, msg in errors:
-        when = parse_time(t)
-        if sid not in live or since and when < since or until and when > until:
+        if sid not in live or since and t < since or until and t > until:
             continue
         sys.stdout.flush()
         print(f"foundation: {msg} (not searched)", file=sys.stderr)

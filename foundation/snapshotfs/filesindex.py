@@ -187,12 +187,14 @@ class FilesIndex:
         q = "SELECT vm, time, sid, disk, error FROM snaps WHERE error IS NOT NULL ORDER BY vm, time, disk"
         return [r for r in self.db.execute(q) if names is None or r[0] in names]
 
-    def search(self, pattern, live, names=None):
+    def search(self, pattern, live, names=None, since=None, until=None):
         """Yield (vm, time, sid, disk, part, path, size, type, changed) for every day a match existed.
 
         `pattern` is a glob (`*`, `?`, `[...]`) matched against the file's
         name, or against its whole path when it contains a slash. `live`:
-        the ids of the snapshots still in the catalog (forgotten ones are skipped).
+        the ids of the snapshots still in the catalog (forgotten ones are skipped);
+        `since`, `until`: times in the catalog's format (compared as text, which
+        orders them), or None.
         """
         col = "path" if "/" in pattern else "name"
         pos = {}
@@ -208,7 +210,7 @@ class FilesIndex:
             first_seen = True
             for seq in range(first, last + 1):
                 at = pos.get((vm, disk, seq))
-                if at is not None and at[0] in live:
+                if at is not None and at[0] in live and not (since and at[1] < since or until and at[1] > until):
                     out.append((vm, at[1], at[0], disk, part, path, size, kind, bool(changed) and first_seen))
                     first_seen = False
         out.sort(key=lambda r: (r[0], r[1], r[3], r[4], r[5]))
