@@ -31,7 +31,7 @@ def rnd(n, seed):
 
 
 class GuestFS:
-    """One file system image: kind "ext4" or "vfat", made from {relpath: bytes}."""
+    """One file system image: kind "ext4", "vfat" or "ntfs" (files at the root only), made from {relpath: bytes}."""
 
     def __init__(self, kind, path, size, files, mtime=1_700_000_000):
         self.kind, self.path, self.size = kind, path, size
@@ -48,6 +48,10 @@ class GuestFS:
                 f.truncate(size)
             if kind == "ext4":
                 run(["mkfs.ext4", "-q", "-F", "-b", "4096", "-E", "root_owner=0:0", "-d", src, path])
+            elif kind == "ntfs":
+                run(["mkntfs", "-q", "-F", "-Q", path])
+                for rel in files:
+                    self.write(rel, files[rel])
             else:
                 run(["mkfs.vfat", path])
                 if files:
@@ -63,11 +67,13 @@ class GuestFS:
             raise RuntimeError(f"debugfs {cmds} failed: {out.stderr.strip()}")
 
     def write(self, rel, data):
-        """Create or replace a file (a new inode and new blocks, as an editor's save)."""
+        """Create or replace a file (on ext4 a new inode and new blocks, as an editor's save)."""
         with tempfile.NamedTemporaryFile(delete=False) as t:
             t.write(data)
         try:
-            if self.kind == "ext4":
+            if self.kind == "ntfs":
+                run(["ntfscp", "-q", "-f", self.path, t.name, rel])      # the root directory only
+            elif self.kind == "ext4":
                 parts = rel.split("/")
                 mk = [f"mkdir /{'/'.join(parts[:i])}" for i in range(1, len(parts))]
                 self._debugfs(*mk, f"rm /{rel}", f"write {t.name} /{rel}")
@@ -172,8 +178,9 @@ class GuestDisk:
             self.starts = [0]
         else:
             types = {"gpt": {"ext4": "0FC63DAF-8483-4772-8E79-3D69D8477DE4",
-                             "vfat": "EBD0A0A2-B9E5-4433-87C0-68B6B72699C7"},
-                     "dos": {"ext4": "83", "vfat": "c"}}[label]
+                             "vfat": "EBD0A0A2-B9E5-4433-87C0-68B6B72699C7",
+                             "ntfs": "EBD0A0A2-B9E5-4433-87C0-68B6B72699C7"},
+                     "dos": {"ext4": "83", "vfat": "c", "ntfs": "7"}}[label]
             lines, start = [f"label: {label}"], 2048
             for fs in fss:
                 sectors = fs.size // 512

@@ -9,6 +9,7 @@ checked against the list of what was done.
 
 import json
 import os
+import shutil
 
 import pytest
 
@@ -374,3 +375,35 @@ def test_find_prints_one_line_a_day(world, capsys, tmp_path):
     assert out.splitlines() == ["web@2026-10-04T03:00:00.000000Z  vda/p1/newdir/  0 B  changed"]
     code, out, err = cli(world, capsys, "find", "x", "--vm", "nosuchvm", "--state-dir", str(tmp_path))
     assert code == 30 and "nosuchvm" in err and "web" in err
+
+
+@pytest.mark.skipif(not shutil.which("ntfscp"), reason="NTFS images need ntfs-3g (apt)")
+def test_ntfs_resident_and_in_place_changes(tmp_path, capsys, monkeypatch):
+    from foundation.snapshotfs import changes
+
+    compared = {}
+    real = changes.same_bytes
+
+    def spy(x, p, y, q, spans=None):
+        compared[q.name] = spans
+        return real(x, p, y, q, spans)
+
+    monkeypatch.setattr(changes, "same_bytes", spy)
+    arch = T.StoreArchiver(str(tmp_path / "archive"))
+    ntfs = GuestFS("ntfs", str(tmp_path / "ntfs.img"), 16 * MIB, {
+        "small.txt": b"resident in its MFT record\n", "big.bin": rnd(200_000, 1), "keep.bin": rnd(100_000, 2)})
+    disk = GuestDisk(str(tmp_path / "vda.img"), 20 * MIB, [ntfs], "dos")
+    arch.add("nt", T.utc(2026, 10, 1), {"vda": disk.path})
+    ntfs.rewrite_in_place("big.bin", 100_000, b"\0" * 10)        # data clusters only
+    ntfs.write("small.txt", b"RESIDENT in its MFT record\n")      # same size, inside the MFT
+    disk.sync()
+    arch.add("nt", T.utc(2026, 10, 2), {"vda": disk.path})
+    world = {"args": ["--store", arch.store_path, "--key-file", arch.key_file]}
+    code, out, err = cli(world, capsys, "diff", "nt@2026-10-01", "nt@2026-10-02", "--json")
+    rows = {r["path"]: (r["change"], r["size_before"], r["size_after"], r["content"])
+            for r in map(json.loads, out.splitlines())}
+    assert code == 0, err
+    assert rows == {"/big.bin": ("modified", 200_000, 200_000, True),
+                    "/small.txt": ("modified", 27, 27, True)}
+    # the cluster that changed, against resident data read whole (its runs are not blocks)
+    assert compared == {b"big.bin": [(98_304, 4096)], b"small.txt": None}
