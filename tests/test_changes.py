@@ -4,7 +4,8 @@ One VM with three disks (GPT: ext4 + FAT; MBR: ext4; bare ext4) lives
 five days: files are added, removed, renamed, grown, touched and
 rewritten in place with the same size and mtime, one day changes only
 free space, and the last day's ext4 on vda is damaged. Every answer is
-checked against the list of what was done.
+checked against the list of what was done. An NTFS disk checks resident
+data and clusters rewritten in place.
 """
 
 import json
@@ -407,3 +408,21 @@ def test_ntfs_resident_and_in_place_changes(tmp_path, capsys, monkeypatch):
                     "/small.txt": ("modified", 27, 27, True)}
     # the cluster that changed, against resident data read whole (its runs are not blocks)
     assert compared == {b"big.bin": [(98_304, 4096)], b"small.txt": None}
+
+
+def test_block_numbers_trusted_only_for_a_file_system_on_the_disk_itself(tmp_path):
+    """A volume whose file system is read from elsewhere (as inside LVM or LUKS) is compared by content."""
+    from foundation.snapshotfs.changes import Side
+    from foundation.snapshotfs.volumes import Volume
+
+    files = {"a.txt": b"same name, same size\n"}
+    one = GuestFS("ext4", str(tmp_path / "one.img"), 8 * MIB, files)
+    other = GuestFS("ext4", str(tmp_path / "other.img"), 8 * MIB, files)   # same layout, another file system
+    disk = GuestDisk(str(tmp_path / "vda.img"), 12 * MIB, [one], "gpt")
+    side = Side(_DamagedFile(disk.path, 0, 0), "web@day disk vda")
+    p1 = side.volumes()["p1"]
+    (a,) = [e for e in side.list_dir(p1, p1.root().addr) if e.name == b"a.txt"]
+    assert side.extents(p1, a.addr)[0][1] == disk.starts[0] + one.extents("a.txt")[0][0]
+    assert side.span(p1) == (disk.starts[0], disk.starts[0] + 8 * MIB)
+    elsewhere = Volume(side.files, "p9", p1.offset, pytsk3.FS_Info(pytsk3.Img_Info(other.path)))
+    assert side.extents(elsewhere, a.addr) is None and side.span(elsewhere) is None

@@ -148,6 +148,7 @@ class Side:
         self.files = DiskFiles(source, label=label)
         self.dirs = {}              # (volume, dir addr) -> entries; one day is walked once
         self.runs = {}              # (volume, addr) -> extents
+        self.own = {}               # volume name -> (FS_Info on this disk's bytes, offset) or None
 
     def list_dir(self, vol, addr):
         key = (vol.name, addr)
@@ -168,14 +169,27 @@ class Side:
         return self.runs[key]
 
     def _tsk(self, vol):
-        """(TSK FS_Info, its offset on this disk) if `vol` is a TSK file system read straight from it."""
-        try:
-            fs = vol.fs
-            if vol.disk is not self.files or fs.info.block_pre_size or fs.info.block_post_size:
-                return None
-            return fs, int(vol.offset)
-        except AttributeError:
-            return None
+        """(TSK FS_Info read straight from this disk, its byte offset) for `vol`, or None.
+
+        Block numbers mean disk bytes only for a file system read from the
+        disk itself, not from inside a container (LVM, LUKS) or by another
+        reader. So the file system is opened again here, on this disk's own
+        bytes at the volume's offset, and trusted only if it is the same one
+        (type, geometry, inode range and id all equal).
+        """
+        if vol.name not in self.own:
+            self.own[vol.name] = None
+            fs, off = getattr(vol, "fs", None), getattr(vol, "offset", None)
+            img = getattr(self.files, "img", None)
+            if isinstance(fs, pytsk3.FS_Info) and isinstance(off, int) and img is not None:
+                try:
+                    mine = self.files.call(lambda: pytsk3.FS_Info(img, offset=off))
+                except (OSError, RuntimeError):
+                    mine = None
+                if mine is not None and _geometry(mine) == _geometry(fs) and not (
+                        mine.info.block_pre_size or mine.info.block_post_size):
+                    self.own[vol.name] = (mine, off)
+        return self.own[vol.name]
 
     def span(self, vol):
         """(first, end) disk bytes of the file system, or None if unknown."""
@@ -192,8 +206,9 @@ class Side:
         t = self._tsk(vol)
         if t is None:
             return None
-        bsz, base = int(t[0].info.block_size), t[1]
-        f = vol.open_file(addr)
+        fs, base = t
+        bsz = int(fs.info.block_size)
+        f = self.files.call(lambda: fs.open_meta(inode=addr))
 
         def runs():
             out = []
@@ -208,6 +223,12 @@ class Side:
             return out
 
         return self.files.call(runs)
+
+
+def _geometry(fs):
+    i = fs.info
+    return (int(i.ftype), int(i.block_size), int(i.block_count), int(i.first_inum), int(i.last_inum),
+            int(i.root_inum), int(i.block_pre_size), int(i.block_post_size), bytes(i.fs_id[:i.fs_id_used]))
 
 
 def unreadable(label, e):
