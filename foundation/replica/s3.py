@@ -14,6 +14,7 @@ import base64
 import contextlib
 import hashlib
 
+from foundation.replica import registry
 from foundation.replica.backend import (
     AuthFailed, Backend, Permanent, RemoteError, RemoteFull, RemoteMissing, Transient,
     check_name, download, md5_of, span)
@@ -271,3 +272,6 @@ def _md5(data):
     """(hex, base64) MD5 of data: the ETag S3 answers, and the Content-MD5 it checks."""
     d = hashlib.md5(data, usedforsecurity=False).digest()
     return d.hex(), base64.b64encode(d).decode()
+
+
+registry.register(S3Backend, "s3")

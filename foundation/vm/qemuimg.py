@@ -19,7 +19,7 @@ from foundation.errors import Error
 class QemuImgFailed(Error):
     """qemu-img {} failed: {}"""
 
-    code = 40
+    code = 60
 
 
 def _run(args, what):
