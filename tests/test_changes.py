@@ -17,7 +17,7 @@ import pytest
 pytsk3 = pytest.importorskip("pytsk3")
 
 from foundation.cli import main  # noqa: E402
-from foundation.snapshotfs import testing as T  # noqa: E402
+import snapshotfs_support as T  # noqa: E402
 from guest_days import MIB, GuestDisk, GuestFS, rnd  # noqa: E402
 
 DAYS = ["2026-10-01", "2026-10-02", "2026-10-03", "2026-10-04", "2026-10-05"]

@@ -68,7 +68,7 @@ def run(args):
         if done and conf.list_files:
             from foundation.cli.find import update_listings
 
-            update_listings(args, done, args.state_dir or conf.state_dir)   # only warns, too
+            update_listings(args, done, settings(args).state_dir)   # only warns, too
     return 0 if all(r.status in ("ok", "unchanged") for r in results) else 1
 
 

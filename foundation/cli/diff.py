@@ -13,8 +13,7 @@ import sys
 from foundation.catalog import Catalog
 from foundation.cli.common import open_store
 from foundation.cli.restore import split_target
-from foundation.errors import FilesUnreadable, NotFound
-from foundation.snapshotfs.changes import TreeSource, human_line, label, snapshot_changes, summary
+from foundation.errors import FilesUnreadable, NotFound, UsageError
 
 NAME = "diff"
 HELP = "list the files added, removed and modified inside the guest between two snapshots"
@@ -32,7 +31,18 @@ def add_arguments(p):
     p.add_argument("--json", action="store_true", help="one JSON object per line")
 
 
+def need_tsk():
+    """The guest file systems are read with pytsk3 (the `fuse` extra): say so if it is missing."""
+    try:
+        import pytsk3  # noqa: F401
+    except ImportError:
+        raise UsageError("reading guest files needs pytsk3: pip install pytsk3 (the `fuse` extra)") from None
+
+
 def run(args):
+    need_tsk()
+    from foundation.snapshotfs.changes import TreeSource, human_line, label, snapshot_changes, summary
+
     status = 0
     with open_store(args, writable=False) as store:
         cat = Catalog.load(store)

@@ -11,13 +11,10 @@ import json
 import logging
 import sys
 
-from foundation.catalog import Catalog, format_time, parse_time
-from foundation.cli.common import open_store
-from foundation.cli.list import human
-from foundation.cli.replicate import state_dir
+from foundation.catalog import Catalog, format_size, format_time, parse_time
+from foundation.cli.common import open_store, settings
+from foundation.cli.diff import need_tsk
 from foundation.errors import FilesUnreadable
-from foundation.snapshotfs.changes import show_path
-from foundation.snapshotfs.filesindex import FilesIndex
 
 log = logging.getLogger(__name__)
 
@@ -43,13 +40,17 @@ def add_arguments(p):
 
 
 def run(args):
+    need_tsk()
+    from foundation.snapshotfs.changes import show_path
+    from foundation.snapshotfs.filesindex import FilesIndex
+
     since = format_time(parse_time(args.since)) if args.since else None
     until = format_time(parse_time(args.until, end_of_day=True)) if args.until else None
     with open_store(args, writable=False) as store:
         cat = Catalog.load(store)
         for vm in args.vm or ():
             cat.find(vm)                  # an unknown name is an error naming the known ones
-        idx = FilesIndex(state_dir(args), store.uuid)
+        idx = FilesIndex(settings(args).state_dir, store.uuid)
         try:
             if args.rebuild:
                 idx.clear()
@@ -67,7 +68,7 @@ def run(args):
                                   "path": path, "size": size, "changed": changed, "type": kind, "id": sid},
                                  ensure_ascii=False) + "\n")
         else:
-            out.write(f"{vm}@{t}  {show_path(disk, part, path)}{'/' if kind == 'dir' else ''}  {human(size)}"
+            out.write(f"{vm}@{t}  {show_path(disk, part, path)}{'/' if kind == 'dir' else ''}  {format_size(size)}"
                       f"{'  changed' if changed else ''}\n")
     for vm, t, sid, disk, msg in errors:
         if sid not in live or since and t < since or until and t > until:
@@ -81,6 +82,8 @@ def run(args):
 def update_listings(args, names, state):
     """Add the new snapshots of `names` to the listings, after `archive`; a failure only warns."""
     try:
+        from foundation.snapshotfs.filesindex import FilesIndex
+
         with open_store(args, writable=False) as store:
             idx = FilesIndex(state, store.uuid)
             try:

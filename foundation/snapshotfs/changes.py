@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import pytsk3
 
+from foundation.catalog import format_size as human
 from foundation.catalog import format_time
-from foundation.cli.list import human
 from foundation.errors import DataCorrupt, FilesUnreadable
 from foundation.image import ImageReader
 from foundation.image.tree import Shape
