@@ -426,3 +426,26 @@ def test_block_numbers_trusted_only_for_a_file_system_on_the_disk_itself(tmp_pat
     assert side.span(p1) == (disk.starts[0], disk.starts[0] + 8 * MIB)
     elsewhere = Volume(side.files, "p9", p1.offset, pytsk3.FS_Info(pytsk3.Img_Info(other.path)))
     assert side.extents(elsewhere, a.addr) is None and side.span(elsewhere) is None
+
+
+def test_a_deleted_partition_takes_its_files_a_damaged_one_is_an_error(tmp_path):
+    import subprocess
+
+    from foundation.errors import FilesUnreadable
+    from foundation.snapshotfs.changes import Side, compare_disks
+
+    ext = GuestFS("ext4", str(tmp_path / "ext.img"), 8 * MIB, {"keep.txt": b"kept\n"})
+    fat = GuestFS("vfat", str(tmp_path / "fat.img"), 8 * MIB, {"A.TXT": b"a\n", "B/C.TXT": b"c\n"})
+    disk = GuestDisk(str(tmp_path / "vda.img"), 20 * MIB, [ext, fat], "gpt")
+    before = Side(_DamagedFile(disk.path, 0, 0), "web@day1 disk vda")
+    deleted = str(tmp_path / "deleted.img")
+    subprocess.run(["cp", disk.path, deleted], check=True)
+    subprocess.run(["sfdisk", "-q", "--delete", deleted, "2"], check=True, capture_output=True)
+    got = [(c.partition, c.path, c.change) for c in compare_disks(before, Side(_DamagedFile(deleted, 0, 0),
+                                                                               "web@day2 disk vda"), None, "vda")]
+    assert got == [("p2", "/A.TXT", "removed"), ("p2", "/B", "removed"), ("p2", "/B/C.TXT", "removed")]
+    fat.damage_superblock()
+    disk.sync()
+    with pytest.raises(FilesUnreadable) as e:
+        list(compare_disks(before, Side(_DamagedFile(disk.path, 0, 0), "web@day2 disk vda"), None, "vda"))
+    assert "partition p2 held a file system the day before and none that can be read now" in str(e.value)

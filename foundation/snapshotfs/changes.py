@@ -191,6 +191,21 @@ class Side:
                     self.own[vol.name] = (mine, off)
         return self.own[vol.name]
 
+    def partition_gone(self, vol):
+        """True if this disk's partition table is readable and has no partition where `vol` began."""
+        off = getattr(vol, "offset", None)
+        img = getattr(self.files, "img", None)
+        if not vol.name or not isinstance(off, int) or img is None:
+            return False
+        try:
+            vs = self.files.call(lambda: pytsk3.Volume_Info(img))
+            starts = {int(p.start) * int(vs.info.block_size) for p in vs
+                      if int(p.flags) & int(pytsk3.TSK_VS_PART_FLAG_ALLOC)}
+        except (OSError, RuntimeError, ReadFailed, DataCorrupt) as e:
+            scrub(e)
+            return False
+        return off not in starts
+
     def span(self, vol):
         """(first, end) disk bytes of the file system, or None if unknown."""
         t = self._tsk(vol)
@@ -309,10 +324,11 @@ def compare_disks(a, b, changed, disk):
     va = a.volumes() if a is not None else {}
     vb = b.volumes() if b is not None else {}
     if b is not None:
-        gone = sorted(set(va) - set(vb), key=_part_key)
-        if gone:
-            # A damaged file system is not seen at all: never take that for every file removed.
-            what = ", ".join(f"partition {n}" if n else "the disk" for n in gone)
+        # A damaged file system is not seen at all: never take that for every file removed.
+        # Only a partition gone from an intact partition table took its files with it.
+        lost = [n for n in sorted(set(va) - set(vb), key=_part_key) if not b.partition_gone(va[n])]
+        if lost:
+            what = ", ".join(f"partition {n}" if n else "the disk" for n in lost)
             raise FilesUnreadable(b.label, f"{what} held a file system the day before and none that can be read now")
     for name in sorted(set(va) | set(vb), key=_part_key):
         x, y = va.get(name), vb.get(name)
