@@ -1,4 +1,4 @@
-"""`foundation diff NAME@WHEN NAME@WHEN`: the files that changed inside the guest between two snapshots.
+"""`foundation diff NAME[@WHEN] NAME[@WHEN]`: the files that changed inside the guest between two snapshots.
 
 The image trees say which blocks of each disk changed (changes.py), so
 only the files whose blocks changed are ever read; a day that changed
@@ -25,8 +25,8 @@ DESCRIPTION = (
 
 
 def add_arguments(p):
-    p.add_argument("before", metavar="NAME@WHEN", help="the earlier snapshot")
-    p.add_argument("after", metavar="NAME@WHEN", help="the later snapshot")
+    p.add_argument("before", metavar="NAME[@WHEN]", help="the earlier snapshot (NAME alone: the newest)")
+    p.add_argument("after", metavar="NAME[@WHEN]", help="the later snapshot (NAME alone: the newest)")
     p.add_argument("--disk", metavar="DISK", help="only this disk (e.g. vda)")
     p.add_argument("--json", action="store_true", help="one JSON object per line")
 
