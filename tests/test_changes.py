@@ -449,3 +449,15 @@ def test_a_deleted_partition_takes_its_files_a_damaged_one_is_an_error(tmp_path)
     with pytest.raises(FilesUnreadable) as e:
         list(compare_disks(before, Side(_DamagedFile(disk.path, 0, 0), "web@day2 disk vda"), None, "vda"))
     assert "partition p2 held a file system the day before and none that can be read now" in str(e.value)
+
+
+def test_two_finds_at_once_index_each_night_once(world, tmp_path):
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "foundation", *world["args"], "find", "big.bin", "--json",
+           "--state-dir", str(tmp_path)]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [70, 70], outs
+    assert outs[0][0] == outs[1][0] and len(outs[0][0].splitlines()) == 4

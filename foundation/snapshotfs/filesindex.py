@@ -13,6 +13,7 @@ lost or stale index costs only the time to rebuild it. The SQL schema is
 in docs/format.md ("File listings").
 """
 
+import fcntl
 import hashlib
 import logging
 import os
@@ -80,13 +81,22 @@ class FilesIndex:
 
     # ---- building --------------------------------------------------------------------
     def update(self, store, catalog, names=None):
-        """Index every snapshot of `names` (default all) not indexed yet; -> number indexed."""
+        """Index every snapshot of `names` (default all) not indexed yet; -> number indexed.
+
+        One process at a time (the archive's update and a `find` may meet):
+        the other waits on the lock file beside the database.
+        """
         self._cat = catalog
         n = 0
-        for vm in names or catalog.names():
-            snaps = catalog.snapshots(vm)
-            for disk in sorted({d for s in snaps for d in s.disks}):
-                n += self._update_chain(store, vm, disk, [s for s in snaps if disk in s.disks])
+        fd = os.open(self.path + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            for vm in names or catalog.names():
+                snaps = catalog.snapshots(vm)
+                for disk in sorted({d for s in snaps for d in s.disks}):
+                    n += self._update_chain(store, vm, disk, [s for s in snaps if disk in s.disks])
+        finally:
+            os.close(fd)
         return n
 
     def _update_chain(self, store, vm, disk, chain):
