@@ -241,7 +241,8 @@ def bench_days(work, ndays, files):
     many, lines3 = timed_cli("--store", store_path, "find", "*.txt", "--json", "--state-dir", state)
     span, dl = timed_cli("--store", store_path, "diff", f"vm@{at(0).isoformat()}", f"vm@{at(ndays - 1).isoformat()}",
                          "--json")
-    db = os.path.join(state, "files", os.listdir(os.path.join(state, "files"))[0])
+    files = os.path.join(state, "files")
+    db = next(os.path.join(files, x) for x in os.listdir(files) if x.endswith(".sqlite"))
     row = {"nights": ndays, "disk_gib": gib, "files": files, "find_first_use_s": round(first, 2),
            "find_s": round(again, 3), "find_rows": len(lines2), "find_all_s": round(many, 2),
            "find_all_rows": len(lines3), "diff_first_last_s": round(span, 2), "diff_entries": len(dl),

@@ -190,7 +190,7 @@ def test_find_index_is_rebuilt_and_follows_new_days(world, capsys, tmp_path):
     code, out, _ = cli(world, capsys, "find", "notes.txt", "--json", *state)
     assert [json.loads(x)["day"] for x in out.splitlines()] == DAYS[:4]
     listing = tmp_path / "state" / "files"
-    (db,) = os.listdir(listing)
+    (db,) = [x for x in os.listdir(listing) if x.endswith(".sqlite")]
     assert oct(os.stat(listing / db).st_mode & 0o777) == "0o600"
     os.unlink(listing / db)
     code, out2, _ = cli(world, capsys, "find", "notes.txt", "--json", *state)
@@ -355,7 +355,7 @@ def test_find_listings_damaged_or_unwritable(world, capsys, tmp_path):
     state = tmp_path / "state"
     code, out, _ = cli(world, capsys, "find", "photo.bin", "--json", "--state-dir", str(state))
     assert code == 70 and len(out.splitlines()) == 5
-    (db,) = (state / "files").iterdir()
+    (db,) = (state / "files").glob("*.sqlite")
     db.write_bytes(b"this is not an SQLite database" * 100)
     code, out2, err = cli(world, capsys, "find", "photo.bin", "--json", "--state-dir", str(state))
     assert (code, out2) == (70, out)                # dropped and built again
