@@ -18,7 +18,8 @@ fi
 PKGS=(gcc make pkg-config libssl-dev libzstd-dev
       qemu-utils qemu-system-x86 libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients libvirt-dev
       fuse3 libfuse3-dev e2fsprogs dosfstools mtools fdisk parted ntfs-3g
-      dbus-daemon man-db)
+      dbus-daemon man-db
+      xfsprogs lvm2 btrfs-progs cryptsetup-bin exfatprogs exfat-fuse util-linux)
 missing=()
 for p in "${PKGS[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -411,20 +411,21 @@ def test_ntfs_resident_and_in_place_changes(tmp_path, capsys, monkeypatch):
 
 
 def test_block_numbers_trusted_only_for_a_file_system_on_the_disk_itself(tmp_path):
-    """A volume whose file system is read from elsewhere (as inside LVM or LUKS) is compared by content."""
+    """A volume read from other bytes than a slice of the disk (as inside LVM) is compared by content."""
+    from foundation.guestfs.sources import SourceImg
     from foundation.snapshotfs.changes import Side
-    from foundation.snapshotfs.volumes import Volume
+    from foundation.snapshotfs.volumes import TskVolume
 
     files = {"a.txt": b"same name, same size\n"}
     one = GuestFS("ext4", str(tmp_path / "one.img"), 8 * MIB, files)
-    other = GuestFS("ext4", str(tmp_path / "other.img"), 8 * MIB, files)   # same layout, another file system
     disk = GuestDisk(str(tmp_path / "vda.img"), 12 * MIB, [one], "gpt")
     side = Side(_DamagedFile(disk.path, 0, 0), "web@day disk vda")
     p1 = side.volumes()["p1"]
     (a,) = [e for e in side.list_dir(p1, p1.root().addr) if e.name == b"a.txt"]
     assert side.extents(p1, a.addr)[0][1] == disk.starts[0] + one.extents("a.txt")[0][0]
     assert side.span(p1) == (disk.starts[0], disk.starts[0] + 8 * MIB)
-    elsewhere = Volume(side.files, "p9", p1.offset, pytsk3.FS_Info(pytsk3.Img_Info(other.path)))
+    img = SourceImg(_DamagedFile(one.path, 0, 0), [])           # the same file system, other bytes
+    elsewhere = TskVolume(side.files, "p1/vg/lv", pytsk3.FS_Info(img), img)
     assert side.extents(elsewhere, a.addr) is None and side.span(elsewhere) is None
 
 
@@ -461,3 +462,33 @@ def test_two_finds_at_once_index_each_night_once(world, tmp_path):
     outs = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [70, 70], outs
     assert outs[0][0] == outs[1][0] and len(outs[0][0].splitlines()) == 4
+
+
+def test_a_rewrite_still_in_the_journal_is_a_change(tmp_path):
+    """Crash-consistent days: the journal's replayed blocks count, not only the blocks in place."""
+    import shutil as sh
+
+    import guest_images as G
+    from foundation.snapshotfs.changes import Side, compare_disks
+
+    before = GuestFS("ext4", str(tmp_path / "before.img"), 16 * MIB, {"doc.bin": rnd(40_000, 1), "same.txt": b"x\n"})
+    after = str(tmp_path / "after.img")
+    sh.copy(before.path, after)
+    fs_after = GuestFS.__new__(GuestFS)
+    fs_after.kind, fs_after.path, fs_after.size = "ext4", after, before.size
+    fs_after.rewrite_in_place("doc.bin", 8192, b"new bytes")     # same size, mtime and blocks
+    crash = str(tmp_path / "crash.img")
+    G.unreplayed(before.path, after, crash)                      # in the journal only
+
+    def side(path, day):
+        return Side(_DamagedFile(path, 0, 0), f"web@{day} disk vda")
+
+    def changes(x, y):
+        with open(x, "rb") as f, open(y, "rb") as g:
+            ranges = _differing_blocks(f.read(), g.read())
+        return sorted((c.path, c.change, c.content) for c in compare_disks(side(x, 1), side(y, 2), ranges, "vda"))
+
+    assert side(crash, 2).volumes()[""].replayed
+    assert changes(before.path, crash) == [("/doc.bin", "modified", True)]
+    assert changes(crash, after) == []                           # the same files, checkpointed
+    assert changes(crash, crash) == []

@@ -28,6 +28,7 @@ from foundation.catalog import format_time
 from foundation.errors import DataCorrupt, FilesUnreadable
 from foundation.image import ImageReader
 from foundation.image.tree import Shape
+from foundation.guestfs.sources import Overlay, Slice
 from foundation.snapshotfs.volumes import DiskFiles, ReadFailed, scrub
 
 READ = 1 << 20                     # bytes per read when contents are compared
@@ -117,9 +118,6 @@ class Ranges:
             i += 1
         return out
 
-    def empty(self):
-        return not self.all and not self.starts
-
 
 # ---- one disk of one day ------------------------------------------------------
 class TreeSource:
@@ -148,7 +146,7 @@ class Side:
         self.files = DiskFiles(source, label=label)
         self.dirs = {}              # (volume, dir addr) -> entries; one day is walked once
         self.runs = {}              # (volume, addr) -> extents
-        self.own = {}               # volume name -> (FS_Info on this disk's bytes, offset) or None
+        self.own = {}               # volume name -> layout (see layout()) or None
 
     def list_dir(self, vol, addr):
         key = (vol.name, addr)
@@ -168,60 +166,47 @@ class Side:
             self.runs[key] = self._extents(vol, addr)
         return self.runs[key]
 
-    def _tsk(self, vol):
-        """(TSK FS_Info read straight from this disk, its byte offset) for `vol`, or None.
+    def layout(self, vol):
+        """Where a TSK file system's blocks lie on this disk, or None when that is not known.
 
-        Block numbers mean disk bytes only for a file system read from the
-        disk itself, not from inside a container (LVM, LUKS) or by another
-        reader. So the file system is opened again here, on this disk's own
-        bytes at the volume's offset, and trusted only if it is the same one
-        (type, geometry, inode range and id all equal).
+        -> (FS_Info, disk offset of its block 0, {block: bytes} its journal
+        replay put over the disk's own bytes). Block numbers mean disk bytes
+        only for a file system read straight from a slice of this disk (a
+        partition, or the bare disk), never one inside a container (LVM) or
+        read by another library: those are compared by content.
         """
         if vol.name not in self.own:
             self.own[vol.name] = None
-            fs, off = getattr(vol, "fs", None), getattr(vol, "offset", None)
-            img = getattr(self.files, "img", None)
-            if isinstance(fs, pytsk3.FS_Info) and isinstance(off, int) and img is not None:
-                try:
-                    mine = self.files.call(lambda: pytsk3.FS_Info(img, offset=off))
-                except (OSError, RuntimeError):
-                    mine = None
-                if mine is not None and _geometry(mine) == _geometry(fs) and not (
-                        mine.info.block_pre_size or mine.info.block_post_size):
-                    self.own[vol.name] = (mine, off)
+            fs, img = getattr(vol, "fs", None), getattr(vol, "img", None)
+            src = getattr(img, "source", None)
+            overlay = {}
+            if isinstance(src, Overlay):
+                overlay, src = src.blocks, src.base
+            disk = getattr(self.files, "bytes", None)
+            if isinstance(fs, pytsk3.FS_Info) and disk is not None and not (
+                    fs.info.block_pre_size or fs.info.block_post_size):
+                if src is disk:
+                    self.own[vol.name] = (fs, 0, overlay)
+                elif isinstance(src, Slice) and src.base is disk:
+                    self.own[vol.name] = (fs, src.offset, overlay)
         return self.own[vol.name]
-
-    def partition_gone(self, vol):
-        """True if this disk's partition table is readable and has no partition where `vol` began."""
-        off = getattr(vol, "offset", None)
-        img = getattr(self.files, "img", None)
-        if not vol.name or not isinstance(off, int) or img is None:
-            return False
-        try:
-            vs = self.files.call(lambda: pytsk3.Volume_Info(img))
-            starts = {int(p.start) * int(vs.info.block_size) for p in vs
-                      if int(p.flags) & int(pytsk3.TSK_VS_PART_FLAG_ALLOC)}
-        except (OSError, RuntimeError, ReadFailed, DataCorrupt) as e:
-            scrub(e)
-            return False
-        return off not in starts
 
     def span(self, vol):
         """(first, end) disk bytes of the file system, or None if unknown."""
-        t = self._tsk(vol)
+        t = self.layout(vol)
         return None if t is None else (t[1], t[1] + int(t[0].info.block_count) * int(t[0].info.block_size))
 
     def _extents(self, vol, addr):
         """Byte runs [(offset in the file, offset on the disk, length, TSK flags)] of a file's data, or None.
 
         None when the data is not simply blocks on this disk (resident,
-        compressed, encrypted) or when the volume is not a TSK file system
-        read straight from this disk: then only comparing contents is exact.
+        compressed, encrypted) or when the volume's layout is unknown: then
+        only comparing contents is exact.
         """
-        t = self._tsk(vol)
+        t = self.layout(vol)
         if t is None:
             return None
-        fs, base = t
+        fs, base, _ = t
         bsz = int(fs.info.block_size)
         f = self.files.call(lambda: fs.open_meta(inode=addr))
 
@@ -240,10 +225,11 @@ class Side:
         return self.files.call(runs)
 
 
-def _geometry(fs):
-    i = fs.info
-    return (int(i.ftype), int(i.block_size), int(i.block_count), int(i.first_inum), int(i.last_inum),
-            int(i.root_inum), int(i.block_pre_size), int(i.block_post_size), bytes(i.fs_id[:i.fs_id_used]))
+def replayed_differences(la, lb):
+    """Disk ranges of the blocks the two days' journal replays put differently over the disk."""
+    (fs, off, oa), (_, _, ob) = la, lb
+    bs = int(fs.info.block_size)
+    return [(off + n * bs, bs) for n in sorted(set(oa) | set(ob)) if oa.get(n) != ob.get(n)]
 
 
 def unreadable(label, e):
@@ -325,26 +311,43 @@ def compare_disks(a, b, changed, disk):
     vb = b.volumes() if b is not None else {}
     if b is not None:
         # A damaged file system is not seen at all: never take that for every file removed.
-        # Only a partition gone from an intact partition table took its files with it.
-        lost = [n for n in sorted(set(va) - set(vb), key=_part_key) if not b.partition_gone(va[n])]
+        # Only a volume no longer there at all (its partition deleted, made swap) took its files.
+        failed = getattr(b.files, "failed", {})
+        lost = [n for n in sorted(set(va) - set(vb), key=_part_key)
+                if any(p in failed for p in _prefixes(n)) or (n == "" and not vb)]
         if lost:
-            what = ", ".join(f"partition {n}" if n else "the disk" for n in lost)
-            raise FilesUnreadable(b.label, f"{what} held a file system the day before and none that can be read now")
+            why = "".join(f" ({failed[p]})" for n in lost for p in _prefixes(n) if p in failed)
+            what = ", ".join("the disk" if not n else f"volume {n}" if "/" in n else f"partition {n}" for n in lost)
+            raise FilesUnreadable(b.label, f"{what} held a file system the day before and none that can be read "
+                                           f"now{why}")
     for name in sorted(set(va) | set(vb), key=_part_key):
         x, y = va.get(name), vb.get(name)
-        if x is not None and y is not None:
-            span = a.span(x)
-            if span is not None and span == b.span(y) and not rng.pieces(*span):
-                continue
+        vrng = rng
+        if x is not None and y is not None and changed is not None:
+            la, lb = a.layout(x), b.layout(y)
+            if la is not None and lb is not None:
+                extra = replayed_differences(la, lb)
+                span = a.span(x)
+                if span == b.span(y) and not extra and not rng.pieces(*span):
+                    continue            # not one of its bytes changed, so none of its files did
+                if extra:
+                    vrng = Ranges(_merge(list(changed) + extra))
         try:
-            yield from _compare_dir(a, x, b, y, rng, disk, name)
+            yield from _compare_dir(a, x, b, y, vrng, disk, name)
         except (ReadFailed, DataCorrupt) as e:
             label = (b or a).label + (f" partition {name}" if name else "")
             raise unreadable(label, e) from None
 
 
+def _prefixes(name):
+    """"p3/vg/lv" -> ["p3", "p3/vg", "p3/vg/lv"]: the containers a volume is found in, and itself."""
+    parts = name.split("/")
+    return ["/".join(parts[:i]) for i in range(1, len(parts) + 1)]
+
+
 def _part_key(name):
-    return (0, int(name[1:])) if name[1:].isdigit() else (1, name)
+    head = name.split("/")[0]
+    return (0, int(head[1:]), name) if head[1:].isdigit() else (1, 0, name)
 
 
 def _compare_dir(a, x, b, y, rng, disk, part):
