@@ -58,6 +58,13 @@ class GuestFS:
                     run(["mcopy", "-s", "-m", "-i", path] + [os.path.join(src, e) for e in sorted(os.listdir(src))]
                         + ["::/"])
 
+    @classmethod
+    def existing(cls, kind, path):
+        """An image made elsewhere (a copy), to change the same way."""
+        fs = cls.__new__(cls)
+        fs.kind, fs.path, fs.size = kind, path, os.path.getsize(path)
+        return fs
+
     def _debugfs(self, *cmds):
         with tempfile.NamedTemporaryFile("w", suffix=".cmds") as f:
             f.write("\n".join(cmds) + "\n")

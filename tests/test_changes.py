@@ -474,9 +474,7 @@ def test_a_rewrite_still_in_the_journal_is_a_change(tmp_path):
     before = GuestFS("ext4", str(tmp_path / "before.img"), 16 * MIB, {"doc.bin": rnd(40_000, 1), "same.txt": b"x\n"})
     after = str(tmp_path / "after.img")
     sh.copy(before.path, after)
-    fs_after = GuestFS.__new__(GuestFS)
-    fs_after.kind, fs_after.path, fs_after.size = "ext4", after, before.size
-    fs_after.rewrite_in_place("doc.bin", 8192, b"new bytes")     # same size, mtime and blocks
+    GuestFS.existing("ext4", after).rewrite_in_place("doc.bin", 8192, b"new bytes")   # same size, mtime, blocks
     crash = str(tmp_path / "crash.img")
     G.unreplayed(before.path, after, crash)                      # in the journal only
 
