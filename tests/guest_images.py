@@ -246,13 +246,41 @@ def debugfs(img, *cmds):
     run(["debugfs", "-w", "-f", "-", img], input="\n".join(cmds) + "\n")
 
 
-def files_of(img, dest):
-    """Copy the files of file-system image img to dest through a private read-only loop mount."""
+def files_of(img, dest, opts="ro,loop"):
+    """Copy the files of file-system image img to dest through a private (read-only) loop mount."""
     os.makedirs(dest, exist_ok=True)
     mnt = img + ".mnt"
     os.makedirs(mnt, exist_ok=True)
     try:
         run(["unshare", "-m", "sh", "-c",
-             f"set -e; mount -o ro,loop {img} {mnt}; cp -a {mnt}/. {dest}/; umount {mnt}"])
+             f"set -e; mount -o {opts} {img} {mnt}; cp -a {mnt}/. {dest}/; umount {mnt}"])
     finally:
         os.rmdir(mnt)
+
+
+def xfs_crashed(img, out, script):
+    """out: a copy of XFS image img after `script` (sh, run in the mount as $M) wrote and the file
+    system was shut down with its log forced (xfs_io godown): the log holds committed transactions
+    that were never written in place, as in a guest that lost power."""
+    mnt = img + ".mnt"
+    os.makedirs(mnt, exist_ok=True)
+    try:
+        run(["unshare", "-m", "sh", "-c", f"set -e; mount -o loop {img} {mnt}; M={mnt}; {script}; "
+             f"xfs_io -x -c 'shutdown -f' {mnt}; umount {mnt}"])
+    finally:
+        os.rmdir(mnt)
+    shutil.copy(img, out)
+
+
+def xfs_last_record(img):
+    """Byte offset of the last record header before the head of XFS image img's internal log,
+    as xfs_logprint reports the head (independent of the code under test)."""
+    out = run(["xfs_logprint", "-t", img])
+    head = int(out.split("head: ")[1].split()[0])
+    log_daddr = int(out.split("daddr: ")[1].split()[0])
+    with open(img, "rb") as f:
+        for blk in range(head - 1, -1, -1):
+            f.seek((log_daddr + blk) * 512)
+            if f.read(4) == b"\xfe\xed\xba\xbe":
+                return (log_daddr + blk) * 512
+    raise RuntimeError(f"no log record before head {head} in {img}")

@@ -477,3 +477,120 @@ def test_journal_revoke_is_honoured_as_e2fsck_does(revoked, tmp_path):
         got = vol.read_file(vol.open_file(e.addr), 0, e.size, e.size)
         assert got == (b"old content\n" if revoked else b"journaled!\n\0"), path
         assert vol.replayed == (path == img and not revoked)
+
+
+def _view(vol):
+    """{path: (mode, uid, gid, size, link target, bytes)} of a Volume, read through the tree's reader."""
+    out = {}
+
+    def walk(addr, path):
+        for e in vol.list_dir(addr):
+            p = f"{path}/{e.name.decode()}"
+            data = vol.read_file(vol.open_file(e.addr), 0, e.size, e.size) if stat.S_ISREG(e.mode) else None
+            out[p] = (e.mode, e.uid, e.gid, None if e.is_dir else e.size, e.link, data)
+            if e.is_dir:
+                walk(e.addr, p)
+    walk(vol.root_addr, "")
+    return out
+
+
+def _kernel_view(img, dest):
+    """The same map of what a kernel mount of a copy of img (which replays its log) shows, less the
+    names that are not UTF-8 (libfsxfs does not return them)."""
+    copy = img + ".kernel"
+    shutil.copy(img, copy)
+    G.files_of(copy, dest, opts="loop")              # read-write: XFS replays its log only so
+    os.remove(copy)
+    out = {}
+    for root, dirs, files in os.walk(dest):
+        for n in dirs + files:
+            full = os.path.join(root, n)
+            try:
+                full.encode()
+            except UnicodeEncodeError:
+                continue
+            st = os.lstat(full)
+            link = os.readlink(full).encode() if stat.S_ISLNK(st.st_mode) else None
+            data = open(full, "rb").read() if stat.S_ISREG(st.st_mode) else None
+            out[full[len(dest):]] = (st.st_mode, st.st_uid, st.st_gid,
+                                     None if stat.S_ISDIR(st.st_mode) else st.st_size, link, data)
+    return out
+
+
+XFS_DAY2 = ("rm $M/etc/shadow; echo rewritten > $M/etc/hostname; chmod 600 $M/etc/hostname; "
+            "mv $M/usr/bin/tool $M/usr/bin/renamed; mkdir $M/many; "
+            "for i in $(seq 1 400); do echo \"entry $i\" > $M/many/file-with-a-long-name-$i; done; "
+            "head -c 200000 /dev/urandom >> $M/var/lib/big.bin; ln -s ../many $M/etc/many; "
+            "chown 1000:100 $M/many/file-with-a-long-name-7; xfs_io -c fsync $M/var/lib/big.bin; "
+            "mkdir $M/late; head -c 5000 /dev/urandom > $M/late/last.bin; xfs_io -c fsync $M/late/last.bin")
+
+
+def test_crash_consistent_xfs_log_is_replayed(tmp_path, monkeypatch):
+    """An XFS shut down with committed transactions only in its log reads as a kernel mount of a copy
+    (which replays the log) shows it; with its last log record torn, as far as the last whole commit."""
+    if os.geteuid() != 0 or not G.have("mkfs.xfs", "xfs_io", "xfs_logprint", "unshare"):
+        pytest.skip("needs root and xfsprogs")
+    from foundation.guestfs import DiskFiles
+
+    t = str(tmp_path)
+    src = os.path.join(t, "src")
+    root_tree(src, 0, seed=11)
+    img, crash = os.path.join(t, "xfs.img"), os.path.join(t, "crash.img")
+    G.xfs(img, 24 * MIB, src)
+    clean = _view(DiskFiles(G.Bytes(img)).volumes()[""])
+    G.xfs_crashed(img, crash, XFS_DAY2)
+    assert "state: <DIRTY>" in G.run(["xfs_logprint", "-t", crash])
+
+    vol = DiskFiles(G.Bytes(crash)).volumes()[""]
+    assert (vol.replayed, vol.unreplayed) == (True, False)
+    got, want = _view(vol), _kernel_view(crash, os.path.join(t, "kernel"))
+    assert got == want
+    assert len([p for p in got if p.startswith("/many/")]) == 400 and "/etc/shadow" not in got
+    assert got["/etc/hostname"][0] == stat.S_IFREG | 0o600 and got["/etc/hostname"][5] == b"rewritten\n"
+    assert got != clean and "/late/last.bin" in got
+    with monkeypatch.context() as m:                 # the changes are in the log only: unreplayed, they are lost
+        m.setattr("foundation.guestfs.xfslog.replay", lambda read, sb: {})
+        lies = _view(DiskFiles(G.Bytes(crash)).volumes()[""])
+    assert "/late/last.bin" not in lies and len([p for p in lies if p.startswith("/many/")]) < 400
+
+    # the last record torn (a byte of it lost): the kernel drops it, and so does the replay
+    torn = os.path.join(t, "torn.img")
+    shutil.copy(crash, torn)
+    with open(torn, "r+b") as f:
+        f.seek(G.xfs_last_record(torn) + 512 + 100)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    vol = DiskFiles(G.Bytes(torn)).volumes()[""]
+    got, want = _view(vol), _kernel_view(torn, os.path.join(t, "kernel-torn"))
+    assert got == want
+    assert "/late/last.bin" not in got and "/var/lib/big.bin" in got and vol.replayed
+
+
+def test_xfs_log_that_cannot_be_replayed_is_one_line(tmp_path, caplog):
+    """A log record damaged far before the head: one log line, the disk as it lies, never a crash."""
+    if os.geteuid() != 0 or not G.have("mkfs.xfs", "xfs_io", "xfs_logprint", "unshare"):
+        pytest.skip("needs root and xfsprogs")
+    from foundation.guestfs import DiskFiles
+
+    t = str(tmp_path)
+    src = os.path.join(t, "src")
+    root_tree(src, 0, seed=12)
+    img, crash = os.path.join(t, "xfs.img"), os.path.join(t, "crash.img")
+    G.xfs(img, 24 * MIB, src)
+    clean = _view(DiskFiles(G.Bytes(img)).volumes()[""])
+    # many small commits, so that the first record of the log is more than eight records before the head
+    G.xfs_crashed(img, crash, "for i in $(seq 1 12); do echo $i > $M/f$i; xfs_io -c fsync $M/f$i; done")
+    out = G.run(["xfs_logprint", "-t", crash])
+    log_daddr = int(out.split("daddr: ")[1].split()[0])
+    tail = int(out.split("log tail: ")[1].split()[0])
+    with open(crash, "r+b") as f:
+        f.seek((log_daddr + tail) * 512 + 512 + 40)
+        f.write(b"\xde\xad")
+    with caplog.at_level("WARNING"):
+        vol = DiskFiles(G.Bytes(crash), label="2026/11/25/030000/web/vda").volumes()[""]
+    assert (vol.replayed, vol.unreplayed) == (False, True)
+    assert _view(vol) == clean
+    lines = [r.getMessage() for r in caplog.records if "(xfs)" in r.getMessage()]
+    assert lines == [f"2026/11/25/030000/web/vda (xfs): cannot replay the log: the log record at block {tail} "
+                     "fails its CRC; shown as the disk holds it"]
