@@ -229,17 +229,21 @@ def unreplayed(before, after, out, bs=4096):
     os.remove(tx)
 
 
+def in_mount(img, script, opts="loop"):
+    """Run sh `script` with image img mounted at $M in a private mount namespace."""
+    mnt = img + ".mnt"
+    os.makedirs(mnt, exist_ok=True)
+    try:
+        run(["unshare", "-m", "sh", "-c", f"set -e; mount -o {opts} {img} {mnt}; M={mnt}; {script}; umount {mnt}"])
+    finally:
+        os.rmdir(mnt)
+
+
 def copied_while_mounted(img, out, script, opts="loop,commit=1"):
     """out: a copy of image img taken while the kernel has it mounted and `script` (sh, run in the
     mount as $M) has written, after a journal commit (ext4's commit=1) but before the metadata is
     written in place: what a nightly archive without a guest agent catches."""
-    mnt = img + ".mnt"
-    os.makedirs(mnt, exist_ok=True)
-    try:
-        run(["unshare", "-m", "sh", "-c", f"set -e; mount -o {opts} {img} {mnt}; M={mnt}; {script}; "
-             f"sleep 2.5; cp --sparse=always {img} {out}; umount {mnt}"])
-    finally:
-        os.rmdir(mnt)
+    in_mount(img, f"{script}; sleep 2.5; cp --sparse=always {img} {out}", opts)
 
 
 def debugfs(img, *cmds):
@@ -249,26 +253,14 @@ def debugfs(img, *cmds):
 def files_of(img, dest, opts="ro,loop"):
     """Copy the files of file-system image img to dest through a private (read-only) loop mount."""
     os.makedirs(dest, exist_ok=True)
-    mnt = img + ".mnt"
-    os.makedirs(mnt, exist_ok=True)
-    try:
-        run(["unshare", "-m", "sh", "-c",
-             f"set -e; mount -o {opts} {img} {mnt}; cp -a {mnt}/. {dest}/; umount {mnt}"])
-    finally:
-        os.rmdir(mnt)
+    in_mount(img, f"cp -a $M/. {dest}/", opts)
 
 
 def xfs_crashed(img, out, script):
     """out: a copy of XFS image img after `script` (sh, run in the mount as $M) wrote and the file
     system was shut down with its log forced (xfs_io godown): the log holds committed transactions
     that were never written in place, as in a guest that lost power."""
-    mnt = img + ".mnt"
-    os.makedirs(mnt, exist_ok=True)
-    try:
-        run(["unshare", "-m", "sh", "-c", f"set -e; mount -o loop {img} {mnt}; M={mnt}; {script}; "
-             f"xfs_io -x -c 'shutdown -f' {mnt}; umount {mnt}"])
-    finally:
-        os.rmdir(mnt)
+    in_mount(img, f"{script}; xfs_io -x -c 'shutdown -f' $M")
     shutil.copy(img, out)
 
 

@@ -528,20 +528,28 @@ XFS_DAY2 = ("rm $M/etc/shadow; echo rewritten > $M/etc/hostname; chmod 600 $M/et
             "mkdir $M/late; head -c 5000 /dev/urandom > $M/late/last.bin; xfs_io -c fsync $M/late/last.bin")
 
 
-def test_crash_consistent_xfs_log_is_replayed(tmp_path, monkeypatch):
-    """An XFS shut down with committed transactions only in its log reads as a kernel mount of a copy
-    (which replays the log) shows it; with its last log record torn, as far as the last whole commit."""
+def _xfs_crashed(tmp_path, seed, script):
+    """(dir, image after `script` and a shutdown with the log forced, view of the image before it)."""
     if os.geteuid() != 0 or not G.have("mkfs.xfs", "xfs_io", "xfs_logprint", "unshare"):
         pytest.skip("needs root and xfsprogs")
     from foundation.guestfs import DiskFiles
 
     t = str(tmp_path)
     src = os.path.join(t, "src")
-    root_tree(src, 0, seed=11)
+    root_tree(src, 0, seed=seed)
     img, crash = os.path.join(t, "xfs.img"), os.path.join(t, "crash.img")
     G.xfs(img, 24 * MIB, src)
     clean = _view(DiskFiles(G.Bytes(img)).volumes()[""])
-    G.xfs_crashed(img, crash, XFS_DAY2)
+    G.xfs_crashed(img, crash, script)
+    return t, crash, clean
+
+
+def test_crash_consistent_xfs_log_is_replayed(tmp_path, monkeypatch):
+    """An XFS shut down with committed transactions only in its log reads as a kernel mount of a copy
+    (which replays the log) shows it; with its last log record torn, as far as the last whole commit."""
+    from foundation.guestfs import DiskFiles
+
+    t, crash, clean = _xfs_crashed(tmp_path, 11, XFS_DAY2)
     assert "state: <DIRTY>" in G.run(["xfs_logprint", "-t", crash])
 
     vol = DiskFiles(G.Bytes(crash)).volumes()[""]
@@ -572,18 +580,11 @@ def test_crash_consistent_xfs_log_is_replayed(tmp_path, monkeypatch):
 
 def test_xfs_log_that_cannot_be_replayed_is_one_line(tmp_path, caplog):
     """A log record damaged far before the head: one log line, the disk as it lies, never a crash."""
-    if os.geteuid() != 0 or not G.have("mkfs.xfs", "xfs_io", "xfs_logprint", "unshare"):
-        pytest.skip("needs root and xfsprogs")
     from foundation.guestfs import DiskFiles
 
-    t = str(tmp_path)
-    src = os.path.join(t, "src")
-    root_tree(src, 0, seed=12)
-    img, crash = os.path.join(t, "xfs.img"), os.path.join(t, "crash.img")
-    G.xfs(img, 24 * MIB, src)
-    clean = _view(DiskFiles(G.Bytes(img)).volumes()[""])
     # many small commits, so that the first record of the log is more than eight records before the head
-    G.xfs_crashed(img, crash, "for i in $(seq 1 12); do echo $i > $M/f$i; xfs_io -c fsync $M/f$i; done")
+    t, crash, clean = _xfs_crashed(tmp_path, 12, "for i in $(seq 1 12); do echo $i > $M/f$i; "
+                                                 "xfs_io -c fsync $M/f$i; done")
     out = G.run(["xfs_logprint", "-t", crash])
     log_daddr = int(out.split("daddr: ")[1].split()[0])
     tail = int(out.split("log tail: ")[1].split()[0])
