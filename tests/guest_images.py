@@ -264,15 +264,14 @@ def xfs_crashed(img, out, script):
     shutil.copy(img, out)
 
 
-def xfs_last_record(img):
-    """Byte offset of the last record header before the head of XFS image img's internal log,
-    as xfs_logprint reports the head (independent of the code under test)."""
+def xfs_records(img):
+    """(byte offset of the internal log, [block of each record header from the tail to the head]) of
+    XFS image img, as xfs_logprint reads them (independent of the code under test)."""
     out = run(["xfs_logprint", "-t", img])
-    head = int(out.split("head: ")[1].split()[0])
     log_daddr = int(out.split("daddr: ")[1].split()[0])
-    with open(img, "rb") as f:
-        for blk in range(head - 1, -1, -1):
-            f.seek((log_daddr + blk) * 512)
-            if f.read(4) == b"\xfe\xed\xba\xbe":
-                return (log_daddr + blk) * 512
-    raise RuntimeError(f"no log record before head {head} in {img}")
+    tail, head = (int(out.split(f"{w}: ")[1].split()[0]) for w in ("log tail", "head"))
+    if tail > head:
+        raise RuntimeError(f"the log of {img} wraps; xfs_records reads only one that does not")
+    headers = [int(ln.split()[0]) for ln in run(["xfs_logprint", "-d", img]).splitlines()
+               if " HEADER Cycle " in ln]
+    return log_daddr * 512, [b for b in headers if tail <= b < head]

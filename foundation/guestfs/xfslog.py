@@ -36,6 +36,7 @@ BB = 512
 RECORD_MAGIC = 0xFEEDBABE
 CYCLE_DATA = 32 << 10        # bytes of record data whose first words one header block saves
 TORN = 8                     # records in flight at a crash (XLOG_MAX_ICLOGS): a bad CRC there is a torn write
+MAX_RECORD = 256 << 10       # the largest log record (XLOG_MAX_RECORD_BSIZE)
 START, COMMIT, CONTINUE, WAS_CONT, END, UNMOUNT = 0x01, 0x02, 0x04, 0x08, 0x10, 0x20
 TRANS_MAGIC = 0x5452414E     # "TRAN"
 MAX_REGIONS = 257            # XLOG_MAX_REGIONS_IN_ITEM
@@ -193,18 +194,29 @@ class Log:
         return hcycle if word == RECORD_MAGIC else word
 
     def head(self):
-        """The block after the last one written, as xlog_find_head finds it (binary search on cycles)."""
+        """The block after the last one written, as xlog_find_head finds it: a binary search for
+        where the cycle drops, then back to the first block of the last few records' span that
+        the crash left unwritten (log writes in flight complete out of order)."""
         first, last = self.cycle(0), self.cycle(self.nbb - 1)
         if first == last:
-            return 0                 # written all round with one cycle: the head is at the wrap
-        lo, hi = 0, self.nbb - 1     # cycle(lo) == first, cycle(hi) == last: find the first block of `last`
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if self.cycle(mid) == first:
-                lo = mid
-            else:
-                hi = mid
-        return hi
+            head, cycle = self.nbb, last  # written all round with one cycle: the head is at the wrap
+        else:
+            lo, hi = 0, self.nbb - 1      # cycle(lo) == first, cycle(hi) == last: find the first block of `last`
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if self.cycle(mid) == first:
+                    lo = mid
+                else:
+                    hi = mid
+            head, cycle = hi, first
+        span = min(self.nbb, TORN * MAX_RECORD // BB)
+        window = self.blocks(head - span, span)
+        for i in range(span):
+            b = head - span + i           # below 0: the end of the log, written in the previous pass
+            word, hcycle = struct.unpack_from(">II", window, i * BB)
+            if (hcycle if word == RECORD_MAGIC else word) != (cycle if b >= 0 else cycle - 1):
+                return b % self.nbb
+        return head % self.nbb
 
     def record(self, blk):
         hdr = self.blocks(blk, 1)
@@ -236,17 +248,19 @@ class Log:
             if last.end() % self.nbb != head:
                 head = last.blk          # the last record was not written whole
                 continue
-            if last.nops == 1 and last.data()[9] & UNMOUNT:
+            if last.nops == 1 and last.length >= 12 and last.data()[9] & UNMOUNT:
                 return []                # unmounted cleanly
-            tail = (last.tail_lsn & 0xFFFFFFFF) % self.nbb
+            tail, cycle = (last.tail_lsn & 0xFFFFFFFF) % self.nbb, last.tail_lsn >> 32
             recs, blk = [], tail
             while blk != head:
                 r = self.record(blk)
-                if r is None:
-                    raise LogError(f"no log record at block {blk} between the tail and the head")
+                if r is None or r.cycle != cycle:
+                    raise LogError(f"no log record of cycle {cycle} at block {blk} between the tail and the head")
                 recs.append(r)
                 if len(recs) > self.nbb:
                     raise LogError("the log's records do not lead from its tail to its head")
+                if r.end() >= self.nbb:
+                    cycle += 1           # the log wrapped
                 blk = r.end() % self.nbb
             bad = next((i for i, r in enumerate(recs) if self.crc and not r.crc_ok()), None)
             if bad is None:
