@@ -44,26 +44,25 @@ class XfsVolume(Volume):
             raise RuntimeError("XFS needs libfsxfs-python: pip install 'foundation[fuse]'")
         super().__init__(disk, name)
         self.warned = set()
-        blocks = self._replay(disk, name, source)
-        if blocks:
-            source = Overlay(source, blocks, struct.unpack_from(">I", source.read(0, 8), 4)[0])
-            self.replayed = True
-        self.fobj = FileObject(source, disk.errors)
-        self.fs = pyfsxfs.volume()
-        disk.call(lambda: self.fs.open_file_object(self.fobj))
-        self.root_addr = disk.call(lambda: self.fs.get_root_directory().inode_number)
-
-    def _replay(self, disk, name, source):
-        """The blocks the log's committed transactions write ({} for none), or None when the log
-        cannot be replayed (one log line; the volume is marked unreplayed)."""
+        self._open(source)          # as the disk holds it: a volume libfsxfs cannot read fails here
         try:
-            return disk.call(lambda: xfslog.replay(source.read, source.read(0, 512)))
+            blocks = disk.call(lambda: xfslog.replay(source.read, source.read(0, 512)))
+            if blocks:
+                bs, = struct.unpack_from(">I", disk.call(lambda: source.read(0, 8)), 4)
+                self._open(Overlay(source, blocks, bs))
+                self.replayed = True
         except Exception as e:
-            why = str(e.cause if isinstance(e, ReadFailed) else e) or type(e).__name__
+            why = (str(e.cause if isinstance(e, ReadFailed) else e) or type(e).__name__).splitlines()[0]
             scrub(e)
             self.unreplayed = True
             disk._unreplayed(name, "xfs", f"cannot replay the log: {why}")
-            return None
+
+    def _open(self, source):
+        fobj = FileObject(source, self.disk.errors)
+        fs = pyfsxfs.volume()
+        self.disk.call(lambda: fs.open_file_object(fobj))
+        root = self.disk.call(lambda: fs.get_root_directory().inode_number)
+        self.fobj, self.fs, self.root_addr = fobj, fs, root
 
     def root(self):
         return self.disk.call(lambda: _entry(self.fs.get_file_entry_by_inode(self.root_addr), b""))

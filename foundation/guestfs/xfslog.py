@@ -43,18 +43,17 @@ MAX_REGIONS = 257            # XLOG_MAX_REGIONS_IN_ITEM
 LI_INODE, LI_BUF, LI_ICREATE = 0x123B, 0x123C, 0x123F
 LI_BUI, LI_BUD, LI_XMI, LI_XMD = 0x1244, 0x1245, 0x1248, 0x1249
 BLF_INODE_BUF, BLF_CANCEL, BLF_DQUOT = 0x1, 0x2, 0x4 | 0x8 | 0x10
-ILOG_CORE, ILOG_DDATA, ILOG_DEXT, ILOG_DBROOT, ILOG_DEV = 0x1, 0x2, 0x4, 0x8, 0x10
-ILOG_ADATA, ILOG_AEXT, ILOG_ABROOT, ILOG_OWNER = 0x40, 0x80, 0x100, 0x200 | 0x400
-ILOG_DFORK, ILOG_AFORK = 0x2 | 0x4 | 0x8, 0x40 | 0x80 | 0x100
+ILOG_DBROOT, ILOG_DEV, ILOG_ABROOT, ILOG_OWNER = 0x8, 0x10, 0x100, 0x200 | 0x400
+ILOG_DFORK, ILOG_AFORK = 0x2 | 0x4 | 0x8, 0x40 | 0x80 | 0x100     # data, extents or btree root
 DIFLAG2_BIGTIME, DIFLAG2_NREXT64 = 1 << 3, 1 << 4
 INCOMPAT_META_UUID = 1 << 2
 NULL_LSN = 0xFFFFFFFFFFFFFFFF
 
 # v5 metadata blocks: magic -> (offset of the LSN, of the CRC, of the UUID), as xlog_recover_get_buf_lsn
 # reads them and the write verifiers stamp them. The CRC covers the buffer with the CRC field zeroed.
-_SHORT_BTREE = (24, 52, 32)
+_SHORT_BTREE = (24, 52, 32)        # free space by block and size, rmap, refcount, inode, free inode
 _META32 = {
-    **dict.fromkeys((0x41423342, 0x41423343, 0x52334d42, 0x52334643, 0x46494233, 0x49414233), _SHORT_BTREE),
+    **dict.fromkeys((0x41423342, 0x41423343, 0x524D4233, 0x52334643, 0x46494233, 0x49414233), _SHORT_BTREE),
     0x424D4133: (32, 64, 40),                     # bmap btree (long pointers)
     0x58414746: (208, 216, 64),                   # AGF
     0x58414749: (320, 312, 296),                  # AGI
@@ -94,6 +93,9 @@ class Geometry:
         self.sectsize, self.inodesize = struct.unpack_from(">HH", sb, 102)
         self.inopblog, self.agblklog = sb[123], sb[124]
         incompat, = struct.unpack_from(">I", sb, 216)
+        if (self.blocksize not in [1 << n for n in range(9, 17)] or self.inodesize not in (256, 512, 1024, 2048)
+                or self.sectsize not in [1 << n for n in range(9, 16)] or not 0 < self.agblklog < 32):
+            raise LogError("the superblock's geometry is implausible")
         self.uuid = sb[248:264] if self.version == 5 and incompat & INCOMPAT_META_UUID else sb[32:48]
 
     def agblock_daddr(self, agno, agbno):
@@ -226,13 +228,15 @@ class Log:
         if magic != RECORD_MAGIC or version not in (1, 2) or not 0 < length <= 1 << 20:
             return None
         hblks = -(-size // CYCLE_DATA) if version == 2 and size > CYCLE_DATA else 1
+        if -(-length // CYCLE_DATA) > hblks:
+            return None              # more data than its header blocks have cycle words for
         if hblks > 1:
             hdr = self.blocks(blk, hblks)
         return Record(blk % self.nbb, hdr, hblks, self.blocks(blk + hblks, -(-length // BB)))
 
     def last_record(self, head):
-        """The last record header before head, or None."""
-        for back in range(1, self.nbb + 1):
+        """The last record header before head, or None (a record is at most MAX_RECORD long)."""
+        for back in range(1, min(self.nbb, 2 * MAX_RECORD // BB) + 1):
             blk = (head - back) % self.nbb
             if struct.unpack_from(">I", self.blocks(blk, 1), 0)[0] == RECORD_MAGIC:
                 return self.record(blk)
