@@ -11,6 +11,7 @@ copied from: bytes, type, mode, owner, size, mtime, symlink target.
 
 import os
 import random
+import re
 import shutil
 import stat
 import subprocess
@@ -545,6 +546,9 @@ XFS_DAY2 = ("rm $M/etc/shadow; echo rewritten > $M/etc/hostname; chmod 600 $M/et
             "mv $M/usr/bin/tool $M/usr/bin/renamed; mkdir $M/many; "
             "for i in $(seq 1 400); do echo \"entry $i\" > $M/many/file-with-a-long-name-$i; done; "
             "head -c 200000 /dev/urandom >> $M/var/lib/big.bin; ln -s ../many $M/etc/many; "
+            # an attribute fork beside inline data and extents; a symlink target in a block of its own
+            "python3 -c 'import os, sys; [os.setxattr(p, b\"user.k\", b\"v\" * 60) for p in sys.argv[1:]]' "
+            "$M/etc/hostname $M/many/file-with-a-long-name-9 $M/many; ln -s /$(printf 'x%.0s' $(seq 300)) $M/far; "
             "chown 1000:100 $M/many/file-with-a-long-name-7; xfs_io -c fsync $M/var/lib/big.bin; "
             # 300 extents: the file's data fork becomes a btree, logged as its root (DBROOT)
             "xfs_io -f " + " ".join(f"-c 'pwrite -S {o % 251} {o * 8192} 4096'" for o in range(300)) +
@@ -578,7 +582,9 @@ def test_crash_consistent_xfs_log_is_replayed(tmp_path, monkeypatch):
 
     t, crash, clean = _xfs_crashed(tmp_path, 11, XFS_DAY2)
     printed = G.run(["xfs_logprint", "-t", crash])
-    assert "state: <DIRTY>" in printed and "flags:0x9 " in printed      # an inode core + btree root logged
+    # logged: an inode core with its data fork's btree root, one with an attribute fork
+    logged = {int(f, 16) for f in re.findall(r"INODE: .* flags:0x([0-9a-f]+) ", printed)}
+    assert "state: <DIRTY>" in printed and 0x9 in logged and any(f & 0x40 for f in logged)
 
     vol = DiskFiles(G.Bytes(crash)).volumes()[""]
     assert (vol.replayed, vol.unreplayed) == (True, False)
@@ -588,6 +594,7 @@ def test_crash_consistent_xfs_log_is_replayed(tmp_path, monkeypatch):
     assert _repair_complaints(crash, t) == []          # replayed metadata with its LSNs and CRCs right
     assert got["/etc/hostname"][0] == stat.S_IFREG | 0o600 and got["/etc/hostname"][5] == b"rewritten\n"
     assert got != clean and "/late/last.bin" in got and got["/var/frag.bin"][3] == 299 * 8192 + 4096
+    assert got["/far"][4] == b"/" + b"x" * 300
     with monkeypatch.context() as m:                 # the changes are in the log only: unreplayed, they are lost
         m.setattr("foundation.guestfs.xfslog.replay", lambda read, sb: {})
         lies = _view(DiskFiles(G.Bytes(crash)).volumes()[""])
