@@ -20,8 +20,12 @@ written by a big-endian host, a bad CRC before the last records, an
 unfinished block-mapping or exchange intent, an inode owner change)
 raises LogError: the caller shows the disk as it lies and says so.
 
-A record whose CRC fails among the last eight before the head is a write
-torn by the crash, as the kernel treats it: the log ends before it.
+A record whose CRC fails among the last eight before the head, or a block
+there the crash left unwritten (log writes in flight finish out of
+order), is a write torn by the crash, as the kernel treats it: the log
+ends before it. Left as the log leaves them, as no reader sees them: the
+superblock's free counters and the inodes on the unlinked lists, which
+the kernel recounts and frees at mount.
 """
 
 import struct
