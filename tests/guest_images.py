@@ -278,82 +278,17 @@ def xfs_records(img):
     return log_daddr * 512, [b for b in headers if tail <= b < head]
 
 
-THIN_LVS = """
-	logical_volumes {{
-		{pool} {{
-			id = "{uuid}1"
-			status = ["READ", "WRITE", "VISIBLE"]
-			flags = []
-			segment_count = 1
-			segment1 {{
-				start_extent = 0
-				extent_count = {data_extents}
-				type = "thin-pool"
-				metadata = "{pool}_tmeta"
-				pool = "{pool}_tdata"
-				transaction_id = {transaction}
-				chunk_size = {chunk_sectors}
-				discards = "passdown"
-				zero_new_blocks = 1
-			}}
-		}}
-		{pool}_tmeta {{
-			id = "{uuid}2"
-			status = ["READ", "WRITE"]
-			flags = []
-			segment_count = 1
-			segment1 {{
-				start_extent = 0
-				extent_count = {meta_extents}
-				type = "striped"
-				stripe_count = 1
-				stripes = ["pv0", 0]
-			}}
-		}}
-		{pool}_tdata {{
-			id = "{uuid}3"
-			status = ["READ", "WRITE"]
-			flags = []
-			segment_count = 1
-			segment1 {{
-				start_extent = 0
-				extent_count = {data_extents}
-				type = "striped"
-				stripe_count = 1
-				stripes = ["pv0", {meta_extents}]
-			}}
-		}}
-{thin}{linear}	}}
-"""
-LINEAR_LV = """		{name} {{
-			id = "{uuid}"
-			status = ["READ", "WRITE", "VISIBLE"]
-			flags = []
-			segment_count = 1
-			segment1 {{
-				start_extent = 0
-				extent_count = {extents}
-				type = "striped"
-				stripe_count = 1
-				stripes = ["pv0", {start}]
-			}}
-		}}
-"""
-THIN_LV = """		{name} {{
-			id = "{uuid}"
-			status = ["READ", "WRITE", "VISIBLE"]
-			flags = []
-			segment_count = 1
-			segment1 {{
-				start_extent = 0
-				extent_count = {extents}
-				type = "thin"
-				thin_pool = "{pool}"
-				transaction_id = 0
-				device_id = {dev_id}
-			}}
-		}}
-"""
+def _lv_text(name, n, extents, seg, visible=True):
+    """One LV of hand-written VG metadata: a single segment whose fields are seg {key: value}."""
+    fields = "".join(f"\t\t\t\t{k} = {v}\n" for k, v in seg.items())
+    status = '["READ", "WRITE", "VISIBLE"]' if visible else '["READ", "WRITE"]'
+    return (f"\t\t{name} {{\n\t\t\tid = \"handLV-test-0000-0000-0000-0000-{n:06d}\"\n\t\t\tstatus = {status}\n"
+            f"\t\t\tflags = []\n\t\t\tsegment_count = 1\n\t\t\tsegment1 {{\n\t\t\t\tstart_extent = 0\n"
+            f"\t\t\t\textent_count = {extents}\n{fields}\t\t\t}}\n\t\t}}\n")
+
+
+def _linear(start):
+    return {"type": '"striped"', "stripe_count": 1, "stripes": f'["pv0", {start}]'}
 
 
 def lvm_thin_pv(path, size, vg, pool, thins, data_mib, linear=(), chunk=64 << 10, meta_mib=1):
@@ -408,19 +343,21 @@ def lvm_thin_pv(path, size, vg, pool, thins, data_mib, linear=(), chunk=64 << 10
         run(["vgcreate", "-q", "-s", "1m", "--setautoactivation", "n"] + lvm + [vg, dev])
         text = path + ".vg"
         run(["vgcfgbackup", "-q"] + lvm + ["-f", text, vg])
-        lvs = THIN_LVS.format(pool=pool, uuid="thinLV-test-0000-0000-0000-0000-00000", data_extents=data_mib,
-                              meta_extents=meta_mib, transaction=1, chunk_sectors=chunk // 512,
-                              thin="".join(THIN_LV.format(name=n, uuid=f"thinLV-test-0000-0000-0000-0000-00010{i}",
-                                                          extents=mib, pool=pool, dev_id=i)
-                                           for i, (n, _, mib) in enumerate(thins, 1)),
-                              linear="".join(LINEAR_LV.format(name=n, uuid=f"linear-test-0000-0000-0000-0000-00010{i}",
-                                                              extents=-(-os.path.getsize(img) // MIB), start=start)
-                                             for i, (n, img, start) in enumerate(placed)))
+        lvs = [_lv_text(pool, 1, data_mib, {
+                   "type": '"thin-pool"', "metadata": f'"{pool}_tmeta"', "pool": f'"{pool}_tdata"',
+                   "transaction_id": 1, "chunk_size": chunk // 512, "discards": '"passdown"',
+                   "zero_new_blocks": 1}),
+               _lv_text(f"{pool}_tmeta", 2, meta_mib, _linear(0), visible=False),
+               _lv_text(f"{pool}_tdata", 3, data_mib, _linear(meta_mib), visible=False)]
+        lvs += [_lv_text(n, 10 + i, mib, {"type": '"thin"', "thin_pool": f'"{pool}"', "transaction_id": 0,
+                                          "device_id": i}) for i, (n, _, mib) in enumerate(thins, 1)]
+        lvs += [_lv_text(n, 100 + i, -(-os.path.getsize(img) // MIB), _linear(start))
+                for i, (n, img, start) in enumerate(placed)]
         with open(text) as f:
             vgtext = f.read()
         end = vgtext.rindex("}")
         with open(text, "w") as f:
-            f.write(vgtext[:end] + lvs + vgtext[end:])
+            f.write(vgtext[:end] + "\tlogical_volumes {\n" + "".join(lvs) + "\t}\n" + vgtext[end:])
         run(["vgcfgrestore", "-q", "--force"] + lvm + ["-f", text, vg])
         os.remove(text)
         pe_start = int(run(["pvs"] + lvm + ["--noheadings", "--units", "b", "--nosuffix", "-o", "pe_start", dev]))

@@ -2,7 +2,8 @@
 
 RHEL-like (GPT: FAT ESP, XFS /boot, LVM PV with an XFS root LV and swap),
 Ubuntu-like (MBR: ext4 /boot, LVM in a logical partition with an ext4
-root), Fedora-like (GPT: btrfs with `root` and `home` subvolumes; needs
+root), LVM thin (an ext4 root in a thin pool, a linear LV beside it),
+Fedora-like (GPT: btrfs with `root` and `home` subvolumes; needs
 the optional extra), LUKS beside a plain /boot, and a disk whose XFS
 superblock is damaged. Each is archived on two days with files added,
 removed and rewritten; every file is compared with the directory it was
@@ -37,7 +38,7 @@ pytest.importorskip("pyfsxfs")
 pytest.importorskip("pyvslvm")
 CAN_BUILD = os.geteuid() == 0 and os.path.exists("/dev/fuse") and HAVE_PYFUSE3 and G.have(
     "mkfs.xfs", "mkfs.btrfs", "pvcreate", "cryptsetup", "losetup", "unshare", "mkswap", "mkntfs", "ntfscp",
-    "mkfs.exfat", "mount.exfat-fuse")
+    "mkfs.exfat", "mount.exfat-fuse", "thin_restore", "thin_dump")
 MIB = G.MIB
 DAYS = [T.utc(2026, 11, 19), T.utc(2026, 11, 21)]
 MTIME = 1_700_000_000

@@ -4,7 +4,8 @@ The partition table (MBR with logical partitions, GPT) is read by TSK;
 each partition, or the bare disk, is then recognised by its signature and
 handed to one reader: LVM2 physical volumes to libvslvm (the metadata is
 parsed, nothing is activated, the host's LVM never sees the group), whose
-logical volumes are recognised in turn; XFS to libfsxfs; btrfs to Dissect
+visible logical volumes are recognised in turn (thin ones mapped through
+their pool by thin.py, the pool itself hidden); XFS to libfsxfs; btrfs to Dissect
 (optional); LUKS is named and never opened; swap is hidden; everything
 else is tried with TSK (ext2/3/4, FAT, exFAT, NTFS), an ext file system
 with its committed journal transactions replayed in memory first
@@ -226,14 +227,15 @@ class DiskFiles:
         """The byte source of one LV, or None (logged once per thin pool that cannot be read)."""
         try:
             return self.call(opener)
-        except PoolFailed as e:
-            where = f"{pv_name}/{e.pool}".lstrip("/")
-            if where not in self.failed:
-                self._fail(where, "thin pool", e.reason)
         except Exception as e:
-            msg = _reason(e.cause if isinstance(e, ReadFailed) else e)
+            pool = e if isinstance(e, PoolFailed) else e.__cause__   # a read that failed under it
+            if isinstance(pool, PoolFailed):
+                where = f"{pv_name}/{pool.pool}".lstrip("/")
+                if where not in self.failed:
+                    self._fail(where, "thin pool", pool.reason)
+            else:
+                self._fail(lv_path, "lvm", _reason(e.cause if isinstance(e, ReadFailed) else e))
             scrub(e)
-            self._fail(lv_path, "lvm", msg)
         return None
 
     def _thin(self, vg_name, lvs, lv, mapped, pools, extent_sectors):
