@@ -777,3 +777,42 @@ def test_damaged_thin_pool_is_one_log_line(tmp_path, caplog):
     lines = [r.getMessage() for r in caplog.records if "cannot read" in r.getMessage()]
     assert lines == ["cannot read 2026/11/25/030000/vm/vda/p2/tvg/pool (thin pool): thin pool superblock checksum "
                      "is wrong; the rest of the disk is shown"]
+
+
+def test_failed_read_under_a_thin_pool(tmp_path, caplog):
+    """A store read that fails in a thin pool's data fails that file's read, not its neighbour's;
+    one that fails in its metadata is one log line for the pool, the rest of the disk shown."""
+    if not (CAN_BUILD and G.have("thin_restore", "thin_dump")):
+        pytest.skip("needs root, lvm2 and thin-provisioning-tools")
+    from foundation.errors import DataCorrupt
+    from foundation.guestfs import DiskFiles, ReadFailed
+
+    t = str(tmp_path)
+    src = os.path.join(t, "src")
+    T.write_tree(src, {"a.bin": b"A" * 12 * MIB, "b.bin": b"B" * 200_000})
+    G.ext4(os.path.join(t, "root.img"), 24 * MIB, src)
+    disk, maps, tmeta = _thin_disk(t, [("root", os.path.join(t, "root.img"), 24)], data_mib=20)
+    with open(os.path.join(t, "root.img"), "rb") as f:
+        c = f.read().find(b"A" * 4096) // (64 << 10) + 96               # a pool chunk 6 MiB into a.bin
+    s = G.Bytes(disk)
+    df = DiskFiles(s, label="test/vda")
+    vol = df.volumes()["p2/tvg/root"]
+    names = {e.name: e for e in vol.list_dir(vol.root().addr)}
+    bad = tmeta + MIB + maps["root"][c] * (64 << 10) + 100
+    s.bad = (bad, bad + 1)
+    df.bytes.cache.clear()                 # opening ext4 read the whole LV: as if long evicted
+    ea, eb = names[b"a.bin"], names[b"b.bin"]
+    fa = vol.open_file(ea.addr)
+    with pytest.raises(ReadFailed) as ex:
+        vol.read_file(fa, 0, ea.size, ea.size)
+    assert isinstance(ex.value.cause, DataCorrupt)
+    assert vol.read_file(fa, 0, 4096, ea.size) == b"A" * 4096        # before the damage
+    fb = vol.open_file(eb.addr)
+    assert vol.read_file(fb, 0, eb.size, eb.size) == b"B" * 200_000
+    s.bad = (tmeta + 100, tmeta + 101)                   # the pool's superblock
+    df = DiskFiles(s, label="2026/11/25/030000/vm/vda")
+    with caplog.at_level("WARNING"):
+        assert sorted(df.volumes()) == ["p1"]
+    lines = [r.getMessage() for r in caplog.records if "cannot read" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].startswith("cannot read 2026/11/25/030000/vm/vda/p2/tvg/pool (thin pool): ")
+    assert lines[0].endswith("; the rest of the disk is shown"), lines
