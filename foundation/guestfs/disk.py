@@ -252,7 +252,8 @@ class DiskFiles:
             try:
                 pool = pools[pool_name] = self._pool(lvs, pool_name, mapped)
             except Exception as e:
-                msg = _reason(e.cause if isinstance(e, ReadFailed) else e)
+                # A read that failed under libvslvm says why in errors, not in its own message.
+                msg = _reason(self.errors[0][2] if self.errors else e)
                 scrub(e)
                 pool = pools[pool_name] = PoolFailed(pool_path, msg)
         if isinstance(pool, PoolFailed):
