@@ -293,8 +293,9 @@ def _linear(start):
 
 def lvm_thin_pv(path, size, vg, pool, thins, data_mib, linear=(), chunk=64 << 10, meta_mib=1):
     """An LVM2 physical volume holding vg with thin pool `pool` (meta_mib MiB of _tmeta, then
-    data_mib MiB of _tdata), thin LVs [(name, image file, virtual MiB)] and after the pool linear
-    LVs [(name, image file)] (1 MiB extents), never activated.
+    data_mib MiB of _tdata), thin LVs [(name, image file, virtual MiB)] (image None: a thin LV
+    whose device the pool's metadata lacks) and after the pool linear LVs [(name, image file)]
+    (1 MiB extents), never activated.
 
     lvcreate will not make a thin pool without device-mapper, so the group's metadata is
     written by hand and restored with vgcfgrestore; the pool's metadata is made by
@@ -306,6 +307,8 @@ def lvm_thin_pv(path, size, vg, pool, thins, data_mib, linear=(), chunk=64 << 10
     maps, chunks, nxt = {}, {}, data_mib * MIB // chunk
     for name, img, _ in thins:
         maps[name] = {}
+        if img is None:
+            continue
         with open(img, "rb") as f:
             v = 0
             while block := f.read(chunk):
@@ -318,7 +321,9 @@ def lvm_thin_pv(path, size, vg, pool, thins, data_mib, linear=(), chunk=64 << 10
         raise RuntimeError(f"{data_mib} MiB of pool data cannot hold the thin volumes' chunks")
     xml = [f'<superblock uuid="" time="1" transaction="1" flags="0" version="2" '
            f'data_block_size="{chunk // 512}" nr_data_blocks="{data_mib * MIB // chunk}">']
-    for dev_id, (name, _, _) in enumerate(thins, 1):
+    for dev_id, (name, img, _) in enumerate(thins, 1):
+        if img is None:
+            continue
         xml.append(f'<device dev_id="{dev_id}" mapped_blocks="{len(maps[name])}" transaction="0" '
                    f'creation_time="0" snap_time="1">')
         xml += [f'<single_mapping origin_block="{v}" data_block="{d}" time="1"/>'
@@ -331,7 +336,7 @@ def lvm_thin_pv(path, size, vg, pool, thins, data_mib, linear=(), chunk=64 << 10
         f.write("\n".join(xml) + "\n")
     run(["thin_restore", "-q", "-i", meta + ".xml", "-o", meta])
     os.remove(meta + ".xml")
-    if thin_mappings(meta) != {dev_id: maps[name] for dev_id, (name, _, _) in enumerate(thins, 1)}:
+    if thin_mappings(meta) != {dev_id: maps[name] for dev_id, (name, img, _) in enumerate(thins, 1) if img}:
         raise RuntimeError("thin_dump does not read back the mappings thin_restore was given")
     placed, start = [], meta_mib + data_mib
     for name, img in linear:

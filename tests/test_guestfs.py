@@ -762,12 +762,15 @@ def test_damaged_thin_pool_is_one_log_line(tmp_path, caplog):
     T.write_tree(src, {"a.txt": b"thin\n"})
     G.ext4(os.path.join(t, "root.img"), 8 * MIB, src)
     disk, _, tmeta = _thin_disk(t, [("root", os.path.join(t, "root.img"), 8),
-                                    ("home", os.path.join(t, "root.img"), 8)], data_mib=8,
+                                    ("home", os.path.join(t, "root.img"), 8), ("ghost", None, 8)], data_mib=8,
                                 linear=[("data", os.path.join(t, "root.img"))])
-    assert sorted(DiskFiles(G.Bytes(disk)).volumes()) == ["p1", "p2/tvg/data", "p2/tvg/home", "p2/tvg/root"]
+    df = DiskFiles(G.Bytes(disk))
+    assert sorted(df.volumes()) == ["p1", "p2/tvg/data", "p2/tvg/home", "p2/tvg/root"]
+    assert df.failed == {"p2/tvg/ghost": "thin device 3 is not in the pool's metadata"}     # its own line
     with open(disk, "r+b") as f:
         f.seek(tmeta + 200)
         f.write(b"\xff" * 8)
+    caplog.clear()
     df = DiskFiles(G.Bytes(disk), label="2026/11/25/030000/vm/vda")
     with caplog.at_level("WARNING"):
         vols = df.volumes()

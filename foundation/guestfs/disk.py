@@ -243,10 +243,11 @@ class DiskFiles:
         segs = lvmmeta.segments(lv)
         pool_name, dev_id = segs[0].get("thin_pool"), segs[0].get("device_id")
         pool_path = f"{vg_name}/{pool_name}"
+        # What is wrong with one thin LV is its own log line; what is wrong with the pool, the pool's.
         if any(seg.get("thin_pool") != pool_name or seg.get("device_id") != dev_id for seg in segs):
-            raise PoolFailed(pool_path, "a thin volume with segments in more than one device")
+            raise thin.ThinError("a thin volume with segments in more than one thin device")
         if any("external_origin" in seg for seg in segs):
-            raise PoolFailed(pool_path, "thin volumes with an external origin are not read")
+            raise thin.ThinError("thin volumes with an external origin are not read")
         pool = pools.get(pool_name)
         if pool is None:
             try:
@@ -259,10 +260,7 @@ class DiskFiles:
         if isinstance(pool, PoolFailed):
             raise pool
         size = sum(int(seg["extent_count"]) for seg in segs) * extent_sectors * 512
-        try:
-            return thin.ThinLv(pool, int(dev_id), size)
-        except thin.ThinError as e:
-            raise PoolFailed(pool_path, str(e)) from None
+        return thin.ThinLv(pool, int(dev_id), size)
 
     @staticmethod
     def _pool(lvs, pool_name, mapped):
