@@ -410,6 +410,21 @@ def test_crash_consistent_ext4_is_replayed(tmp_path):
     shutil.rmtree(mnt, ignore_errors=True)
 
 
+def _only_the_damaged_read_fails(vol, names):
+    """a.bin, damaged past its first 4 KiB, fails its whole read with the store's error; b.bin reads."""
+    from foundation.errors import DataCorrupt
+    from foundation.guestfs import ReadFailed
+
+    ea, eb = names[b"a.bin"], names[b"b.bin"]
+    fa = vol.open_file(ea.addr)
+    with pytest.raises(ReadFailed) as ex:
+        vol.read_file(fa, 0, ea.size, ea.size)
+    assert isinstance(ex.value.cause, DataCorrupt)
+    assert vol.read_file(fa, 0, 4096, ea.size) == b"A" * 4096        # before the damage
+    fb = vol.open_file(eb.addr)
+    assert vol.read_file(fb, 0, eb.size, eb.size) == b"B" * 200_000
+
+
 @pytest.mark.parametrize("fs", ["xfs", "btrfs"])
 def test_damaged_block_under_lvm_is_a_read_error_never_wrong_data(fs, tmp_path):
     """A store read that fails under libvslvm + libfsxfs (or Dissect) fails that read, not its neighbours."""
@@ -417,8 +432,7 @@ def test_damaged_block_under_lvm_is_a_read_error_never_wrong_data(fs, tmp_path):
         pytest.skip("needs root, xfsprogs, btrfs-progs, lvm2")
     if fs == "btrfs" and not HAVE_DISSECT_BTRFS:
         pytest.skip("btrfs needs the optional extra")
-    from foundation.errors import DataCorrupt
-    from foundation.snapshotfs.volumes import DiskFiles, ReadFailed
+    from foundation.snapshotfs.volumes import DiskFiles
 
     t = str(tmp_path)
     src = os.path.join(t, "src")
@@ -436,14 +450,7 @@ def test_damaged_block_under_lvm_is_a_read_error_never_wrong_data(fs, tmp_path):
     names = {e.name: e for e in vol.list_dir(vol.root_addr)}
     i = s.data.find(b"A" * 4096)
     s.bad = (i + 131072, i + 131073)      # these readers read 64 KiB at a time: damage 128 KiB in
-    ea, eb = names[b"a.bin"], names[b"b.bin"]
-    fa = vol.open_file(ea.addr)
-    with pytest.raises(ReadFailed) as ex:
-        vol.read_file(fa, 0, ea.size, ea.size)
-    assert isinstance(ex.value.cause, DataCorrupt)
-    assert vol.read_file(fa, 0, 4096, ea.size) == b"A" * 4096        # before the damage
-    fb = vol.open_file(eb.addr)
-    assert vol.read_file(fb, 0, eb.size, eb.size) == b"B" * 200_000
+    _only_the_damaged_read_fails(vol, names)
 
 
 def test_volume_group_on_two_disks_is_one_log_line(tmp_path, caplog):
@@ -787,8 +794,7 @@ def test_failed_read_under_a_thin_pool(tmp_path, caplog):
     one that fails in its metadata is one log line for the pool, the rest of the disk shown."""
     if not (CAN_BUILD and G.have("thin_restore", "thin_dump")):
         pytest.skip("needs root, lvm2 and thin-provisioning-tools")
-    from foundation.errors import DataCorrupt
-    from foundation.guestfs import DiskFiles, ReadFailed
+    from foundation.guestfs import DiskFiles
 
     t = str(tmp_path)
     src = os.path.join(t, "src")
@@ -804,14 +810,7 @@ def test_failed_read_under_a_thin_pool(tmp_path, caplog):
     bad = tmeta + MIB + maps["root"][c] * (64 << 10) + 100
     s.bad = (bad, bad + 1)
     df.bytes.cache.clear()                 # opening ext4 read the whole LV: as if long evicted
-    ea, eb = names[b"a.bin"], names[b"b.bin"]
-    fa = vol.open_file(ea.addr)
-    with pytest.raises(ReadFailed) as ex:
-        vol.read_file(fa, 0, ea.size, ea.size)
-    assert isinstance(ex.value.cause, DataCorrupt)
-    assert vol.read_file(fa, 0, 4096, ea.size) == b"A" * 4096        # before the damage
-    fb = vol.open_file(eb.addr)
-    assert vol.read_file(fb, 0, eb.size, eb.size) == b"B" * 200_000
+    _only_the_damaged_read_fails(vol, names)
     s.bad = (tmeta + 100, tmeta + 101)                   # the pool's superblock
     df = DiskFiles(s, label="2026/11/25/030000/vm/vda")
     with caplog.at_level("WARNING"):
