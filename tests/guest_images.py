@@ -10,6 +10,7 @@ reports. LUKS is formatted on a loop device, never opened.
 """
 
 import os
+import re
 import shutil
 import subprocess
 
@@ -275,3 +276,122 @@ def xfs_records(img):
     headers = [int(ln.split()[0]) for ln in run(["xfs_logprint", "-d", img]).splitlines()
                if " HEADER Cycle " in ln]
     return log_daddr * 512, [b for b in headers if tail <= b < head]
+
+
+def _lv_text(name, n, extents, seg, visible=True):
+    """One LV of hand-written VG metadata: a single segment whose fields are seg {key: value}."""
+    fields = "".join(f"\t\t\t\t{k} = {v}\n" for k, v in seg.items())
+    status = '["READ", "WRITE", "VISIBLE"]' if visible else '["READ", "WRITE"]'
+    return (f"\t\t{name} {{\n\t\t\tid = \"handLV-test-0000-0000-0000-0000-{n:06d}\"\n\t\t\tstatus = {status}\n"
+            f"\t\t\tflags = []\n\t\t\tsegment_count = 1\n\t\t\tsegment1 {{\n\t\t\t\tstart_extent = 0\n"
+            f"\t\t\t\textent_count = {extents}\n{fields}\t\t\t}}\n\t\t}}\n")
+
+
+def _linear(start):
+    return {"type": '"striped"', "stripe_count": 1, "stripes": f'["pv0", {start}]'}
+
+
+def lvm_thin_pv(path, size, vg, pool, thins, data_mib, linear=(), chunk=64 << 10, meta_mib=1):
+    """An LVM2 physical volume holding vg with thin pool `pool` (meta_mib MiB of _tmeta, then
+    data_mib MiB of _tdata), thin LVs [(name, image file, virtual MiB)] (image None: a thin LV
+    whose device the pool's metadata lacks) and after the pool linear LVs [(name, image file)]
+    (1 MiB extents), never activated.
+
+    lvcreate will not make a thin pool without device-mapper, so the group's metadata is
+    written by hand and restored with vgcfgrestore; the pool's metadata is made by
+    thin_restore from an XML mapping that places each image's non-zero chunks at data blocks
+    taken from the end of the pool backwards (so no thin block sits where it would
+    linearly), and checked with thin_dump. Returns ({thin LV: {virtual block: data block}},
+    byte offset of the first extent: _tmeta starts there, _tdata meta_mib MiB later)."""
+    blank(path, size)
+    maps, chunks, nxt = {}, {}, data_mib * MIB // chunk
+    for name, img, _ in thins:
+        maps[name] = {}
+        if img is None:
+            continue
+        with open(img, "rb") as f:
+            v = 0
+            while block := f.read(chunk):
+                if block.strip(b"\0"):
+                    nxt -= 1
+                    maps[name][v] = nxt
+                    chunks[(name, v)] = block
+                v += 1
+    if nxt < 0:
+        raise RuntimeError(f"{data_mib} MiB of pool data cannot hold the thin volumes' chunks")
+    xml = [f'<superblock uuid="" time="1" transaction="1" flags="0" version="2" '
+           f'data_block_size="{chunk // 512}" nr_data_blocks="{data_mib * MIB // chunk}">']
+    for dev_id, (name, img, _) in enumerate(thins, 1):
+        if img is None:
+            continue
+        xml.append(f'<device dev_id="{dev_id}" mapped_blocks="{len(maps[name])}" transaction="0" '
+                   f'creation_time="0" snap_time="1">')
+        xml += [f'<single_mapping origin_block="{v}" data_block="{d}" time="1"/>'
+                for v, d in sorted(maps[name].items())]
+        xml.append("</device>")
+    xml.append("</superblock>")
+    meta = path + ".tmeta"
+    blank(meta, meta_mib * MIB)
+    with open(meta + ".xml", "w") as f:
+        f.write("\n".join(xml) + "\n")
+    run(["thin_restore", "-q", "-i", meta + ".xml", "-o", meta])
+    os.remove(meta + ".xml")
+    if thin_mappings(meta) != {dev_id: maps[name] for dev_id, (name, img, _) in enumerate(thins, 1) if img}:
+        raise RuntimeError("thin_dump does not read back the mappings thin_restore was given")
+    placed, start = [], meta_mib + data_mib
+    for name, img in linear:
+        placed.append((name, img, start))
+        start += -(-os.path.getsize(img) // MIB)
+    with Loop(path) as dev:
+        lvm = ["--devices", dev, "--config", "devices { use_devicesfile = 0 } backup { backup = 0 archive = 0 }"]
+        run(["pvcreate", "-q"] + lvm + [dev])
+        run(["vgcreate", "-q", "-s", "1m", "--setautoactivation", "n"] + lvm + [vg, dev])
+        text = path + ".vg"
+        run(["vgcfgbackup", "-q"] + lvm + ["-f", text, vg])
+        lvs = [_lv_text(pool, 1, data_mib, {
+                   "type": '"thin-pool"', "metadata": f'"{pool}_tmeta"', "pool": f'"{pool}_tdata"',
+                   "transaction_id": 1, "chunk_size": chunk // 512, "discards": '"passdown"',
+                   "zero_new_blocks": 1}),
+               _lv_text(f"{pool}_tmeta", 2, meta_mib, _linear(0), visible=False),
+               _lv_text(f"{pool}_tdata", 3, data_mib, _linear(meta_mib), visible=False)]
+        lvs += [_lv_text(n, 10 + i, mib, {"type": '"thin"', "thin_pool": f'"{pool}"', "transaction_id": 0,
+                                          "device_id": i}) for i, (n, _, mib) in enumerate(thins, 1)]
+        lvs += [_lv_text(n, 100 + i, -(-os.path.getsize(img) // MIB), _linear(start))
+                for i, (n, img, start) in enumerate(placed)]
+        with open(text) as f:
+            vgtext = f.read()
+        end = vgtext.rindex("}")
+        with open(text, "w") as f:
+            f.write(vgtext[:end] + "\tlogical_volumes {\n" + "".join(lvs) + "\t}\n" + vgtext[end:])
+        run(["vgcfgrestore", "-q", "--force"] + lvm + ["-f", text, vg])
+        os.remove(text)
+        pe_start = int(run(["pvs"] + lvm + ["--noheadings", "--units", "b", "--nosuffix", "-o", "pe_start", dev]))
+        segs = dict(line.split() for line in run(["lvs", "-a"] + lvm + ["--noheadings", "-o", "lv_name,segtype",
+                                                                         vg]).splitlines())
+        if segs.get(pool) != "thin-pool" or any(segs.get(n) != "thin" for n, _, _ in thins) or any(
+                segs.get(n) != "linear" for n, _ in linear):
+            raise RuntimeError(f"LVM did not take the hand-written thin pool: {segs}")
+    put(meta, path, pe_start)
+    os.remove(meta)
+    for _, img, start in placed:
+        put(img, path, pe_start + start * MIB)
+    with open(path, "r+b") as f:
+        for (name, v), block in chunks.items():
+            f.seek(pe_start + meta_mib * MIB + maps[name][v] * chunk)
+            f.write(block)
+    return maps, pe_start
+
+
+def thin_mappings(meta):
+    """{device id: {virtual block: data block}} of a thin pool's metadata, as thin_dump reads it."""
+    out, dev = {}, None
+    for line in run(["thin_dump", meta]).splitlines():
+        a = {k: int(v) for k, v in re.findall(r'(\w+)="(\d+)"', line)}
+        if line.lstrip().startswith("<device"):
+            dev = out.setdefault(a["dev_id"], {})
+        elif "single_mapping" in line:
+            dev[a["origin_block"]] = a["data_block"]
+        elif "range_mapping" in line:
+            for i in range(a["length"]):
+                dev[a["origin_begin"] + i] = a["data_begin"] + i
+    return out

@@ -2,7 +2,8 @@
 
 RHEL-like (GPT: FAT ESP, XFS /boot, LVM PV with an XFS root LV and swap),
 Ubuntu-like (MBR: ext4 /boot, LVM in a logical partition with an ext4
-root), Fedora-like (GPT: btrfs with `root` and `home` subvolumes; needs
+root), LVM thin (an ext4 root in a thin pool, a linear LV beside it),
+Fedora-like (GPT: btrfs with `root` and `home` subvolumes; needs
 the optional extra), LUKS beside a plain /boot, and a disk whose XFS
 superblock is damaged. Each is archived on two days with files added,
 removed and rewritten; every file is compared with the directory it was
@@ -37,7 +38,7 @@ pytest.importorskip("pyfsxfs")
 pytest.importorskip("pyvslvm")
 CAN_BUILD = os.geteuid() == 0 and os.path.exists("/dev/fuse") and HAVE_PYFUSE3 and G.have(
     "mkfs.xfs", "mkfs.btrfs", "pvcreate", "cryptsetup", "losetup", "unshare", "mkswap", "mkntfs", "ntfscp",
-    "mkfs.exfat", "mount.exfat-fuse")
+    "mkfs.exfat", "mount.exfat-fuse", "thin_restore", "thin_dump")
 MIB = G.MIB
 DAYS = [T.utc(2026, 11, 19), T.utc(2026, 11, 21)]
 MTIME = 1_700_000_000
@@ -139,12 +140,22 @@ def build(base, day):
     G.exfat(img("win-exfat"), 16 * MIB, src["win-exfat"])
     G.disk(img("win"), 40 * MIB, [(img("win-ntfs"), G.GPT_MSDATA), (img("win-exfat"), G.GPT_MSDATA)])
     disks["win"] = {"vda": img("win")}
+    # LVM thin: GPT, ext4 /boot, a PV whose thin pool holds the root; a linear home beside the pool
+    src["thin-root"] = os.path.join(d, "thin-root")
+    root_tree(src["thin-root"], day, seed=31)
+    G.ext4(img("thin-root"), 24 * MIB, src["thin-root"])
+    G.lvm_thin_pv(img("thin-pv"), 40 * MIB, "tvg", "pool", [("root", img("thin-root"), 32)], data_mib=16,
+                  linear=[("home", img("ubuntu-boot")), ("swap", img("rhel-swap"))])
+    G.disk(img("thin"), 56 * MIB, [(img("ubuntu-boot"), G.GPT_LINUX), (img("thin-pv"), G.GPT_LVM)])
+    disks["thin"] = {"vda": img("thin")}
     where = {
         "rhel/vda/p1": src["esp"], "rhel/vda/p2": src["rhel-boot"], "rhel/vda/p3/rhel/root": src["rhel-root"],
         "ubuntu/vda/p1": src["ubuntu-boot"], "ubuntu/vda/p5/ubuntu-vg/ubuntu-lv": src["ubuntu-root"],
         "fedora/vda/p1": src["esp"], "fedora/vda/p2/root": src["fedora-root"],
         "fedora/vda/p2/home": src["fedora-home"], "secret/vda/p1": src["secret-boot"],
         "win/vda/p1": src["win-ntfs"], "win/vda/p2": src["win-exfat"],
+        "thin/vda/p1": src["ubuntu-boot"], "thin/vda/p2/tvg/root": src["thin-root"],
+        "thin/vda/p2/tvg/home": src["ubuntu-boot"],
     }
     return disks, where
 
@@ -228,7 +239,7 @@ def compare(tree, src, posix=True, utf8_only=False):
 
 
 @pytest.mark.parametrize("vol", ["rhel/vda/p2", "rhel/vda/p3/rhel/root", "ubuntu/vda/p1",
-                                 "ubuntu/vda/p5/ubuntu-vg/ubuntu-lv", "secret/vda/p1"])
+                                 "ubuntu/vda/p5/ubuntu-vg/ubuntu-lv", "secret/vda/p1", "thin/vda/p2/tvg/root"])
 def test_files_as_the_guest_wrote_them(guests, vol):
     xfs = vol.startswith("rhel")
     for day, (when, where) in enumerate(zip(DAYS, guests["days"])):
@@ -268,6 +279,20 @@ def test_layout_names(guests):
         "p1": volinfo("fat12"),
         "p2": volinfo("xfs"),
         "p3/rhel/root": volinfo("xfs")}
+
+
+def test_thin_volumes_shown_pool_hidden(guests):
+    """A thin LV is read through its pool; the pool, its _tmeta/_tdata and swap are not shown."""
+    mnt = guests["mnt"]
+    for when, where in zip(DAYS, guests["days"]):
+        v = f"{mnt}/{when:%Y/%m/%d}/thin/vda"
+        assert sorted(os.listdir(v)) == ["p1", "p2"]
+        assert sorted(os.listdir(f"{v}/p2/tvg")) == ["home", "root"]
+        compare(f"{v}/p2/tvg/home", where["thin/vda/p2/tvg/home"])
+    import json
+    info = json.load(open(f"{mnt}/2026/11/21/thin/snapshot.json"))
+    assert info["volumes"]["vda"] == {"p1": volinfo("ext4"), "p2/tvg/root": volinfo("ext4"),
+                                      "p2/tvg/home": volinfo("ext4")}
 
 
 def test_luks_is_named_and_empty(guests):
@@ -385,6 +410,21 @@ def test_crash_consistent_ext4_is_replayed(tmp_path):
     shutil.rmtree(mnt, ignore_errors=True)
 
 
+def _only_the_damaged_read_fails(vol, names):
+    """a.bin, damaged past its first 4 KiB, fails its whole read with the store's error; b.bin reads."""
+    from foundation.errors import DataCorrupt
+    from foundation.guestfs import ReadFailed
+
+    ea, eb = names[b"a.bin"], names[b"b.bin"]
+    fa = vol.open_file(ea.addr)
+    with pytest.raises(ReadFailed) as ex:
+        vol.read_file(fa, 0, ea.size, ea.size)
+    assert isinstance(ex.value.cause, DataCorrupt)
+    assert vol.read_file(fa, 0, 4096, ea.size) == b"A" * 4096        # before the damage
+    fb = vol.open_file(eb.addr)
+    assert vol.read_file(fb, 0, eb.size, eb.size) == b"B" * 200_000
+
+
 @pytest.mark.parametrize("fs", ["xfs", "btrfs"])
 def test_damaged_block_under_lvm_is_a_read_error_never_wrong_data(fs, tmp_path):
     """A store read that fails under libvslvm + libfsxfs (or Dissect) fails that read, not its neighbours."""
@@ -392,8 +432,7 @@ def test_damaged_block_under_lvm_is_a_read_error_never_wrong_data(fs, tmp_path):
         pytest.skip("needs root, xfsprogs, btrfs-progs, lvm2")
     if fs == "btrfs" and not HAVE_DISSECT_BTRFS:
         pytest.skip("btrfs needs the optional extra")
-    from foundation.errors import DataCorrupt
-    from foundation.snapshotfs.volumes import DiskFiles, ReadFailed
+    from foundation.snapshotfs.volumes import DiskFiles
 
     t = str(tmp_path)
     src = os.path.join(t, "src")
@@ -411,14 +450,7 @@ def test_damaged_block_under_lvm_is_a_read_error_never_wrong_data(fs, tmp_path):
     names = {e.name: e for e in vol.list_dir(vol.root_addr)}
     i = s.data.find(b"A" * 4096)
     s.bad = (i + 131072, i + 131073)      # these readers read 64 KiB at a time: damage 128 KiB in
-    ea, eb = names[b"a.bin"], names[b"b.bin"]
-    fa = vol.open_file(ea.addr)
-    with pytest.raises(ReadFailed) as ex:
-        vol.read_file(fa, 0, ea.size, ea.size)
-    assert isinstance(ex.value.cause, DataCorrupt)
-    assert vol.read_file(fa, 0, 4096, ea.size) == b"A" * 4096        # before the damage
-    fb = vol.open_file(eb.addr)
-    assert vol.read_file(fb, 0, eb.size, eb.size) == b"B" * 200_000
+    _only_the_damaged_read_fails(vol, names)
 
 
 def test_volume_group_on_two_disks_is_one_log_line(tmp_path, caplog):
@@ -675,3 +707,114 @@ def test_xfs_log_wrapping_its_end_is_replayed(tmp_path):
     assert vol.replayed
     got = _view(vol)
     assert got == _kernel_view(crash, os.path.join(t, "kernel")) and len(got) == n + 1
+
+
+def _thin_disk(t, thins, data_mib, linear=()):
+    """A GPT disk: ext4 /boot on p1, on p2 a PV with a thin pool (see G.lvm_thin_pv); returns
+    (disk image, {thin LV: {virtual block: data block}}, byte offset of _tmeta in the disk)."""
+    boot = os.path.join(t, "boot")
+    T.write_tree(boot, {"vmlinuz": b"kernel"})
+    G.ext4(os.path.join(t, "boot.img"), 8 * MIB, boot)
+    pv = os.path.join(t, "pv.img")
+    lv_mib = sum(-(-os.path.getsize(img) // MIB) for _, img in linear)
+    maps, pe_start = G.lvm_thin_pv(pv, (4 + data_mib + lv_mib) * MIB, "tvg", "pool", thins, data_mib, linear=linear)
+    disk = os.path.join(t, "vda.img")
+    G.disk(disk, (16 + data_mib + lv_mib) * MIB, [(os.path.join(t, "boot.img"), G.GPT_LINUX), (pv, G.GPT_LVM)])
+    return disk, maps, 9 * MIB + pe_start           # p2 starts after the 1 MiB gap and the 8 MiB /boot
+
+
+def test_thin_pool_reads_as_thin_dump_maps(tmp_path):
+    """Every block of a thin LV, through a pool btree of several levels, is what thin_dump maps:
+    mapped blocks hold their data, unmapped ones read as zeros; a damaged node is an error."""
+    if not (os.geteuid() == 0 and G.have("pvcreate", "losetup", "thin_restore", "thin_dump")):
+        pytest.skip("needs root, lvm2 and thin-provisioning-tools")
+    from foundation.guestfs import thin
+    from foundation.guestfs.sources import Slice
+
+    t = str(tmp_path)
+    chunk = 64 << 10
+    # 700 chunks, every 5th one empty: 560 mappings fill several btree leaves
+    data = b"".join(bytes(chunk) if i % 5 == 3 else rnd(chunk, i) for i in range(700))
+    img = os.path.join(t, "lv.img")
+    with open(img, "wb") as f:
+        f.write(data)
+    disk, maps, tmeta = _thin_disk(t, [("lv", img, 48)], data_mib=40)
+    src = G.Bytes(disk)
+    pool = thin.Pool(Slice(src, tmeta, MIB), Slice(src, tmeta + MIB, 40 * MIB), chunk)
+    lv = thin.ThinLv(pool, 1, 48 * MIB)
+    got = {v: pool.lookup(lv.root, v) >> 24 for v in range(48 * MIB // chunk) if pool.lookup(lv.root, v) is not None}
+    assert got == maps["lv"] and len(got) == 560
+    assert len({n for n in pool.nodes}) > 3                      # a root and several leaves
+    assert lv.read(0, lv.size) == data + bytes(48 * MIB - len(data))
+    assert lv.read(3 * chunk - 5, 10) == data[3 * chunk - 5:3 * chunk + 5]     # across a mapped and a hole
+    # a leaf with one byte changed: its reads fail, they never return other data
+    leaf = next(n for n, (is_leaf, _, _) in pool.nodes.items() if is_leaf)
+    with open(disk, "r+b") as f:
+        f.seek(tmeta + leaf * 4096 + 100)
+        f.write(b"\x55")
+    pool = thin.Pool(Slice(G.Bytes(disk), tmeta, MIB), Slice(G.Bytes(disk), tmeta + MIB, 40 * MIB), chunk)
+    with pytest.raises(thin.ThinError, match=f"thin pool metadata block {leaf} is damaged"):
+        thin.ThinLv(pool, 1, 48 * MIB).read(0, lv.size)
+
+
+def test_damaged_thin_pool_is_one_log_line(tmp_path, caplog):
+    """A thin pool whose superblock is damaged: one line naming day, disk, partition, pool and
+    reason; its thin LVs are left out, the linear LV and the other partition are shown."""
+    if not (CAN_BUILD and G.have("thin_restore", "thin_dump")):
+        pytest.skip("needs root, lvm2 and thin-provisioning-tools")
+    from foundation.guestfs import DiskFiles
+
+    t = str(tmp_path)
+    src = os.path.join(t, "src")
+    T.write_tree(src, {"a.txt": b"thin\n"})
+    G.ext4(os.path.join(t, "root.img"), 8 * MIB, src)
+    disk, _, tmeta = _thin_disk(t, [("root", os.path.join(t, "root.img"), 8),
+                                    ("home", os.path.join(t, "root.img"), 8), ("ghost", None, 8)], data_mib=8,
+                                linear=[("data", os.path.join(t, "root.img"))])
+    df = DiskFiles(G.Bytes(disk))
+    assert sorted(df.volumes()) == ["p1", "p2/tvg/data", "p2/tvg/home", "p2/tvg/root"]
+    assert df.failed == {"p2/tvg/ghost": "thin device 3 is not in the pool's metadata"}     # its own line
+    with open(disk, "r+b") as f:
+        f.seek(tmeta + 200)
+        f.write(b"\xff" * 8)
+    caplog.clear()
+    df = DiskFiles(G.Bytes(disk), label="2026/11/25/030000/vm/vda")
+    with caplog.at_level("WARNING"):
+        vols = df.volumes()
+    assert sorted(vols) == ["p1", "p2/tvg/data"]
+    e = vols["p2/tvg/data"]
+    assert [x.name for x in e.list_dir(e.root().addr)] == [b"lost+found", b"a.txt"]
+    lines = [r.getMessage() for r in caplog.records if "cannot read" in r.getMessage()]
+    assert lines == ["cannot read 2026/11/25/030000/vm/vda/p2/tvg/pool (thin pool): thin pool superblock checksum "
+                     "is wrong; the rest of the disk is shown"]
+
+
+def test_failed_read_under_a_thin_pool(tmp_path, caplog):
+    """A store read that fails in a thin pool's data fails that file's read, not its neighbour's;
+    one that fails in its metadata is one log line for the pool, the rest of the disk shown."""
+    if not (CAN_BUILD and G.have("thin_restore", "thin_dump")):
+        pytest.skip("needs root, lvm2 and thin-provisioning-tools")
+    from foundation.guestfs import DiskFiles
+
+    t = str(tmp_path)
+    src = os.path.join(t, "src")
+    T.write_tree(src, {"a.bin": b"A" * 12 * MIB, "b.bin": b"B" * 200_000})
+    G.ext4(os.path.join(t, "root.img"), 24 * MIB, src)
+    disk, maps, tmeta = _thin_disk(t, [("root", os.path.join(t, "root.img"), 24)], data_mib=20)
+    with open(os.path.join(t, "root.img"), "rb") as f:
+        c = f.read().find(b"A" * 4096) // (64 << 10) + 96               # a pool chunk 6 MiB into a.bin
+    s = G.Bytes(disk)
+    df = DiskFiles(s, label="test/vda")
+    vol = df.volumes()["p2/tvg/root"]
+    names = {e.name: e for e in vol.list_dir(vol.root().addr)}
+    bad = tmeta + MIB + maps["root"][c] * (64 << 10) + 100
+    s.bad = (bad, bad + 1)
+    df.bytes.cache.clear()                 # opening ext4 read the whole LV: as if long evicted
+    _only_the_damaged_read_fails(vol, names)
+    s.bad = (tmeta + 100, tmeta + 101)                   # the pool's superblock
+    df = DiskFiles(s, label="2026/11/25/030000/vm/vda")
+    with caplog.at_level("WARNING"):
+        assert sorted(df.volumes()) == ["p1"]
+    lines = [r.getMessage() for r in caplog.records if "cannot read" in r.getMessage()]
+    assert lines == ["cannot read 2026/11/25/030000/vm/vda/p2/tvg/pool (thin pool): Archived data is damaged: "
+                     "test damage at arena 3; the rest of the disk is shown"]

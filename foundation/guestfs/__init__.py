@@ -6,6 +6,8 @@ mounted on the host and nothing is written.
 
     sources.py  byte sources (disk cache, partition, LV, overlay) and the adapters readers take
     disk.py     DiskFiles: partitions, LVM (libvslvm), LUKS named, swap hidden; picks a reader
+    lvmmeta.py  LVM2 metadata text: which LVs are visible, which are thin
+    thin.py     LVM2 thin volumes, mapped through their pool's dm-thin metadata
     volume.py   Volume and Entry: the one interface callers see
     tsk.py      ext2/3/4, FAT, exFAT, NTFS (pytsk3)
     jbd2.py     ext3/4 journal replay in memory: a crash-consistent day as the guest saw it

@@ -4,7 +4,8 @@ The partition table (MBR with logical partitions, GPT) is read by TSK;
 each partition, or the bare disk, is then recognised by its signature and
 handed to one reader: LVM2 physical volumes to libvslvm (the metadata is
 parsed, nothing is activated, the host's LVM never sees the group), whose
-logical volumes are recognised in turn; XFS to libfsxfs; btrfs to Dissect
+visible logical volumes are recognised in turn (thin ones mapped through
+their pool by thin.py, the pool itself hidden); XFS to libfsxfs; btrfs to Dissect
 (optional); LUKS is named and never opened; swap is hidden; everything
 else is tried with TSK (ext2/3/4, FAT, exFAT, NTFS), an ext file system
 with its committed journal transactions replayed in memory first
@@ -12,6 +13,7 @@ with its committed journal transactions replayed in memory first
 disk, the partition and the reason; the rest of the disk is still shown.
 """
 
+import functools
 import logging
 import struct
 import threading
@@ -23,7 +25,7 @@ try:
 except ImportError:          # an install from before LVM was read: one log line per PV, not a broken tree
     pyvslvm = None
 
-from foundation.guestfs import btrfs, jbd2, tsk, xfs
+from foundation.guestfs import btrfs, jbd2, lvmmeta, thin, tsk, xfs
 from foundation.guestfs.sources import DiskBytes, FileObject, Lv, Overlay, ReadFailed, Slice, SourceImg, scrub
 from foundation.guestfs.volume import Encrypted
 
@@ -49,6 +51,18 @@ def signature(src):
     if head[1080:1082] == b"\x53\xef":
         return "ext"
     return None
+
+
+class PoolFailed(Exception):
+    """A thin pool that cannot be read: its thin volumes are left out, one log line for the pool."""
+
+    def __init__(self, pool, reason):
+        super().__init__(reason)
+        self.pool, self.reason = pool, reason
+
+
+def _unsupported(why):
+    raise RuntimeError(why)
 
 
 def _reason(e):
@@ -136,8 +150,11 @@ class DiskFiles:
             if kind == "swap":
                 return
             if kind == "lvm":
-                for lv_name, lv in self.call(lambda: self._lvs(src)):
-                    self._open(f"{name}/{lv_name}".lstrip("/"), lv, vols)
+                for lv_name, open_lv in self.call(lambda: self._lvs(src)):
+                    lv_path = f"{name}/{lv_name}".lstrip("/")
+                    lv = self._open_lv(name, lv_path, open_lv)
+                    if lv is not None:
+                        self._open(lv_path, lv, vols)
                 return
             if kind is not None and kind.startswith("luks"):
                 vol = Encrypted(self, name, kind[4:])
@@ -166,7 +183,9 @@ class DiskFiles:
                 f" ({kind})" if kind else "", reason)
 
     def _lvs(self, src):
-        """[(<vg>/<lv>, Lv source)] of the LVM2 physical volume src (one-PV groups only)."""
+        """[(<vg>/<lv>, opener)] of the visible LVs of the LVM2 physical volume src (one-PV groups
+        only): linear and striped ones mapped by libvslvm, thin ones by thin.py; a thin pool and
+        the hidden LVs (_tmeta, _tdata, _pmspare) are not shown."""
         if pyvslvm is None:
             raise RuntimeError("LVM needs libvslvm-python: pip install 'foundation[fuse]'")
         h = pyvslvm.handle()
@@ -179,7 +198,83 @@ class DiskFiles:
         h.open_physical_volume_files_as_file_objects([fobj])
         vg = h.get_volume_group()        # again: LVs of the group taken before the PV was opened cannot read
         self.keep += [h, fobj]
-        return [(f"{vg.name}/{lv.name}", Lv(lv)) for lv in vg.logical_volumes]
+        mapped = {}
+        for i in range(vg.number_of_logical_volumes):
+            try:
+                lv = vg.get_logical_volume(i)
+            except OSError as e:         # thin and thin-pool LVs: libvslvm has no mapping for them
+                scrub(e)
+                continue
+            mapped[lv.name] = lv
+        vg_name, meta = lvmmeta.volume_group(src)
+        lvs = meta.get("logical_volumes", {})
+        pools = {}
+        out = []
+        for lv_name, lv in lvs.items():
+            types = {seg.get("type") for seg in lvmmeta.segments(lv)}
+            if not lvmmeta.visible(lv) or "thin-pool" in types:
+                continue
+            if types == {"thin"}:
+                opener = functools.partial(self._thin, vg_name, lvs, lv, mapped, pools, int(meta["extent_size"]))
+            elif lv_name in mapped:
+                opener = functools.partial(Lv, mapped[lv_name])
+            else:
+                opener = functools.partial(_unsupported, f"{'/'.join(sorted(map(str, types)))} volumes are not read")
+            out.append((f"{vg_name}/{lv_name}", opener))
+        return out
+
+    def _open_lv(self, pv_name, lv_path, opener):
+        """The byte source of one LV, or None (logged once per thin pool that cannot be read)."""
+        try:
+            return self.call(opener)
+        except Exception as e:
+            pool = e if isinstance(e, PoolFailed) else e.__cause__   # a read that failed under it
+            if isinstance(pool, PoolFailed):
+                where = f"{pv_name}/{pool.pool}".lstrip("/")
+                if where not in self.failed:
+                    self._fail(where, "thin pool", pool.reason)
+            else:
+                self._fail(lv_path, "lvm", _reason(e.cause if isinstance(e, ReadFailed) else e))
+            scrub(e)
+        return None
+
+    def _thin(self, vg_name, lvs, lv, mapped, pools, extent_sectors):
+        """A thin LV's byte source; its pool's metadata is opened once and checked (thin.py)."""
+        segs = lvmmeta.segments(lv)
+        pool_name, dev_id = segs[0].get("thin_pool"), segs[0].get("device_id")
+        pool_path = f"{vg_name}/{pool_name}"
+        # What is wrong with one thin LV is its own log line; what is wrong with the pool, the pool's.
+        if any(seg.get("thin_pool") != pool_name or seg.get("device_id") != dev_id for seg in segs):
+            raise thin.ThinError("a thin volume with segments in more than one thin device")
+        if any("external_origin" in seg for seg in segs):
+            raise thin.ThinError("thin volumes with an external origin are not read")
+        pool = pools.get(pool_name)
+        if pool is None:
+            try:
+                pool = pools[pool_name] = self._pool(lvs, pool_name, mapped)
+            except Exception as e:
+                # A read that failed under libvslvm says why in errors, not in its own message.
+                msg = _reason(self.errors[0][2] if self.errors else e)
+                scrub(e)
+                pool = pools[pool_name] = PoolFailed(pool_path, msg)
+        if isinstance(pool, PoolFailed):
+            raise pool
+        size = sum(int(seg["extent_count"]) for seg in segs) * extent_sectors * 512
+        return thin.ThinLv(pool, int(dev_id), size)
+
+    @staticmethod
+    def _pool(lvs, pool_name, mapped):
+        segs = lvmmeta.segments(lvs.get(pool_name, {}))
+        if len(segs) != 1 or segs[0].get("type") != "thin-pool":
+            raise thin.ThinError(f"{pool_name} is not a thin pool in the volume group's metadata")
+        seg = segs[0]
+        parts = []
+        for role in ("metadata", "pool"):
+            part = mapped.get(seg.get(role))
+            if part is None:
+                raise thin.ThinError(f"the pool's {role} volume {seg.get(role)} is not a linear volume")
+            parts.append(Lv(part))
+        return thin.Pool(parts[0], parts[1], int(seg["chunk_size"]) * 512)
 
     def _open_tsk(self, name, src, ext):
         img = SourceImg(src, self.errors)
