@@ -284,6 +284,7 @@ class Log:
                 log.warning("%s", note)
             if slot.head is None or moved:
                 write_slot(self.root, slot.name, b, self.disk)
+                slot.head, slot.problem = F.Head(**vars(cur)), None
 
     def _set_aside_orphans(self):
         """Arenas after the open one hold only records written after the last

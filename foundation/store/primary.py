@@ -26,7 +26,7 @@ from foundation.errors import DataCorrupt, KeyMissing, StoreBusy, StoreLocked, S
 from foundation.store import format as F
 from foundation.store import layout as L
 from foundation.store import switch
-from foundation.store.arena import Commit, Log, read_head, write_heads
+from foundation.store.arena import Commit, Log, write_heads
 from foundation.store.disk import Disk, atomic_write, flock, fsync_dir
 from foundation.store.index import Index, plan
 
@@ -185,13 +185,10 @@ class Primary:
     # -- the head
 
     def read_head(self):
-        """(bytes, Head) of the store's commit point: its newest valid head copy, or, if no copy is
-        valid, the commit the log carries (a scan of the open arena)."""
-        got = read_head(self.path, self.keys.mac)
-        if got is None:
-            head = self._loaded().head
-            got = head.pack(self.keys.mac), head
-        return got
+        """(bytes, Head) of the store's commit point: the newest valid head copy carried forward by
+        the log (docs/format.md §6), as a reader finds it."""
+        head = self._loaded().head
+        return head.pack(self.keys.mac), head
 
     def commit(self) -> Commit:
         """The newest commit (arena.Commit: generation, arena, end): the newest valid head copy
