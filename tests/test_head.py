@@ -3,18 +3,12 @@
 import json
 import os
 import random
-import shutil
-import signal
-import subprocess
-import sys
-import time
 
 import pytest
 from test_image_support import content, make_store, mutate, seeded
-from test_store_crash import WRITER
+from test_store_crash import kill_rounds, reads_synced
 
 from foundation.cli import main
-from foundation.store import Store
 from foundation.store import format as F
 from foundation.store.primary import Primary
 from foundation.store.verify import Kind, verify
@@ -209,31 +203,14 @@ def test_cli_every_day_with_every_head_copy_gone_then_put_back_old(tmp_path, cap
 @pytest.mark.parametrize("mode", ["hash", "value"])
 def test_kill_9_with_a_head_copy_lost_keeps_everything_synced(make_store, tmp_path, mode):
     op = make_store(mode)
-    script = tmp_path / "writer.py"
-    script.write_text(WRITER.format(root=os.path.dirname(os.path.dirname(__file__))))
-    journal = tmp_path / "journal"
-    journal.touch()
     rnd = random.Random(7)
-    seed = 0
-    for round_ in range(6):
-        p = subprocess.Popen([sys.executable, str(script), op.path, str(journal), mode, str(seed)])
-        time.sleep(1.0 + rnd.random() * 1.2)
-        p.send_signal(signal.SIGKILL)
-        p.wait()
-        seed += 100000
+    for round_ in kill_rounds(op, tmp_path, mode, 6, lambda: 1.0 + rnd.random() * 1.2):
         # A random fault on one head copy (or both, every third round) after the crash.
-        names = SLOTS if round_ % 3 == 2 else [rnd.choice(SLOTS)]
-        for n in names:
+        for n in SLOTS if round_ % 3 == 2 else [rnd.choice(SLOTS)]:
             if os.path.exists(os.path.join(op.path, n)):
                 FAULTS[rnd.choice(sorted(FAULTS))](os.path.join(op.path, n))
         with op(writable=False) as s:      # a reader first: it writes nothing
-            for line in open(journal):
-                sd, n, refs = json.loads(line)
-                assert b"".join(s.read_blocks(bytes.fromhex(refs))) == blocks(n, seed=sd)
+            reads_synced(s, tmp_path)
         with op() as s:
-            for line in open(journal):
-                sd, n, refs = json.loads(line)
-                assert b"".join(s.read_blocks(bytes.fromhex(refs))) == blocks(n, seed=sd)
+            reads_synced(s, tmp_path)
             assert verify(s)[0] == []
-        shutil.rmtree(os.path.join(op.path, "orphans"), ignore_errors=True)
-    assert sum(1 for _ in open(journal)) > 6
