@@ -214,3 +214,41 @@ def test_kill_9_with_a_head_copy_lost_keeps_everything_synced(make_store, tmp_pa
         with op() as s:
             reads_synced(s, tmp_path)
             assert verify(s)[0] == []
+
+
+def test_old_head_beside_arenas_gc_rewrote_takes_them_in(tmp_path, capsys):
+    """gc (compare-by-hash) rewrote sealed arenas after the old head's: their compacted trailers
+    still chain on, so they are taken in, never cut or set aside."""
+    from test_gc import BIG, forget, restores
+
+    store = make_store(tmp_path / "store", mode="hash")
+    rng = seeded(7)
+    img = bytearray(content(rng, 1 << 20) + bytes(BIG))
+    image = tmp_path / "disk.raw"
+    history = {}
+    for d in range(1, 7):
+        img[rng.randrange(0, 1 << 20) // 4096 * 4096:][:4096] = rng.randbytes(4096)
+        img[1 << 20:] = rng.randbytes(BIG) if d % 2 == 0 else bytes(BIG)
+        image.write_bytes(img)
+        assert cli(capsys, store, "import-image", "vm", image, "--at", f"2024-05-{d:02d}")[0] == 0
+        history[d] = bytes(img)
+        if d == 1:
+            old = {n: (tmp_path / "store" / n).read_bytes() for n in SLOTS}
+    forget(store, {2, 4})
+    rc, out, err = cli(capsys, store, "gc", "--min-garbage", "0.01")
+    assert rc == 0, err
+    with Primary(store) as p:
+        want = p.commit()
+        assert any(p.trailer(n) and p.trailer(n).generation for n in range(want.arena))  # something was compacted
+    for n, b in old.items():
+        (tmp_path / "store" / n).write_bytes(b)
+    with Primary(store) as p:
+        assert p.commit() == want
+    assert restores(store, history) == [1, 3, 5, 6]
+    img[:4096] = rng.randbytes(4096)
+    image.write_bytes(img)
+    assert cli(capsys, store, "import-image", "vm", image, "--at", "2024-05-07")[0] == 0
+    history[7] = bytes(img)
+    assert not os.path.exists(os.path.join(store, "orphans"))
+    assert restores(store, history) == [1, 3, 5, 6, 7]
+    assert cli(capsys, store, "verify")[0] == 0
