@@ -204,7 +204,7 @@ def test_cli_every_day_with_every_head_copy_gone_then_put_back_old(tmp_path, cap
 def test_kill_9_with_a_head_copy_lost_keeps_everything_synced(make_store, tmp_path, mode):
     op = make_store(mode)
     rnd = random.Random(7)
-    for round_ in kill_rounds(op, tmp_path, mode, 6, lambda: 1.0 + rnd.random() * 1.2):
+    for round_ in kill_rounds(op, tmp_path, mode, 6, lambda: rnd.random() * 1.2):
         # A random fault on one head copy (or both, every third round) after the crash.
         for n in SLOTS if round_ % 3 == 2 else [rnd.choice(SLOTS)]:
             if os.path.exists(os.path.join(op.path, n)):
