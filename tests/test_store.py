@@ -356,7 +356,7 @@ def test_small_write_buffer_survives_close_without_a_flush(make_store, mode):
         refs = s.write_blocks(blocks(30, seed=13))
     with op() as s:
         assert s.index.h.entries == 0  # too few entries to be worth an index pass
-        assert len(s.paddrs) == 30  # found again from the log at open
+        assert len(s.paddrs) == 31  # found again from the log at open, with the commit record
         assert s.write_blocks(blocks(30, seed=13)) == refs
         assert s.counters["records"] == 30
     with op(writable=False) as s:

@@ -37,40 +37,42 @@ WRITER = textwrap.dedent("""
 """)
 
 
-def _lines(path):
-    try:
-        with open(path) as f:
-            return sum(1 for _ in f)
-    except FileNotFoundError:
-        return 0
+def kill_rounds(op, tmp_path, mode, rounds, wait):
+    """Run the writer on op's store `rounds` times, each killed with SIGKILL wait() seconds after its
+    first sync (however slow a loaded machine makes start-up); yields the round number after each kill (the caller checks the store)."""
+    script = tmp_path / "writer.py"
+    script.write_text(WRITER.format(root=os.path.dirname(os.path.dirname(__file__))))
+    journal = tmp_path / "journal"
+    journal.touch()
+    for round_ in range(rounds):
+        synced = journal.stat().st_size
+        p = subprocess.Popen([sys.executable, str(script), op.path, str(journal), mode, str(round_ * 100000)])
+        deadline = time.monotonic() + 120
+        while journal.stat().st_size == synced and p.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(wait())
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        yield round_
+    assert sum(1 for _ in open(journal)) > rounds
+
+
+def reads_synced(s, tmp_path):
+    """Every batch the writer synced reads back byte for byte."""
+    for line in open(tmp_path / "journal"):
+        sd, n, refs = json.loads(line)
+        assert b"".join(s.read_blocks(bytes.fromhex(refs))) == blocks(n, seed=sd)
 
 
 @pytest.mark.parametrize("mode", ["hash", "value"])
 def test_kill_9_keeps_everything_synced(make_store, tmp_path, mode):
     op = make_store(mode)
-    script = tmp_path / "writer.py"
-    script.write_text(WRITER.format(root=os.path.dirname(os.path.dirname(__file__))))
-    journal = tmp_path / "journal"
     rnd = random.Random(1)
-    seed = 0
-    for round_ in range(6):
-        p = subprocess.Popen([sys.executable, str(script), op.path, str(journal), mode, str(seed)])
-        # Kill at a random time after this round's first sync, however slow a loaded machine makes start-up.
-        synced = _lines(journal)
-        deadline = time.monotonic() + 120
-        while _lines(journal) == synced and p.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.01)
-        time.sleep(rnd.random() * 0.8)
-        p.send_signal(signal.SIGKILL)
-        p.wait()
-        seed += 100000
+    for _ in kill_rounds(op, tmp_path, mode, 6, lambda: rnd.random() * 0.8):
         with op() as s:  # opens, repairs the tail, and keeps every synced batch
-            for line in open(journal):
-                sd, n, refs = json.loads(line)
-                assert b"".join(s.read_blocks(bytes.fromhex(refs))) == blocks(n, seed=sd)
+            reads_synced(s, tmp_path)
             found, _ = verify(s)
             assert found == []
-    assert sum(1 for _ in open(journal)) > 6
 
 
 def test_torn_tail_is_cut(make_store, mode):

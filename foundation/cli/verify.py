@@ -13,7 +13,7 @@ def add_arguments(p):
 
 
 def run(args):
-    from foundation.store.verify import verify
+    from foundation.store.verify import Kind, verify
 
     with open_store(args) as s:
         damage, checked = verify(s)
@@ -25,6 +25,10 @@ def run(args):
         return 1 if damage else 0
     for d in damage:
         print(f"DAMAGED {d}")
+    if damage and all(d.kind is Kind.HEAD_COPY for d in damage):
+        print(f"every record is intact ({checked:,} records in {arenas} arenas); only a head copy is damaged: "
+              "run `foundation rebuild` (or any archive) to rewrite it")
+        return 1
     if damage:
         print(f"{len(damage)} damaged place(s) in {arenas} arenas ({checked:,} records checked). "
               "Blocks in damaged records cannot be read; restore the arenas from a replica if you have one.")

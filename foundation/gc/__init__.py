@@ -205,6 +205,7 @@ def _value(store, arenas, live, cat, rep, min_garbage, dry_run, progress):
         new.generation = cat.generation
         new.commit(out)
     head = out.finish()
+    head.generation = store.commit().generation + 1  # the switch is a commit: the number goes on
     _crash("gc.written")
     old_last = arenas.last
     store.suspend()  # nothing of the old log may be written after the journal; the locks stay

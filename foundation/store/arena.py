@@ -2,15 +2,19 @@
 
 Blocks are appended as self-describing records to the one open arena; when
 it is full it is sealed with a trailer (a MAC over its records' tags, and a
-chain MAC over every arena before it) and never changes again. The commit
-point is the `head` file, rewritten atomically at each sync: records below
-it must verify, records past it are kept only while they verify in order,
-so a torn tail is cut and no record is ever half-trusted.
+chain MAC over every arena before it) and never changes again. Every sync
+ends with a COMMIT record in the log and then writes one of the head's two
+slots, alternately, so no single copy holds the commit point: the newest
+valid slot is where a scan starts, and the log itself carries it forward
+(sealed arenas that chain on, then the last commit record that verifies).
+Records below the commit must verify, records past it are kept only while
+they verify in order, so a torn tail is cut and no record is half-trusted.
 """
 
 import logging
 import os
 from collections import OrderedDict
+from dataclasses import dataclass
 
 from foundation import native
 from foundation.errors import DataCorrupt
@@ -26,19 +30,82 @@ WINDOW = 1 << 20  # read-ahead for sequential single-record reads
 SPAN_GAP = 64 << 10  # batched reads merge records closer than this
 
 
+@dataclass(frozen=True)
+class Commit:
+    """The newest commit of a store: its number, and where it ends in the log. The generation goes
+    up by one at every commit (sync, gc switch) and never down: a store that shows an older one
+    than was seen before has been rolled back."""
+
+    generation: int
+    arena: int
+    end: int
+
+    @property
+    def position(self):
+        return F.addr(self.arena, self.end)
+
+
+@dataclass
+class Slot:
+    """One copy of the head: its file name, the Head it holds (None if none), what is wrong with it."""
+
+    name: str
+    head: F.Head | None
+    problem: str | None = None  # "missing", or why it does not unpack
+
+
+def read_slots(root, mac_key):
+    """[Slot] of the head's copies (docs/format.md §6)."""
+    out = []
+    for name in F.HEADS:
+        try:
+            with open(os.path.join(root, name), "rb") as f:
+                b = f.read(F.HEAD_SIZE + 1)
+        except FileNotFoundError:
+            out.append(Slot(name, None, "missing"))
+            continue
+        try:
+            out.append(Slot(name, F.Head.unpack(b, mac_key)))
+        except ValueError as e:
+            out.append(Slot(name, None, f"damaged ({e})"))
+    return out
+
+
+def newest(slots):
+    """The newest valid head among the slots (highest generation, then furthest), or None."""
+    heads = [s.head for s in slots if s.head is not None]
+    return max(heads, key=lambda h: (h.generation, h.position)) if heads else None
+
+
 def read_head(root, mac_key):
-    """(bytes, Head) of the head file of the store at root, or None if there is none; DataCorrupt if
-    it is damaged."""
-    path = os.path.join(root, F.HEAD)
+    """(bytes, Head) of the newest valid copy of the head of the store at root, or None if no copy is
+    valid (the log then gives the commit point: Log.load)."""
+    h = newest(read_slots(root, mac_key))
+    return None if h is None else (h.pack(mac_key), h)
+
+
+def write_slot(root, name, b, disk=None):
+    """Write one head copy in place and make it durable. In place, not by rename: the other copy
+    holds the commit before, so a torn write costs this copy only, and a sync pays one fsync."""
+    path = os.path.join(root, name)
+    created = not os.path.exists(path)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
     try:
-        with open(path, "rb") as f:
-            b = f.read()
-    except FileNotFoundError:
-        return None
-    try:
-        return b, F.Head.unpack(b, mac_key)
-    except ValueError as e:
-        raise DataCorrupt(f"head file {path} is damaged ({e})") from None
+        os.pwrite(fd, b, 0)
+        os.ftruncate(fd, len(b))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    if created:
+        fsync_dir(root)
+    if disk is not None:
+        disk.count_write("head", name, 0, len(b))
+
+
+def write_heads(root, b, disk=None):
+    """Both copies at once: a new store, a gc switch, a recovery (no earlier commit to fall back to)."""
+    for name in F.HEADS:
+        write_slot(root, name, b, disk)
 
 
 class OpenArena:
@@ -90,6 +157,8 @@ class Log:
         self.window = None  # (arena, start, bytes)
         self.head = None
         self.open = None
+        self.slots = []  # the head copies as found at load
+        self.committed = None  # (arena, end) of the last commit written or found
         self.repaired = []
         self.damaged = []
         self.dirty = set()  # arenas written since the last sync
@@ -99,11 +168,17 @@ class Log:
     # ---- opening and recovery ------------------------------------------------
 
     def load(self):
-        """Read the head and the open arena; cut a torn tail; finish a crashed seal."""
-        self.head = self._read_head()
+        """Find the newest commit (the newest valid head copy, carried forward by the log), cut a
+        torn tail, finish a crashed seal; a writer then rewrites head copies that are missing,
+        damaged or behind the log."""
+        self.slots = read_slots(self.root, self.keys.mac)
+        best = newest(self.slots)
+        self.head = best if best is not None else self._head_from_arenas()
+        self.head = F.Head(**vars(self.head))  # ours to move; the slots keep what they hold
         for n in range(self.head.arena):
             if not os.path.exists(self.path(n)):
                 raise DataCorrupt(f"arena {n} is missing ({self.path(n)})")
+        walked = None  # the last sealed arena taken in past the head
         while True:
             n = self.head.arena
             if not os.path.exists(self.path(n)):
@@ -111,15 +186,105 @@ class Log:
                 if not self.writable:
                     self.open = OpenArena(n, None, None, b"")
                     self.open.end = F.ARENA_HEADER_SIZE
+                    self.committed = (n, self.head.end)
                     return
                 self.open = self._create_arena(n)
                 self.repaired.append(f"created missing open arena {n}")
+            if os.path.exists(self.path(n + 1)) and self._chains_on(n):
+                walked = n
+                continue
             oa = self._scan_open(n)
             if oa is not None:
                 self.open = oa
                 break
+        if walked is not None and self.head.end == F.ARENA_HEADER_SIZE:
+            # No commit record in the open arena yet: the last one is in the arena before.
+            self.head.generation = self._last_commit(walked)
+        self.committed = (self.head.arena, self.head.end)
         if self.writable:
             self._set_aside_orphans()
+            self._heal_heads(best)
+
+    def _chains_on(self, n):
+        """Is arena n sealed by a trailer that chains on from the head? Then it is taken in as it
+        stands, and the head moves past it: committed arenas newer than the head (a head put back,
+        a crash between a seal and the next sync) are recognised from themselves."""
+        tr = self.trailer(n)
+        if tr is None or tr.chain != F.chain_mac(self.keys.mac, self.head.chain, n, tr.sealed):
+            return False
+        log.info("arena %d is sealed and chains on from the head; taken in", n)
+        self.repaired.append(f"arena {n}: sealed after the head was written, and chains on; taken in")
+        self.head = F.Head(n + 1, F.ARENA_HEADER_SIZE, 0, tr.chain, self.head.generation)
+        return True
+
+    def _last_commit(self, n):
+        """The generation of the last commit record in sealed arena n (at least the head's)."""
+        tr = self.trailer(n)
+        buf = self.disk.pread(self.fd(n), "arena", 0, tr.end if tr else self.file_size(n))
+        try:
+            iv = self.header(n, buf)[0].iv
+        except DataCorrupt:
+            return self.head.generation
+        entries, _, _ = self.scan(n, iv, memoryview(buf)[F.ARENA_HEADER_SIZE:], F.ARENA_HEADER_SIZE)
+        return self._newest_commit(n, iv, buf, [e[0] for e in entries if e[1] == F.COMMIT])
+
+    def _newest_commit(self, n, iv, buf, offs):
+        """The highest generation among the commit records at offs of arena n, and the head's."""
+        g = self.head.generation
+        for off in offs:
+            got = self._commit_at(n, iv, buf, off)
+            if got:
+                g = max(g, got[0])
+        return g
+
+    def _commit_at(self, n, iv, buf, off):
+        """(generation, arena, chain) of the commit record at off, or None if it is not one."""
+        try:
+            _, _, payload = native.unpack(self.codec, n, iv, off, bytes(buf[off:off + RH + L.stored(buf, off)]))
+            return F.unpack_commit(payload)
+        except (native.RecordError, ValueError):
+            return None
+
+    def _roll_forward(self, n, oa, buf, committed):
+        """Move the head to the last commit record past `committed` in the open arena n (every
+        record before it verified in the scan) -> the committed end."""
+        for i in range(oa.count - 1, -1, -1):
+            off = oa.addrs[i] & 0xFFFFFFFF
+            if off < committed:
+                break
+            if oa.types[i] != F.COMMIT:
+                continue
+            end = off + RH + L.stored(buf, off)
+            got = self._commit_at(n, oa.header.iv, buf, off)
+            if got and got[0] > self.head.generation and got[1] == n and got[2] == self.head.chain:
+                self.head = F.Head(n, end, i + 1, self.head.chain, got[0])
+                return end
+        return committed
+
+    def _heal_heads(self, best):
+        """Rewrite every head copy that is missing or damaged, or all of them if the log carried the
+        commit past the newest copy."""
+        cur = self.head
+        moved = best is None or (cur.generation, cur.position) != (best.generation, best.position)
+        if best is None:
+            note = (f"every head copy was missing or damaged; rebuilt from the log (commit {cur.generation}, "
+                    f"arena {cur.arena} offset {cur.end})")
+            self.repaired.append(note)
+            log.warning("%s", note)
+        elif moved:
+            self.repaired.append(f"the head named commit {best.generation} (arena {best.arena} offset {best.end}); "
+                                 f"the log carries it to commit {cur.generation} (arena {cur.arena} offset {cur.end})")
+        b = cur.pack(self.keys.mac)
+        for slot in self.slots:
+            if slot.head is None and best is not None:
+                legacy = slot.problem == "missing" and best.generation == 0
+                note = (f"wrote the second head copy {slot.name} (a store from before head copies)" if legacy
+                        else f"head copy {slot.name} was {slot.problem}; rewritten from the newest commit")
+                self.repaired.append(note)
+                log.warning("%s", note)
+            if slot.head is None or moved:
+                write_slot(self.root, slot.name, b, self.disk)
+                slot.head, slot.problem = F.Head(**vars(cur)), None
 
     def _set_aside_orphans(self):
         """Arenas after the open one hold only records written after the last
@@ -136,12 +301,9 @@ class Log:
             log.warning("arena %d was written after the last sync behind a torn tail; moved to orphans/", n)
             n += 1
 
-    def _read_head(self):
-        got = read_head(self.root, self.keys.mac)
-        if got is not None:
-            return got[1]
-        # No head: derive it from the arenas (a store created by an older
-        # crash or a copied log); rollback protection of the tail is lost.
+    def _head_from_arenas(self):
+        """No head copy is valid: the arenas give the open arena (every arena with a trailer and a
+        successor is sealed), and its commit records the commit point (_roll_forward)."""
         n, chain = 0, F.ZERO_CHAIN
         while os.path.exists(self.path(n + 1)):
             tr = self.trailer(n)
@@ -149,9 +311,11 @@ class Log:
                 break
             chain = tr.chain
             n += 1
-        self.repaired.append("head file was missing; rebuilt from the arenas")
-        log.warning("store head missing: rebuilt from arenas (open arena %d)", n)
-        return F.Head(n, F.ARENA_HEADER_SIZE, 0, chain)
+        log.warning("no valid head copy: the commit point is rebuilt from the arenas (open arena %d)", n)
+        self.head = F.Head(n, F.ARENA_HEADER_SIZE, 0, chain)
+        if n:
+            self.head.generation = self._last_commit(n - 1)
+        return self.head
 
     def _scan_open(self, n):
         """Scan arena n as the open arena. Returns the OpenArena, or None if it
@@ -193,16 +357,18 @@ class Log:
             end = skip
         del mv
         oa.end = end
+        committed = self._roll_forward(n, oa, buf, committed)
         if end < size:
             tail = buf[end:end + F.TRAILER_SIZE]
             if self._valid_trailer(n, oa, tail):
                 log.info("arena %d was sealed before a crash; finishing the seal", n)
-                self.head = F.Head(n + 1, F.ARENA_HEADER_SIZE, 0, F.Trailer.unpack(tail).chain)
+                g = self._newest_commit(n, oa.header.iv, buf,
+                                        [a & 0xFFFFFFFF for a, t in zip(oa.addrs, oa.types) if t == F.COMMIT])
+                self.head = F.Head(n + 1, F.ARENA_HEADER_SIZE, 0, F.Trailer.unpack(tail).chain, g)
                 if self.writable:
                     if end + F.TRAILER_SIZE < size:
                         os.ftruncate(fd, end + F.TRAILER_SIZE)
                     self._write_summary(n, oa, F.Trailer.unpack(tail).amac)
-                    self.write_head()
                     self.repaired.append(f"finished sealing arena {n}")
                 return None
             if self.writable:
@@ -336,12 +502,21 @@ class Log:
         self.ivs[n] = h.iv
         return OpenArena(n, fd, h, hb)
 
-    def write_head(self):
+    def write_head(self, both=False):
+        """Write the head to the slot of its generation (both slots: a new store)."""
         oa = self.open
         if oa is not None and oa.n == self.head.arena:
             self.head.end, self.head.count = oa.end, oa.count
-        atomic_write(os.path.join(self.root, F.HEAD), self.head.pack(self.keys.mac))
-        self.disk.count_write("head", "head", 0, F.HEAD_SIZE)
+        b = self.head.pack(self.keys.mac)
+        if both:
+            write_heads(self.root, b, self.disk)
+        else:
+            write_slot(self.root, F.HEADS[self.head.generation % 2], b, self.disk)
+        self.committed = (self.head.arena, self.head.end)
+
+    def commit(self):
+        """The newest commit: (generation, arena, end)."""
+        return Commit(self.head.generation, self.head.arena, self.head.end)
 
     # ---- writing ---------------------------------------------------------------
 
@@ -392,7 +567,7 @@ class Log:
         if self.on_seal:
             self.on_seal(oa)
         self.open = self._create_arena(oa.n + 1)
-        self.head = F.Head(oa.n + 1, F.ARENA_HEADER_SIZE, 0, chain)
+        self.head = F.Head(oa.n + 1, F.ARENA_HEADER_SIZE, 0, chain, self.head.generation)
 
     on_seal = None
 
@@ -403,6 +578,12 @@ class Log:
         self.disk.count_write("summary", "sum%d" % n, 0, len(b))
 
     def sync(self):
+        """The commit point: a COMMIT record ends what was written, every arena written since the
+        last sync is made durable, then the head slot of the new generation (docs/format.md §12)."""
+        if (self.open.n, self.open.end) == self.committed and not self.dirty:
+            return
+        if (self.open.n, self.open.end) != self.committed:
+            self._append_commit()
         for n in sorted(self.dirty):
             self.disk.fsync(self.fd(n), "arena")
         self.disk.fsync(self.open.fd, "arena")
@@ -410,6 +591,20 @@ class Log:
             fsync_dir(self.dir)  # the names of the arenas created since the last sync
         self.dirty.clear()
         self.write_head()
+
+    def _append_commit(self):
+        """Append the COMMIT record of the next generation, in the arena it names (sealing first if
+        it would not fit)."""
+        if self.arena_size - F.TRAILER_SIZE - self.open.end < RH + F.COMMIT_SIZE + 16:
+            self.seal()
+        g = self.head.generation + 1
+        payload = F.pack_commit(g, self.open.n, self.head.chain)
+        if self.keylen == 32:
+            key = native.scores(payload, len(payload), F.COMMIT, key=self.keys.score)
+        else:
+            key = native.weak_hashes(payload, len(payload), F.COMMIT, self.keys.weak_seed) + bytes(24)
+        self.append(F.COMMIT, payload, len(payload), key)
+        self.head.generation = g
 
     @property
     def end_addr(self):

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 VERSION = 1
 CONFIG = "foundation.json"
 HEAD = "head"
+HEADS = ("head", "head.1")  # the head's two slots: commit g goes to HEADS[g % 2] (docs/format.md §6)
 INDEX = "index"
 BLOOM = "bloom"
 BLOOM_STATE = "bloom.json"
@@ -33,8 +34,9 @@ SUMMARY_MAGIC = b"FDNsumm\0"
 INDEX_MAGIC = b"FDNindex"
 HEAD_MAGIC = b"FDNhead\0"
 
-# Block types: what a record holds. TREE and CATALOG blocks hold refs.
-DATA, TREE, CATALOG = 1, 2, 3
+# Block types: what a record holds. TREE and CATALOG blocks hold refs; a COMMIT
+# record ends every sync (the commit point in the log, below).
+DATA, TREE, CATALOG, COMMIT = 1, 2, 3, 4
 
 MAC_SIZE = 32
 
@@ -174,8 +176,8 @@ class Trailer:
         raise ValueError("arena trailer missing (bad magic)")
 
 
-# ---- head: the commit point, rewritten atomically at every sync ------------
-HEAD_STRUCT = struct.Struct("<8sIIQII32s")  # magic version open_arena end count reserved chain
+# ---- head: the commit point, two slots written alternately at every sync ----
+HEAD_STRUCT = struct.Struct("<8sIIQII32s")  # magic version open_arena end count generation chain
 HEAD_SIZE = HEAD_STRUCT.size + MAC_SIZE
 
 
@@ -185,22 +187,45 @@ class Head:
     end: int  # committed end offset in the open arena
     count: int  # records in the open arena up to end
     chain: bytes  # chain MAC of the last sealed arena (ZERO_CHAIN if none)
+    generation: int = 0  # commit number: one more at every commit (0 in a head written before slots)
 
     def pack(self, mac_key):
-        body = HEAD_STRUCT.pack(HEAD_MAGIC, VERSION, self.arena, self.end, self.count, 0, self.chain)
+        body = HEAD_STRUCT.pack(HEAD_MAGIC, VERSION, self.arena, self.end, self.count, self.generation, self.chain)
         return body + mac(mac_key, b"head", body)
 
     @classmethod
     def unpack(cls, b, mac_key):
         if len(b) != HEAD_SIZE:
-            raise ValueError("head truncated")
+            raise ValueError("head truncated" if len(b) < HEAD_SIZE else "head has trailing bytes")
         body = b[: HEAD_STRUCT.size]
-        magic, version, arena, end, count, _, chain = HEAD_STRUCT.unpack(body)
+        magic, version, arena, end, count, generation, chain = HEAD_STRUCT.unpack(body)
         if magic != HEAD_MAGIC or version != VERSION:
             raise ValueError("bad head magic or version")
         if not hmac.compare_digest(mac(mac_key, b"head", body), b[HEAD_STRUCT.size:]):
             raise ValueError("head MAC mismatch")
-        return cls(arena, end, count, chain)
+        return cls(arena, end, count, chain, generation)
+
+    @property
+    def position(self):
+        return addr(self.arena, self.end)
+
+
+# ---- commit record: the payload of the COMMIT record that ends every sync -----
+COMMIT_MAGIC = b"FDNcmit\0"
+COMMIT_STRUCT = struct.Struct("<8sII32s")  # magic generation arena chain
+COMMIT_SIZE = COMMIT_STRUCT.size  # 48
+
+
+def pack_commit(generation, arena, chain):
+    return COMMIT_STRUCT.pack(COMMIT_MAGIC, generation, arena, chain)
+
+
+def unpack_commit(b):
+    """(generation, arena, chain) of a commit record's payload; ValueError if it is not one."""
+    if len(b) != COMMIT_SIZE or bytes(b[:8]) != COMMIT_MAGIC:
+        raise ValueError("not a commit record")
+    _, generation, arena, chain = COMMIT_STRUCT.unpack(bytes(b))
+    return generation, arena, chain
 
 
 # ---- summary: (key, addr, type) of every record of one sealed arena -------

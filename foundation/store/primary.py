@@ -26,7 +26,7 @@ from foundation.errors import DataCorrupt, KeyMissing, StoreBusy, StoreLocked, S
 from foundation.store import format as F
 from foundation.store import layout as L
 from foundation.store import switch
-from foundation.store.arena import Log, read_head
+from foundation.store.arena import Commit, Log, read_head, write_heads
 from foundation.store.disk import Disk, atomic_write, flock, fsync_dir
 from foundation.store.index import Index, plan
 
@@ -185,15 +185,36 @@ class Primary:
     # -- the head
 
     def read_head(self):
-        """(bytes, Head) of the store's commit point."""
-        got = read_head(self.path, self.keys.mac)
-        if got is None:
-            raise DataCorrupt(f"the head file {os.path.join(self.path, F.HEAD)} is missing: open the store for "
-                              "writing once (it is rebuilt from the arenas)")
-        return got
+        """(bytes, Head) of the store's commit point: the newest valid head copy carried forward by
+        the log (docs/format.md §6), as a reader finds it; if the log cannot be read that far (an
+        arena missing or damaged: repair's case), the newest valid head copy."""
+        try:
+            head = self._loaded().head
+        except DataCorrupt:
+            got = read_head(self.path, self.keys.mac)
+            if got is None:
+                raise
+            return got
+        return head.pack(self.keys.mac), head
+
+    def commit(self) -> Commit:
+        """The newest commit (arena.Commit: generation, arena, end): the newest valid head copy
+        carried forward by the log, as a writer's open would find it, without writing anything.
+        Rollback detection compares its generation with the newest one seen before."""
+        return self._loaded().commit()
+
+    def _loaded(self):
+        if self.log.open is None:
+            try:
+                self.log.load()
+            except BaseException:
+                self.log.head = self.log.open = None
+                raise
+        return self.log
 
     def write_head(self, head_bytes):
-        atomic_write(os.path.join(self.path, F.HEAD), head_bytes)
+        """Both head copies (a recovered store: no earlier commit to fall back to)."""
+        write_heads(self.path, head_bytes, self.disk)
 
     # -- arenas
 

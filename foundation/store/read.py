@@ -148,7 +148,7 @@ class Reads:
             return False
         old = self.log.head
         h = got[1]
-        if (h.arena, h.end) == (old.arena, old.end):
+        if (h.generation, h.position) <= (old.generation, old.position):
             return False
         self.log.close()
         self.log = Log(self.path, self.disk, self.codec, self.keys, self.conf, False)

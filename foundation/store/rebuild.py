@@ -141,11 +141,11 @@ def rebuild(store, progress=None):
     """`foundation rebuild`: summaries, index, Bloom filter and counters from the arenas."""
     records = 0
     for n in range(store.log.open.n):
-        _, addrs, _ = rebuild_summary(store, n, write=True)
-        records += len(addrs)
+        _, _, types = rebuild_summary(store, n, write=True)
+        records += len(types) - types.count(F.COMMIT)  # a commit record holds no block
         if progress:
             progress(n)
-    records += store.log.open.count
+    records += store.log.open.count - store.log.open.types.count(F.COMMIT)
     store.rebuild_derived()
     store.counters["records"] = records
     return records

@@ -89,7 +89,7 @@ class Store(Writes, Reads, IndexCache):
         lg = Log(path, disk, primary.codec(keys, 0), keys, conf, True)
         lg.head = F.Head(0, F.ARENA_HEADER_SIZE, 0, F.ZERO_CHAIN)
         lg.open = lg._create_arena(0)
-        lg.write_head()
+        lg.write_head(both=True)
         lg.close()
         primary.make_derived(path, disk, conf, keylen, lg.uuid)
         primary.write_config(path, F.pack_config(conf))
@@ -268,6 +268,10 @@ class Store(Writes, Reads, IndexCache):
         if self.log:
             self.log.close()
             self.log = None
+
+    def commit(self):
+        """The newest commit (foundation.store.arena.Commit): its generation and log position."""
+        return self.log.commit()
 
     def sync(self):
         """The commit point: everything written so far survives a crash."""

@@ -13,6 +13,7 @@ import json
 import os
 
 from foundation.store import format as F
+from foundation.store.arena import write_heads
 from foundation.store.disk import atomic_write, fsync_dir
 
 JOURNAL = "gc.json"
@@ -104,6 +105,6 @@ def finish(path):
     for n in range(last + 1, j["old_last"] + 1):
         drop(os.path.join(adir, F.arena_name(n)))
     fsync_dir(adir)
-    atomic_write(os.path.join(path, F.HEAD), bytes.fromhex(j["head"]))
+    write_heads(path, bytes.fromhex(j["head"]))
     os.unlink(jp)
     fsync_dir(path)

@@ -32,6 +32,7 @@ class Kind(enum.Enum):
     HEAD_CHAIN = "head-chain"  # the sealed arenas' chain does not reach the head
     MISSING = "missing"        # the arena file is absent
     EXTRA = "extra"            # an arena file past the head's end
+    HEAD_COPY = "head-copy"    # one copy of the head is missing or damaged; the log or the other copy holds it
 
 
 @dataclass
@@ -51,13 +52,15 @@ class Damage:
         return self.kind in (Kind.UNPARSABLE, Kind.SHORT, Kind.MISSING, Kind.TRAILER)
 
     def __str__(self):
+        if self.kind is Kind.HEAD_COPY:
+            return self.what
         return f"arena {self.arena} offset {self.offset}: {self.what}"
 
 
 def verify(store, progress=None):
     """-> (list of Damage, number of records checked)."""
     lg = store.log
-    damage = []
+    damage = head_copies(lg)
     checked = 0
     chain = F.ZERO_CHAIN
     last = lg.open.n
@@ -82,6 +85,17 @@ def verify(store, progress=None):
         damage.append(Damage(last, 0, Kind.HEAD_CHAIN, "the head's chain MAC does not match the sealed arenas (log rolled back or truncated)"))
     _record(store, [d for d in damage if d.record])
     return damage, checked
+
+
+def head_copies(lg):
+    """Damage for each head copy the log's open found missing or damaged (a store from before head
+    copies, with `head` alone, lacks nothing)."""
+    best = max((s.head.generation for s in lg.slots if s.head), default=None)
+    return [Damage(lg.head.arena, 0, Kind.HEAD_COPY,
+                   f"head copy {s.name} is {s.problem}; the commit is read from "
+                   f"{'the other copy' if best is not None else 'the log'}, and the next writable open "
+                   "(e.g. `foundation rebuild`) rewrites it")
+            for s in lg.slots if s.head is None and not (s.problem == "missing" and best == 0)]
 
 
 def verify_arena(store, n, buf, sealed, chain, committed=None):
@@ -116,7 +130,7 @@ def verify_arena(store, n, buf, sealed, chain, committed=None):
         for e_off, btype, key, stored, raw, tag in entries:
             tags += tag
             count += 1
-            checked += 1
+            checked += btype != F.COMMIT  # a commit record holds no block
             rec = buf[e_off:e_off + L.HEADER_SIZE + stored]
             try:
                 _, fullkey, data = native.unpack(store.codec, n, header.iv, e_off, rec)
@@ -131,6 +145,8 @@ def verify_arena(store, n, buf, sealed, chain, committed=None):
         off = end
         if err is None or off >= limit:
             break
+        if not sealed and off >= (lg.head.end if committed is None else committed):
+            break  # past the commit: an unfinished write, which the next writer cuts
         ok = False
         stored = L.stored_at(buf, off, limit)
         if err.kind in ("tag", "decompress", "length") and L.is_record(buf, off) \
