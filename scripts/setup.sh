@@ -2,7 +2,7 @@
 # Set up everything Foundation needs on a fresh Debian 12 machine, as root:
 # the Debian packages (compiler headers for the C core, QEMU, libvirt, FUSE,
 # file-system tools for the tests), the Python package with its C core
-# built by cffi, the replica test servers (scripts/servers.sh install: pyftpdlib,
+# built by cffi, the replica test servers (scripts/servers.sh install: pyftpdlib, vsftpd,
 # and MinIO built with Go once into /var/cache/foundation) and a running
 # libvirtd. Idempotent; safe to run again.
 set -euo pipefail

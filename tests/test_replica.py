@@ -1,7 +1,8 @@
 """Replicas end to end: replicate, audit, recover and repair against real servers on loopback.
 
 The servers are tests/servers.py's: a directory (file://), pyftpdlib for
-FTP and FTPS, MinIO for S3; each test gets a fresh replica inside one. The
+FTP and FTPS, vsftpd (Debian's, TLS session reuse demanded) for FTPS, MinIO for S3;
+each test gets a fresh replica inside one. The
 stores are real and encrypted unless a test says otherwise, and are driven
 through the `foundation` command as a user would.
 """
@@ -18,7 +19,7 @@ import time
 
 import pytest
 from servers import (NotAvailable, free_port, ftp_server, ftps_server, local_server, s3_server,  # noqa: F401
-                     small_disk, start_ftpd, start_minio)
+                     small_disk, start_ftpd, start_minio, vsftpd_server)
 from conftest import damage
 from test_image_support import BS, content, make_store, seeded
 
@@ -33,7 +34,7 @@ from foundation.store import format as F
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MARKER = b"FOUNDATION-PLAINTEXT-MARKER-5c1e"   # written into every image: must never reach a server
 VM = "secret-vm-name"
-SERVERS = ("file", "ftp", "ftps", "s3")
+SERVERS = ("file", "ftp", "ftps", "vsftpd", "s3")
 _count = [0]
 
 
@@ -212,7 +213,7 @@ def test_audit_sample_and_presence_only(request, site):
 
 # ---- an upload killed midway resumes ------------------------------------------------------------
 
-@pytest.mark.parametrize("kind", ["file", "ftp", "s3"])
+@pytest.mark.parametrize("kind", ["file", "ftp", "vsftpd", "s3"])
 def test_killed_upload_resumes(request, tmp_path, capsys, kind):
     srv = fresh(request, kind)
     site = Site(tmp_path, capsys, size=4 << 20, arena_size=16 << 20)
@@ -265,7 +266,7 @@ def test_replicate_sends_only_committed_bytes(request, site, tmp_path):
 
 # ---- repair -----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kind", ["file", "ftps", "s3"])
+@pytest.mark.parametrize("kind", ["file", "ftps", "vsftpd", "s3"])
 def test_repair_from_replica(request, site, kind):
     srv = fresh(request, kind)
     site.use(srv)

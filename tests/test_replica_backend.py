@@ -1,4 +1,4 @@
-"""The replica backends against real servers: a directory, FTP, FTPS (pyftpdlib) and S3 (MinIO).
+"""The replica backends against real servers: a directory, FTP, FTPS (pyftpdlib, vsftpd) and S3 (MinIO).
 
 One set of tests runs on every backend (restic's way): round trips,
 atomic and resumable puts (a failure injected in the chunk loop, and a
@@ -24,7 +24,7 @@ from foundation.replica.config import find_replica, parse_bandwidth, replicas_fr
 from servers import PASSWORD, S3_SECRET, free_port, small_disk, start_ftpd
 
 MiB = 1 << 20
-KINDS = ["local", "ftp", "ftps", "s3"]
+KINDS = ["local", "ftp", "ftps", "vsftpd", "s3"]
 
 
 @pytest.fixture(params=KINDS)
