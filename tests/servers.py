@@ -367,7 +367,9 @@ def vsftpd_server(request, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def s3_server(request, tmp_path_factory):
-    return _fixture(request, tmp_path_factory, start_minio)
+    srv = _fixture(request, tmp_path_factory, start_minio)
+    srv.options["multipart_threshold"] = "8M"   # the tests' 16-20 MiB objects go up in parts (resumable)
+    return srv
 
 
 @pytest.fixture

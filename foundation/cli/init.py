@@ -1,9 +1,11 @@
 """`foundation init`: create a store on the backup disk."""
 
+import argparse
 import os
 import sys
 
 from foundation.cli.common import store_path
+from foundation.config import parse_size
 from foundation.errors import UsageError
 
 NAME = "init"
@@ -11,15 +13,12 @@ HELP = "create a new store in an empty directory (the mounted backup disk)"
 
 
 def size(text):
-    """Parse 4096, 16M, 16MiB, 2G, 1T."""
-    t = text.strip().upper().removesuffix("IB").removesuffix("B")
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    """A command-line size: 4096, 16M, 16MiB, 2G, 1T (foundation.config.parse_size); argparse
+    reports a bad one as a usage error (status 2)."""
     try:
-        if t and t[-1] in mult:
-            return int(float(t[:-1]) * mult[t[-1]])
-        return int(t)
-    except ValueError:
-        raise UsageError(f"not a size: {text!r} (use e.g. 4096, 16M, 512G)") from None
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def add_arguments(p):

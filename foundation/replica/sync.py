@@ -8,9 +8,12 @@ and byte range), so an upload never replaces an object the committed
 manifest names: the new objects go up first, then the manifest
 (atomically), and only then are objects it no longer names deleted. An
 interrupted replicate, or a gc that rewrote arenas meanwhile, therefore
-never leaves a replica without an arena a snapshot it lists needs. The
-manifest is MACed with the store's key: a replica of another store, or
-one someone changed, is recognised. docs/format.md §13 has every byte.
+never leaves a replica without an arena a snapshot it lists needs.
+Objects go up several at a time where the backend allows it (S3), and the
+manifest only once every one of them is up (the first failure stops the
+rest and commits nothing). The manifest is MACed with the store's key: a
+replica of another store, or one someone changed, is recognised.
+docs/format.md §13 has every byte.
 
 Replicate reads the store as a reader does, trusting only what the head
 commits, so it runs beside an archive or the /snapshot tree; it holds the
@@ -26,6 +29,7 @@ import mmap
 import os
 import re
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -34,6 +38,7 @@ from foundation import native
 from foundation.crypto.keys import Keys, load_key_file
 from foundation.errors import DataCorrupt, Error, KeyMissing, StoreBusy, StoreLocked, StoreMissing, WrongKey
 from foundation.replica.backend import RemoteMissing
+from foundation.replica.pool import run_all
 from foundation.store import format as F
 from foundation.store.arena import Log
 from foundation.store.disk import Disk
@@ -497,19 +502,25 @@ def read_remote(local, backend):
 
 
 class ByteProgress:
-    """Turns the backends' per-object `done` counts into a running total for Progress."""
+    """Turns one put's `done` counts into byte counts for a running total (Progress)."""
 
     def __init__(self, sink):
         self.sink, self.last = sink, 0
-
-    def start(self):
-        self.last = 0
-        return self
 
     def __call__(self, done):
         if self.sink and done > self.last:
             self.sink(done - self.last)
         self.last = done  # a retried transfer starts again from 0
+
+
+def _locked(sink):
+    """sink, callable from several upload threads at once."""
+    lock = threading.Lock()
+
+    def call(n):
+        with lock:
+            sink(n)
+    return call
 
 
 def put_bytes(backend, name, data):
@@ -571,13 +582,19 @@ def replicate(local, backend, allow_plaintext=False, progress=None, resend=(), f
         if conf_b != local.config:
             put_bytes(backend, STORE_JSON, local.config)   # claims the prefix before any arena goes up
         total = sum(p.size for _, p in plan.sealed_up) + sum(e - s for _, s, e, _ in plan.parts_up)
-        sink = ByteProgress(progress(total) if progress else None)
-        for entry, p in plan.sealed_up:
-            backend.put(entry.name, p.path, 0, p.size, token=entry.amac.hex(), progress=sink.start())
-            res.arenas_sent += 1
-        for name, s, e, _ in plan.parts_up:
-            backend.put(name, files[-1].path, s, e - s, token=_part_token(name), progress=sink.start())
-            res.parts_sent += 1
+        sink = _locked(progress(total)) if progress else None
+        jobs = [(entry.name, p.path, 0, p.size, entry.amac.hex()) for entry, p in plan.sealed_up]
+        jobs += [(name, files[-1].path, s, e - s, _part_token(name)) for name, s, e, _ in plan.parts_up]
+
+        def put(name, path, offset, length, token):
+            backend.put(name, path, offset, length, token=token, progress=ByteProgress(sink))
+            return name
+        # Several objects in flight where the backend allows it; every one is up before the manifest.
+        for name in run_all(put, jobs, backend.concurrent):
+            if _PART_OBJ.fullmatch(name):
+                res.parts_sent += 1
+            else:
+                res.arenas_sent += 1
         new = Manifest(local.uuid, head_b, head, plan.entries, plan.open, digest(local.config),
                        datetime.now(timezone.utc).isoformat(timespec="seconds"))
         if old is None or (old.head_bytes, old.arenas, old.open, old.config) != \
