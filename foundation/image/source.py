@@ -17,12 +17,11 @@ always passes one.
 """
 
 import errno
-import json
 import os
 import stat
-import subprocess
 
 from foundation.errors import BadInput
+from foundation.image import qemuimg
 from foundation.image import ranges as R
 
 
@@ -33,17 +32,11 @@ class ImageUnreadable(BadInput):
 
 
 def _qemu_img(args, path):
+    """qemu-img's JSON answer about the image at path; its failure said as ImageUnreadable."""
     try:
-        p = subprocess.run(["qemu-img", *args], capture_output=True, text=True, stdin=subprocess.DEVNULL)
-    except FileNotFoundError:
-        raise ImageUnreadable(path, "qemu-img is not installed (apt-get install qemu-utils)") from None
-    if p.returncode != 0:
-        msg = p.stderr.strip().splitlines()
-        raise ImageUnreadable(path, msg[-1] if msg else f"qemu-img exited with status {p.returncode}")
-    try:
-        return json.loads(p.stdout)
-    except json.JSONDecodeError:
-        raise ImageUnreadable(path, "qemu-img printed something that is not JSON") from None
+        return qemuimg.run_json(args, path)
+    except qemuimg.QemuImgFailed as e:
+        raise ImageUnreadable(path, e.args[1]) from None
 
 
 def probe(path, fmt=None):

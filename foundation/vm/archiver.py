@@ -54,7 +54,8 @@ import time
 import uuid as uuidlib
 
 from foundation.errors import BadInput, DataCorrupt, DerivedCorrupt, Error, StoreFull, StoreMissing
-from foundation.vm import journal, qemuimg, swap
+from foundation.image import qemuimg
+from foundation.vm import journal, swap
 from foundation.vm.domain import Domain, LibvirtFailed, UnsupportedDisk
 from foundation.vm.journal import VMBusy
 from foundation.vm.source import SnapshotSource
