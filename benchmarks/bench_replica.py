@@ -18,7 +18,7 @@ branch, for a before/after) with this tree's servers and proxy; a server
 that tree cannot use gets its error in the row instead of numbers.
 
     python benchmarks/bench_replica.py [--sizes 64,256,1024] [--servers file,ftp,ftps,vsftpd,s3]
-                                       [--delays 0,20] [--code DIR] [--label NAME]
+                                       [--delays 0,20] [--parallel N] [--code DIR] [--label NAME]
 """
 
 import argparse
@@ -118,6 +118,8 @@ def main_(a):
             if kind != "s3":
                 srvs[kind] = srv
                 continue
+            if a.parallel:
+                srv.options["parallel"] = a.parallel
             for ms in a.delays:
                 srvs[f"s3+{ms}ms" if ms else "s3"] = delayed(srv, ms, proxies) if ms else srv
         for mb in a.sizes:
@@ -177,7 +179,8 @@ def main_(a):
     with open(out, "w") as f:
         json.dump({"benchmark": "bench_replica", "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
                    "cpus": os.cpu_count(), "code": _describe(CODE),
-                   "args": {"sizes": a.sizes, "servers": a.servers, "delays_ms": a.delays},
+                   "args": {"sizes": a.sizes, "servers": a.servers, "delays_ms": a.delays,
+                            "parallel": a.parallel},
                    "units": {"*_s": "seconds", "*_mb_s": "MB/s (10^6 bytes)", "*_sent": "bytes"},
                    "rows": rows}, f, indent=1)
     print(f"results: {out}")
@@ -197,6 +200,7 @@ if __name__ == "__main__":
     ap.add_argument("--servers", type=lambda s: s.split(","), default=["file", "ftp", "ftps", "vsftpd", "s3"])
     ap.add_argument("--delays", type=lambda s: [int(x) for x in s.split(",")], default=[0, 20],
                     help="S3 through a proxy delaying this many ms each way (0: direct; default 0,20)")
+    ap.add_argument("--parallel", type=int, help="S3: the replica's `parallel` setting (default: its default)")
     ap.add_argument("--code", help="the tree whose foundation package is measured (default: this one)")
     ap.add_argument("--label", help="added to the result file's name")
     ap.add_argument("--tmp", help="directory for stores and servers (default: the system's temp directory)")
