@@ -26,9 +26,10 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]       # this tree's foundation, and the tests' helpers
 
-from foundation.snapshotfs import testing as T  # noqa: E402
+import snapshotfs_support as T  # noqa: E402  (the tests' disk images and mounts)
 
 MIB = 1 << 20
 

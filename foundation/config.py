@@ -7,6 +7,9 @@
     exclude = ["scratch"]                 # never archived, even with "all" or --all
     state_dir = "/var/lib/foundation"     # the archiver's journal and locks (on the host, not the store)
     quiesce = true                        # freeze guest file systems through the QEMU guest agent when it answers
+    notify = "auto"                       # or "never": desktop notifications of failed nights and stale VMs
+    stale_days = 2                        # a VM whose last good archive is older is reported (status, notify)
+    snapshot_group = "libvirt"            # who may read /snapshot and is notified (default: libvirt's group)
 
     [replica]                             # a table for another part of Foundation: kept as is
     ...
@@ -45,6 +48,9 @@ class Config:
     state_dir: str = "/var/lib/foundation"
     quiesce: bool = True
     clones_dir: str | None = None     # where `boot` puts clone overlays (default <state_dir>/clones)
+    notify: str = "auto"
+    stale_days: float = 2
+    snapshot_group: str | None = None  # None: libvirt's own group (see foundation.access)
     sections: dict = field(default_factory=dict)
 
     def section(self, name):
@@ -54,7 +60,7 @@ class Config:
 
 _PATHS = ("store", "key_file", "state_dir", "clones_dir")
 _TYPES = {"store": str, "key_file": str, "libvirt_uri": str, "state_dir": str, "quiesce": bool,
-          "clones_dir": str}
+          "clones_dir": str, "notify": str, "stale_days": (int, float), "snapshot_group": str}
 
 
 def load_config(path=None):
@@ -76,6 +82,8 @@ def load_config(path=None):
         raise ConfigError(path, f"cannot read it: {e.strerror or e}") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(path, f"not valid TOML: {e}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(path, f"not UTF-8 text (byte {e.start} cannot be read): save it as UTF-8") from None
     conf.path = os.path.abspath(path)
     here = os.path.dirname(conf.path)
     known = set(_TYPES) | {"vms", "exclude"}
@@ -85,8 +93,13 @@ def load_config(path=None):
             continue
         if key not in known:
             raise ConfigError(path, f"unknown setting {key!r} (known: {', '.join(sorted(known))})")
-        if key in _TYPES and not isinstance(value, _TYPES[key]):
-            raise ConfigError(path, f"{key} must be a {_TYPES[key].__name__}, not {value!r}")
+        if key in _TYPES and (not isinstance(value, _TYPES[key]) or isinstance(value, bool) != (_TYPES[key] is bool)):
+            kind = "number" if key == "stale_days" else _TYPES[key].__name__
+            raise ConfigError(path, f"{key} must be a {kind}, not {value!r}")
+        if key == "notify" and value not in ("auto", "never"):
+            raise ConfigError(path, f'notify must be "auto" or "never", not {value!r}')
+        if key == "stale_days" and not value > 0:
+            raise ConfigError(path, f"stale_days must be a positive number of days, not {value!r}")
         if key == "vms" and not (value == "all" or _names(value)):
             raise ConfigError(path, f'vms must be "all" or a list of VM names, not {value!r}')
         if key == "exclude" and not (_names(value) or value == []):

@@ -5,13 +5,32 @@ message template and `code` is the process exit status (borg's convention).
 A damaged derived structure (index, summary, Bloom filter) is a different
 class from damaged primary data (an arena): the first is repaired by
 `foundation rebuild`, the second means data is lost or tampered with.
+
+An exit code means one thing. Every code is registered here, at class
+creation, to the first class that declares it; a class may share a code
+only with an ancestor (every "not found" is a NotFound, exit 30), so
+two unrelated errors can never meet under one code. docs/operation.md
+lists every registered code; tests/test_errors.py holds the two together.
 """
+
+CODES = {}      # exit code -> the class that owns it; its subclasses share it
+
+SUCCESS, FAILED, INTERRUPTED = 0, 1, 130    # the CLI's statuses that are no Error
 
 
 class Error(Exception):
     """Error: {}"""
 
     code = 2
+
+    def __init_subclass__(cls, **kw):
+        super().__init_subclass__(**kw)
+        owner = CODES.get(cls.code)
+        if owner is None or _same(owner, cls):
+            CODES[cls.code] = cls
+        elif not issubclass(cls, owner):
+            raise TypeError(f"exit code {cls.code} of {cls.__module__}.{cls.__qualname__} already belongs to "
+                            f"{owner.__module__}.{owner.__qualname__}: take a free code, or derive from it")
 
     def __init__(self, *args):
         super().__init__(*args)
@@ -91,3 +110,8 @@ class BadInput(Error):
     """{}"""
 
     code = 31
+
+
+def _same(a, b):
+    """The same class defined again (a module imported twice), not a second owner."""
+    return (a.__module__, a.__qualname__) == (b.__module__, b.__qualname__)

@@ -17,7 +17,8 @@ fi
 
 PKGS=(gcc make pkg-config libssl-dev libzstd-dev
       qemu-utils qemu-system-x86 libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients libvirt-dev
-      fuse3 libfuse3-dev e2fsprogs dosfstools mtools fdisk parted ntfs-3g)
+      fuse3 libfuse3-dev e2fsprogs dosfstools mtools fdisk parted ntfs-3g
+      dbus-daemon man-db)
 missing=()
 for p in "${PKGS[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -32,10 +33,15 @@ fi
 PY=${PYTHON:-python3}
 say "installing the foundation package and its C core ($($PY --version))"
 export PIP_ROOT_USER_ACTION=ignore
-$PY -m pip install -q --disable-pip-version-check -e ".[vm,fuse,replica,test]" || {
+$PY -m pip install -q --disable-pip-version-check -e ".[vm,fuse,replica,test,man]" || {
     say "pip install failed (see above)"; exit 1; }
 $PY -c "from foundation import native; assert native.backend == 'native', native.backend" || {
     say "the C core did not build; see the pip output above"; exit 1; }
+
+say "installing the man page and the bash completion"
+mkdir -p /usr/local/share/man/man1 /usr/local/share/bash-completion/completions
+$PY -m foundation.cli.manpage /usr/local/share/man/man1/foundation.1
+$PY -m foundation completion > /usr/local/share/bash-completion/completions/foundation
 
 say "installing the replica test servers (FTP, FTPS, MinIO; the first MinIO build takes about 6 minutes)"
 PYTHON=$PY scripts/servers.sh install || { say "the replica test servers could not be installed (see above)"; exit 1; }

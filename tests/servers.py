@@ -68,7 +68,7 @@ class Server:
         return spec_from_url(self.url, **{**self.options, **options})
 
     def backend(self, attempts=3, backoff=0.05, **options):
-        from foundation.replica.backend import open_backend
+        from foundation.replica import open_backend
         return open_backend(self.spec(**options), attempts=attempts, backoff=backoff)
 
     # what the server holds, bypassing the backend

@@ -14,9 +14,9 @@ import time
 import xml.etree.ElementTree as ET
 
 import pytest
+import snapshotfs_support as T
 
 from foundation.cli import main
-from foundation.snapshotfs import testing as T
 
 pytestmark = [pytest.mark.libvirt, pytest.mark.fuse, pytest.mark.slow]
 

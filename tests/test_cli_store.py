@@ -58,8 +58,8 @@ def test_init_stats_verify_rebuild(tmp_path):
 
 
 def test_init_refuses_bad_places(tmp_path):
-    r = run("--store", str(tmp_path / "missing"), "init", "--no-encrypt")
-    assert r.returncode == 10 and "does not exist or is not mounted" in r.stderr
+    r = run("--store", str(tmp_path / "missing" / "store"), "init", "--no-encrypt")
+    assert r.returncode == 10 and "its parent directory" in r.stderr and "Mount the backup disk" in r.stderr
     (tmp_path / "used").mkdir()
     (tmp_path / "used" / "file").write_text("x")
     r = run("init", str(tmp_path / "used"), "--no-encrypt")

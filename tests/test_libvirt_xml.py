@@ -2,7 +2,8 @@
 
 import xml.etree.ElementTree as ET
 
-from foundation.snapshotfs.testing import domain_xml
+from snapshotfs_support import domain_xml
+
 from foundation.vm.domain import snapshot_xml
 
 ODD = "/var/lib/libvirt/images/it's <a> \"disk\" & more.qcow2"

@@ -18,7 +18,7 @@ import pytest
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 import foundation.native as N
-from foundation.native import BucketError, RecordError
+from foundation.native import BucketError, RecordError, cffi_backend
 
 IMPLS = {"native": N.native_impl, "reference": N.reference_impl}
 H = N.HEADER_SIZE
@@ -622,7 +622,7 @@ def test_unpack_many_threads_many_records(impl, other):
 @pytest.mark.parametrize("chunk", [1, 4096, 5000, 1 << 20])
 def test_unpack_many_chunks_and_big_records(impl, other, monkeypatch, chunk):
     """Batches larger than one output chunk, records larger than a chunk, lengths forged huge."""
-    monkeypatch.setattr(N, "UNPACK_CHUNK", chunk)  # the native backend's output per call
+    monkeypatch.setattr(cffi_backend, "UNPACK_CHUNK", chunk)  # the native backend's output per call
     c = impl.Codec(ENC, MAC, 3)
     big = [text(random.Random(36), 300_000), os.urandom(70_000), bytes(1 << 21)]
     batches = [(mixed(30, 4096, seed=37), 4096)] + [(b, len(b)) for b in big] + [(mixed(20, 1000), 1000)]

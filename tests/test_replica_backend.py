@@ -160,7 +160,7 @@ def test_killed_upload_resumes(server, big, tmp_path):
     child = r"""
 import json, sys
 from foundation.replica.config import spec_from_url
-from foundation.replica.backend import open_backend
+from foundation.replica import open_backend
 url, options, big = json.loads(sys.argv[1])
 b = open_backend(spec_from_url(url, bandwidth=8 << 20, **options))
 b.put("arenas/00000007.arena", big, token="k", progress=lambda n: print(n, flush=True))
@@ -350,7 +350,7 @@ def test_unreachable(request, kind):
         spec = spec_from_url(srv.url, **dict(srv.options, endpoint=f"http://127.0.0.1:{port}"))
     else:
         spec = spec_from_url(f"{kind}://{srv.url.split('@')[0].split('//')[1]}@127.0.0.1:{port}/x", **srv.options)
-    from foundation.replica.backend import open_backend
+    from foundation.replica import open_backend
     b = open_backend(spec, attempts=3, backoff=0.01)
     t = time.monotonic()
     with pytest.raises(Unreachable) as e:
@@ -362,11 +362,28 @@ def test_unreachable(request, kind):
 
 
 def test_local_directory_missing(tmp_path):
-    from foundation.replica.backend import open_backend
+    from foundation.replica import open_backend
     b = open_backend(spec_from_url(f"file://{tmp_path}/not-mounted"))
     with pytest.raises(Permanent, match="does not exist: mount the share"):
         b.list()
     assert b.retries == 0 and not (tmp_path / "not-mounted").exists()
+
+
+def test_each_scheme_opens_with_the_backend_that_registered_it(tmp_path, monkeypatch):
+    from foundation.replica import ftp, local, open_backend, registry, s3
+
+    assert registry.registered() == {"file": local.LocalBackend, "ftp": ftp.FTPBackend, "ftps": ftp.FTPBackend,
+                                   "s3": s3.S3Backend}
+    b = open_backend(spec_from_url(f"file://{tmp_path}"))
+    assert type(b.inner) is local.LocalBackend
+    with pytest.raises(ValueError, match="replica scheme ftp:// already opens with FTPBackend; Clash cannot"):
+        class Clash(local.LocalBackend):
+            pass
+        registry.register(Clash, "sftp", "ftp")
+    assert "sftp" not in registry.registered()              # refused whole
+    monkeypatch.setattr(registry, "_factories", {"s3": s3.S3Backend})     # a scheme nobody registered
+    with pytest.raises(BadReplicaURL, match=r"unknown scheme 'file' \(known: s3\)"):
+        open_backend(spec_from_url(f"file://{tmp_path}"))
 
 
 @pytest.mark.parametrize("tls", [False, True])
@@ -425,7 +442,7 @@ def test_s3_bucket_encrypted_with_kms(tmp_path, big, monkeypatch):
 def test_ftps_certificate_checked(ftps_server, caplog):
     options = dict(ftps_server.options)
     del options["ca_file"]
-    from foundation.replica.backend import open_backend
+    from foundation.replica import open_backend
     with pytest.raises(Permanent, match="certificate is not trusted.*ca_file"):
         open_backend(spec_from_url(ftps_server.url, **options)).list()
     b = open_backend(spec_from_url(ftps_server.url, insecure=True, **options))

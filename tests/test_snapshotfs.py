@@ -21,8 +21,8 @@ import threading
 import time
 
 import pytest
+import snapshotfs_support as T
 
-from foundation.snapshotfs import testing as T
 from foundation.snapshotfs.timeindex import TimeIndex, parse_when
 
 pytestmark = [pytest.mark.fuse]

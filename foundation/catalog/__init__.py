@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from datetime import date, datetime, time, timedelta, timezone
 
 from foundation.errors import BadInput, DataCorrupt, NotFound
-from foundation.image.tree import Root, read_blob, write_blob
+from foundation.image import Root, read_blob, write_blob
 
 CATALOG = 3  # foundation.store.BlockType.CATALOG
 
@@ -38,7 +38,18 @@ RECORD = struct.Struct("<8sHHIQQQq")  # magic version ref_size depth size genera
 HASH_SIZE = 32
 HEADER_LINE = {"format": "foundation-catalog", "version": VERSION}
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
-NAME_RE = re.compile(r"^[^\s/@\x00-\x1f\x7f][^/@\x00-\x1f\x7f]{0,199}$")
+# A snapshot name (docs/operation.md, "Names and times"): 1 to 200 characters,
+# no '/', '@' or control character; not first a space, '-' (an option), '#'
+# (an id, as `forget #5` takes it) or '.'; no trailing space. Names are
+# directories of the /snapshot tree, and arguments on a command line.
+NAME_RE = re.compile(r"^[^\s/@#.\-\x00-\x1f\x7f][^/@\x00-\x1f\x7f]{0,199}$")
+NAME_RULE = ("use 1 to 200 characters without '/', '@' or control characters, "
+             "not starting with a space, '-', '#' or '.', and without trailing spaces")
+# Snapshot times a catalog accepts: none before the Unix epoch, none more than
+# a day ahead of this clock (a day for time zones and a skewed clock): a day
+# from the far future would be "the latest" of its VM for ever.
+EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+FUTURE_SLACK = timedelta(days=1)
 
 
 class UnknownName(NotFound):
@@ -71,6 +82,12 @@ class BadTime(BadInput):
     code = 31
 
 
+class TimeOutOfRange(BadInput):
+    """A snapshot cannot be dated {}: {}."""
+
+    code = 31
+
+
 class CatalogCorrupt(DataCorrupt):
     """The system catalog is damaged: {}. Every snapshot is still in the log; run `foundation verify`, and restore the arena from a replica."""
 
@@ -85,9 +102,19 @@ class CatalogTooNew(DataCorrupt):
 
 def check_name(name):
     if not isinstance(name, str) or not NAME_RE.match(name) or name != name.strip():
-        raise BadName(name, "use 1 to 200 characters without '/', '@', control characters "
-                            "or leading/trailing spaces")
+        raise BadName(name, NAME_RULE)
     return name
+
+
+def check_time(when, now=None):
+    """The time of a new snapshot, if it lies in the range a catalog accepts."""
+    now = now or datetime.now(timezone.utc)
+    if when < EPOCH:
+        raise TimeOutOfRange(format_time(when), "it is before 1970-01-01")
+    if when > now + FUTURE_SLACK:
+        raise TimeOutOfRange(format_time(when), f"it is more than a day after now ({format_time(now)}); "
+                                                "check the --at value and the clock")
+    return when
 
 
 # ---- time ---------------------------------------------------------------------
@@ -113,17 +140,15 @@ def parse_time(text, end_of_day=False):
     if re.fullmatch(r"\d{4}-\d{2}-\d{2}", s):
         try:
             d = date.fromisoformat(s)
-        except ValueError:
+            return utc(datetime.combine(d, time.max if end_of_day else time.min))
+        except (ValueError, OverflowError):  # no such day, or outside what datetime holds
             raise BadTime(text) from None
-        t = time.max if end_of_day else time.min
-        return utc(datetime.combine(d, t))
     if not re.fullmatch(r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}.*", s):
         raise BadTime(text)
     try:
-        dt = datetime.fromisoformat(s[:-1] + "+00:00" if s.endswith(("Z", "z")) else s)
-    except ValueError:
+        return utc(datetime.fromisoformat(s[:-1] + "+00:00" if s.endswith(("Z", "z")) else s))
+    except (ValueError, OverflowError):
         raise BadTime(text) from None
-    return utc(dt)
 
 
 # ---- records ------------------------------------------------------------------------

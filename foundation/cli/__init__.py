@@ -7,14 +7,14 @@ layers never edit one shared dispatch table.
 
 import argparse
 import importlib
-import logging
-import os
 import pkgutil
 import sys
 
-from foundation.errors import Error
+from foundation import __version__
+from foundation.cli import logs
+from foundation.errors import INTERRUPTED, Error
 
-_NOT_COMMANDS = {"common"}
+_NOT_COMMANDS = {"common", "logs", "manpage"}
 
 
 def _commands():
@@ -33,13 +33,14 @@ def parser():
         prog="foundation",
         description="Keep every day of your virtual machines on one disk, and travel back in time.",
     )
-    p.add_argument("--store", default=os.environ.get("FOUNDATION_STORE"),
+    p.add_argument("--store",
                    help="store directory on the backup disk (env FOUNDATION_STORE)")
-    p.add_argument("--key-file", default=os.environ.get("FOUNDATION_KEY_FILE"),
+    p.add_argument("--key-file",
                    help="key file of an encrypted store (env FOUNDATION_KEY_FILE)")
-    p.add_argument("--config", default=os.environ.get("FOUNDATION_CONFIG"),
+    p.add_argument("--config",
                    help="config file (default /etc/foundation/foundation.toml; env FOUNDATION_CONFIG)")
     p.add_argument("-v", "--verbose", action="store_true", help="log debugging detail")
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for mod in _commands():
@@ -51,18 +52,15 @@ def parser():
 
 def main(argv=None):
     args = parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(message)s" if sys.stderr.isatty() else "%(levelname)s %(name)s: %(message)s",
-    )
+    logs.setup(args.verbose)
     try:
         return args._run(args) or 0
     except Error as e:
-        print(f"foundation: {e}", file=sys.stderr)
+        logs.error(e)
         return e.code
     except KeyboardInterrupt:
-        print("foundation: interrupted", file=sys.stderr)
-        return 130
+        logs.error("interrupted")
+        return INTERRUPTED
 
 
 if __name__ == "__main__":

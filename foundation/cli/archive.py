@@ -12,12 +12,11 @@ journal.
 """
 
 import logging
-import os
 import sys
 
-from foundation.cli.common import Progress, open_store, store_path
-from foundation.config import load_config
-from foundation.errors import UsageError
+from foundation.cli.common import Progress, after_write, open_store, settings, store_path
+from foundation.errors import Error, UsageError
+from foundation.notify import record_run
 from foundation.vm.archiver import Result
 
 NAME = "archive"
@@ -37,14 +36,14 @@ def add_arguments(p):
                    help="only check that the store is present and the key fits, then exit "
                         "(the systemd service runs this first)")
     p.add_argument("--libvirt-uri", help="libvirt connection (default: config `libvirt_uri`, qemu:///system)")
-    p.add_argument("--state-dir", default=os.environ.get("FOUNDATION_STATE_DIR"),
+    p.add_argument("--state-dir",
                    help="journal directory (default: config `state_dir`, /var/lib/foundation; "
                         "env FOUNDATION_STATE_DIR)")
     p.add_argument("--no-quiesce", action="store_true", help="never freeze guest file systems")
 
 
 def run(args):
-    conf = load_config(args.config)
+    conf = settings(args).config
     if args.vms and args.all:
         raise UsageError("give VM names or --all, not both")
     # The store first: nothing is touched if it is missing, unmounted, locked or the key is wrong.
@@ -56,12 +55,14 @@ def run(args):
                 print(f"store {store_path(args)} is present ({how})")
                 return 0
             _archive_all(args, conf, store, results)
+    except Error as e:
+        record_run(settings(args).state_dir, results, e)     # for `foundation notify`
+        raise
     finally:
         if results:
             print(summary(results), flush=True)
+    record_run(settings(args).state_dir, results)
     if results:
-        from foundation.cli.replicate import after_write
-
         after_write(args)  # configured replicas; a failure there only warns, the status stays
     return 0 if all(r.status in ("ok", "unchanged") for r in results) else 1
 
@@ -69,13 +70,13 @@ def run(args):
 def _archive_all(args, conf, store, results):
     from foundation.vm import Archiver, StoreSink, connect
 
-    conn = connect(args.libvirt_uri or conf.libvirt_uri)
+    conn = connect(settings(args).libvirt_uri)
     names = _names(args, conf, conn)
     if not names:
         print("no VM to archive (libvirt knows none, or all are excluded)")
         return
     tty = sys.stderr.isatty()
-    archiver = Archiver(conn, StoreSink(store), args.state_dir or conf.state_dir,
+    archiver = Archiver(conn, StoreSink(store), settings(args).state_dir,
                         quiesce=conf.quiesce and not args.no_quiesce,
                         progress=(lambda what, total: Progress(what, total)) if tty else None)
     for i, name in enumerate(names):

@@ -13,8 +13,7 @@ manifest names is deleted first), and whatever is missing or stale.
 import random
 import sys
 
-from foundation.cli.common import Progress, key_file, store_path
-from foundation.cli.replicate import replicas, replicate_one
+from foundation.cli.common import Progress, key_file, replicas, replicate_one, store_path
 from foundation.errors import Error
 
 NAME = "audit"

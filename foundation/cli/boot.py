@@ -10,6 +10,7 @@ import os
 import shutil
 import time
 
+from foundation.cli.common import settings
 from foundation.errors import BadInput, NotFound, UsageError
 
 NAME = "boot"
@@ -30,7 +31,7 @@ def add_arguments(p):
     p.add_argument("--list", action="store_true", help="list the clones")
     p.add_argument("--remove", metavar="NAME", help="undefine clone NAME and delete its overlays")
     p.add_argument("--force", action="store_true", help="with --remove: stop the clone first if it runs")
-    p.add_argument("--mountpoint", default=os.environ.get("FOUNDATION_SNAPSHOT_DIR", "/snapshot"),
+    p.add_argument("--mountpoint", dest="snapshot_dir",
                    help="where the snapshot tree is mounted (default /snapshot; env FOUNDATION_SNAPSHOT_DIR)")
     p.add_argument("--clones-dir", default=None,
                    help="where overlays go (default /var/lib/foundation/clones; env FOUNDATION_CLONES_DIR)")
@@ -38,28 +39,10 @@ def add_arguments(p):
                    help="libvirt URI (default: $LIBVIRT_DEFAULT_URI, the config's libvirt_uri, qemu:///system)")
 
 
-def _clones_dir(args):
-    """--clones-dir, $FOUNDATION_CLONES_DIR, the config's clones_dir, <state_dir>/clones, or the default."""
-    if args.clones_dir:
-        return args.clones_dir
-    if os.environ.get("FOUNDATION_CLONES_DIR"):
-        return os.environ["FOUNDATION_CLONES_DIR"]
-    from foundation.cli.common import _config_value
-    from foundation.snapshotfs.clone import DEFAULT_CLONES_DIR
-
-    v = _config_value(args, "clones_dir")
-    if v:
-        return v
-    state = _config_value(args, "state_dir")
-    return os.path.join(state, "clones") if state else DEFAULT_CLONES_DIR
-
-
 def _uri(args):
-    if args.connect:
-        return args.connect
-    from foundation.cli.common import _config_value
-
-    return os.environ.get("LIBVIRT_DEFAULT_URI") or _config_value(args, "libvirt_uri") or "qemu:///system"
+    """--connect, $LIBVIRT_DEFAULT_URI, the config's libvirt_uri."""
+    s = settings(args)
+    return args.connect or s.env["libvirt_uri"] or s.libvirt_uri
 
 
 def _connect(uri):
@@ -89,7 +72,7 @@ def _boot(args):
 
     from foundation.snapshotfs import clone
 
-    mnt = os.path.abspath(args.mountpoint)
+    mnt = os.path.abspath(settings(args).snapshot_dir)
     snap = clone.find_snapshot(mnt, args.vm, args.when)
     name = args.name or clone.clone_name(snap, mnt)
     if "/" in name or not name.strip():
@@ -103,7 +86,7 @@ def _boot(args):
         except libvirt.libvirtError:
             pass
         xml = clone.read_domain_xml(snap)
-        cdir, overlays = clone.create_overlays(snap, name, _clones_dir(args))
+        cdir, overlays = clone.create_overlays(snap, name, settings(args).clones_dir)
         try:
             nvram = clone.copy_nvram(snap, cdir)
             new_xml = clone.clone_xml(xml, name, snap, overlays, nvram_path=nvram)

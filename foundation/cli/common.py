@@ -1,39 +1,108 @@
-"""What every subcommand shares: finding the store and its key, progress.
+"""What every subcommand shares: its settings, resolved once, and the helpers more than one command needs.
 
-The store path and key file come from --store/--key-file, then the
-environment (FOUNDATION_STORE, FOUNDATION_KEY_FILE), then the config file;
-a passphrase comes from FOUNDATION_PASSPHRASE or a terminal prompt, never
-from the command line (it would show in `ps`).
+A setting comes from the command line, then the environment, then the
+config file, then a default. `settings(args)` resolves them once per
+command, reading the environment here and nowhere else in the CLI and the
+config file at most once, and only when the command line and the
+environment leave a setting open. A passphrase comes from
+FOUNDATION_PASSPHRASE or a terminal prompt, never from the command line
+(it would show in `ps`).
 """
 
+import argparse
+import functools
+import logging
 import os
 import sys
 import time
 
-from foundation.errors import UsageError
+from foundation.config import parse_size
+from foundation.errors import Error, UsageError
+
+log = logging.getLogger(__name__)
+
+# Every environment variable the CLI reads: setting -> variable.
+ENVIRONMENT = {
+    "store": "FOUNDATION_STORE",
+    "key_file": "FOUNDATION_KEY_FILE",
+    "config": "FOUNDATION_CONFIG",
+    "state_dir": "FOUNDATION_STATE_DIR",
+    "snapshot_dir": "FOUNDATION_SNAPSHOT_DIR",
+    "clones_dir": "FOUNDATION_CLONES_DIR",
+    "libvirt_uri": "LIBVIRT_DEFAULT_URI",
+    "passphrase": "FOUNDATION_PASSPHRASE",
+}
+SNAPSHOT_DIR = "/snapshot"
+
+
+class Settings:
+    """One command's settings: its options, then the environment, then the config file (read once, if needed)."""
+
+    def __init__(self, args, environ=os.environ):
+        self.args = args
+        self.env = {name: environ.get(var) or None for name, var in ENVIRONMENT.items()}
+
+    def given(self, name):
+        """The command line's value of a setting, else the environment's, else None."""
+        return getattr(self.args, name, None) or self.env[name]
+
+    @functools.cached_property
+    def config(self):
+        """The config file (foundation.config.Config): --config, $FOUNDATION_CONFIG or the default."""
+        from foundation.config import load_config
+
+        return load_config(self.given("config"))
+
+    @property
+    def store(self):
+        path = self.given("store") or self.config.store
+        if not path:
+            raise UsageError("no store given: pass --store DIR or set FOUNDATION_STORE")
+        return path
+
+    @property
+    def key_file(self):
+        return self.given("key_file") or self.config.key_file
+
+    @property
+    def state_dir(self):
+        """Where the archiver's journal and the replicas' last runs are kept."""
+        return self.given("state_dir") or self.config.state_dir
+
+    @property
+    def libvirt_uri(self):
+        """--libvirt-uri, then the config's libvirt_uri (libvirt's own $LIBVIRT_DEFAULT_URI only for `boot`)."""
+        return getattr(self.args, "libvirt_uri", None) or self.config.libvirt_uri
+
+    @property
+    def snapshot_dir(self):
+        """Where the /snapshot tree is mounted."""
+        return self.given("snapshot_dir") or SNAPSHOT_DIR
+
+    @property
+    def clones_dir(self):
+        """Where `boot` puts clone overlays: the config's clones_dir, else <state_dir>/clones."""
+        return self.given("clones_dir") or self.config.clones_dir or os.path.join(self.config.state_dir, "clones")
+
+    @property
+    def passphrase(self):
+        return self.env["passphrase"]
+
+
+def settings(args):
+    """The command's Settings, made at the first call and kept on args."""
+    s = getattr(args, "settings", None)
+    if s is None:
+        s = args.settings = Settings(args)
+    return s
 
 
 def store_path(args):
-    path = getattr(args, "store", None)
-    if not path:
-        path = _config_value(args, "store")
-    if not path:
-        raise UsageError("no store given: pass --store DIR or set FOUNDATION_STORE")
-    return path
+    return settings(args).store
 
 
 def key_file(args):
-    return getattr(args, "key_file", None) or _config_value(args, "key_file")
-
-
-def _config_value(args, name):
-    cfg = getattr(args, "config", None)
-    if not cfg and not os.path.exists("/etc/foundation/foundation.toml"):
-        return None
-    from foundation.config import load_config
-
-    conf = load_config(cfg)
-    return getattr(conf, name, None)
+    return settings(args).key_file
 
 
 def open_store(args, writable=False, **kw):
@@ -41,6 +110,91 @@ def open_store(args, writable=False, **kw):
     from foundation.store import Store
 
     return Store.open(store_path(args), key_file=key_file(args), writable=writable, **kw)
+
+
+# ---- sizes ---------------------------------------------------------------------------------
+
+def size(text):
+    """A command-line size: 4096, 16M, 16MiB, 2G, 1T (foundation.config.parse_size); argparse
+    reports a bad one as a usage error (status 2)."""
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def human(n):
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+
+
+# ---- replicas ------------------------------------------------------------------------------
+
+def replicas(args, names=None, urls=None):
+    """ReplicaSpecs chosen by names/URLs, else every configured replica (UsageError if none)."""
+    from foundation.replica import find_replica, replicas_from_config, spec_from_url
+
+    conf = settings(args).config
+    out = [spec_from_url(u) for u in urls or ()] + [find_replica(conf, n) for n in names or ()]
+    if not names and not urls:
+        out = replicas_from_config(conf)
+        if not out:
+            raise UsageError("no replica is configured: add a [replicas.NAME] table with a url to the config file "
+                             "(see docs/operation.md), or give one with --to URL")
+    return out
+
+
+def replicate_one(args, spec, allow=False, progress=True, resend=(), force=False):
+    """Bring one replica up to the store; its outcome is written down for `foundation status`."""
+    from foundation.replica import lastrun, open_backend
+    from foundation.replica.sync import Local, replicate
+
+    bars = []
+
+    def bar(total):
+        bars.append(Progress(f"replica {spec.name or spec.url}", total))
+        return bars[-1]
+
+    state_dir = settings(args).state_dir
+    with Local(store_path(args), key_file(args)) as local:
+        try:
+            with open_backend(spec) as backend:
+                res = replicate(local, backend, allow_plaintext=allow or spec.allow_plaintext,
+                                progress=bar if progress else None, resend=resend, force=force)
+        except Exception as e:
+            lastrun.record(state_dir, local.uuid, spec, error=e)
+            raise
+        finally:
+            for b in bars:
+                b.finish()
+        lastrun.record(state_dir, local.uuid, spec, res)
+        return res
+
+
+def after_write(args):
+    """Replicate after `archive`/`import-image`/`gc` committed. Never raises: a failure is a warning, the
+    caller's exit status stays as it is, and the next run (or `foundation replicate`) catches up."""
+    try:
+        chosen = replicas(args)
+    except UsageError:
+        return  # no replica configured
+    except Error as e:
+        log.warning("replicas not updated: %s", e)
+        return
+    for spec in chosen:
+        try:
+            res = replicate_one(args, spec, progress=sys.stderr.isatty())
+        except Exception as e:  # noqa: BLE001 - whatever happens, the archive stands
+            log.warning("replica %s was NOT updated: %s. The snapshot is safe in the local store; the next "
+                        "archive or `foundation replicate` tries again.", spec.name or spec.url, e)
+            continue
+        log.info("%s", res.summary())
+        for n in res.notes:
+            log.info("replica %s: %s", spec.name or spec.url, n)
+        for w in res.warnings:
+            log.warning("replica %s: %s", spec.name or spec.url, w)
 
 
 class Progress:

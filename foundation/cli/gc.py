@@ -8,9 +8,7 @@ killed at any point, every kept snapshot still restores and the next gc
 import sys
 import time
 
-from foundation.cli.common import open_store
-from foundation.cli.init import size
-from foundation.cli.list import human
+from foundation.cli.common import after_write, human, open_store, size
 from foundation.errors import UsageError
 
 NAME = "gc"
@@ -88,6 +86,4 @@ def run(args):
 
 def _replicate(args):
     """Replicas follow: a rewritten arena replaces the old one remotely (after the new manifest)."""
-    from foundation.cli.replicate import after_write
-
     after_write(args)

@@ -17,8 +17,8 @@ import time
 import uuid as uuidlib
 from datetime import datetime, timezone
 
-from foundation.catalog import Catalog, DiskEntry, Snapshot, check_name, format_time, parse_time
-from foundation.cli.common import Progress, open_store
+from foundation.catalog import Catalog, DiskEntry, Snapshot, check_name, check_time, format_time, parse_time
+from foundation.cli.common import Progress, after_write, open_store
 from foundation.errors import BadInput
 from foundation.image import load_changed, open_image, write_image
 
@@ -53,7 +53,7 @@ def add_arguments(p):
 
 def run(args):
     check_name(args.name)
-    when = parse_time(args.at) if args.at else datetime.now(timezone.utc)
+    when = check_time(parse_time(args.at)) if args.at else datetime.now(timezone.utc)
     t0 = time.monotonic()
     src = open_image(args.image, args.format)
     try:
@@ -96,8 +96,6 @@ def run(args):
         print(msg, file=sys.stderr)
     else:
         log.debug(msg)
-    from foundation.cli.replicate import after_write
-
     after_write(args)  # configured replicas; a failure there only warns
     return 0
 

@@ -1,24 +1,27 @@
 """`foundation init`: create a store on the backup disk."""
 
-import argparse
 import os
 import sys
 
-from foundation.cli.common import store_path
-from foundation.config import parse_size
-from foundation.errors import UsageError
+from foundation.cli.common import key_file, settings, size, store_path
+from foundation.errors import StoreMissing, UsageError
 
 NAME = "init"
 HELP = "create a new store in an empty directory (the mounted backup disk)"
 
 
-def size(text):
-    """A command-line size: 4096, 16M, 16MiB, 2G, 1T (foundation.config.parse_size); argparse
-    reports a bad one as a usage error (status 2)."""
-    try:
-        return parse_size(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+class NoParent(StoreMissing):
+    """Cannot create the store {}: its parent directory {} does not exist. Mount the backup disk (or create the parent directory), then run `foundation init` again."""
+
+
+def _make_dir(path):
+    """The store's own directory is made here; its parent must exist (the mounted disk)."""
+    if os.path.lexists(path):
+        return
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise NoParent(path, parent)
+    os.mkdir(path, 0o700)
 
 
 def add_arguments(p):
@@ -38,9 +41,10 @@ def run(args):
     from foundation.store import Store
 
     path = args.directory or store_path(args)
+    _make_dir(path)
     pw = None
     if args.passphrase:
-        pw = os.environ.get("FOUNDATION_PASSPHRASE")
+        pw = settings(args).passphrase
         if not pw:
             if not sys.stdin.isatty():
                 raise UsageError("--passphrase needs a terminal or FOUNDATION_PASSPHRASE")
@@ -50,7 +54,7 @@ def run(args):
                 raise UsageError("the passphrases differ")
     kf = Store.create(path, mode=args.mode, block_size=args.block_size, arena_size=args.arena_size,
                       max_log_size=args.max_log_size, encrypt=not args.no_encrypt,
-                      key_file=args.key_file, passphrase=pw)
+                      key_file=key_file(args), passphrase=pw)
     print(f"created {args.mode} store in {path}")
     if kf:
         print(f"key file: {kf}")

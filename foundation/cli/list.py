@@ -8,7 +8,7 @@ themselves (with tree roots and metadata) for scripts.
 import json
 
 from foundation.catalog import Catalog, UnknownName, format_time
-from foundation.cli.common import open_store
+from foundation.cli.common import human, open_store
 
 NAME = "list"
 HELP = "list snapshots with time, size and bytes added"
@@ -17,13 +17,6 @@ HELP = "list snapshots with time, size and bytes added"
 def add_arguments(p):
     p.add_argument("name", metavar="NAME", nargs="?", help="only the snapshots of this VM or image")
     p.add_argument("--json", action="store_true", help="print JSON (a list of catalog entries)")
-
-
-def human(n):
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
 
 
 def run(args):

@@ -2,7 +2,9 @@
 
 Runs in the foreground (systemd: systemd/foundation-snapshot.service);
 `--daemon` detaches once the tree answers. Stop it with SIGTERM, Ctrl-C
-or `umount MOUNTPOINT`; it always unmounts on the way out.
+or `umount MOUNTPOINT`; it always unmounts on the way out. Only root and
+the snapshot group (`--group`, config `snapshot_group`, by default
+libvirt's group: foundation.access) may list the tree and read its files.
 """
 
 import datetime as dt
@@ -29,6 +31,8 @@ def add_arguments(p):
     p.add_argument("mountpoint", nargs="?", default="/snapshot", help="where to mount (default /snapshot)")
     p.add_argument("--daemon", action="store_true", help="detach once the tree is mounted")
     p.add_argument("--utc", action="store_true", help="name days and times in UTC instead of local time")
+    p.add_argument("--group", help="the group that may read the tree (default: config `snapshot_group`, "
+                                   "else libvirt's group, `libvirt`)")
     p.add_argument("--no-allow-other", action="store_true",
                    help="only root may read the tree (libvirt's QEMU then cannot boot from it)")
     p.add_argument("--log-file", help="with --daemon: append log lines here (default: syslog-less, discarded)")
@@ -65,8 +69,9 @@ def run(args):
 
     tz = dt.timezone.utc if args.utc else None
     mnt = os.path.abspath(args.mountpoint)
+    kw = dict(tz=tz, allow_other=not args.no_allow_other, gid=_group(args))
     if not args.daemon:
-        server.serve(_archive(args), mnt, tz=tz, allow_other=not args.no_allow_other)
+        server.serve(_archive(args), mnt, **kw)
         return 0
     server.prepare_mountpoint(mnt)
     pid = os.fork()
@@ -76,7 +81,7 @@ def run(args):
             os._exit(0)
         _detach(args.log_file)
         try:
-            server.serve(_archive(args), mnt, tz=tz, allow_other=not args.no_allow_other)
+            server.serve(_archive(args), mnt, **kw)
         except Exception as e:      # nobody to tell but the log
             logging.getLogger(__name__).error("mount failed: %s", e)
             os._exit(1)
@@ -89,6 +94,24 @@ def run(args):
             return 0
         time.sleep(0.1)
     raise UsageError(f"the snapshot tree did not come up on {mnt} within 60 s; see {args.log_file or 'the log'}")
+
+
+def _group(args):
+    """The gid that may read the tree; root's (0) when the group does not exist."""
+    from foundation import access
+
+    conf = common.settings(args).config
+    name = args.group or access.group_name(conf)
+    gid = access.group_id(name)
+    if gid is None and (args.group or conf.snapshot_group):
+        raise UsageError(f"there is no group {name} on this machine: create it (groupadd {name}) "
+                         "or name another with --group / snapshot_group")
+    if gid is None:
+        log.warning("group %s does not exist: only root may read the snapshot tree "
+                    "(create it, or set snapshot_group in the config file)", name)
+        return 0
+    log.info("the snapshot tree is readable by root and group %s", name)
+    return gid
 
 
 def _detach(log_file):

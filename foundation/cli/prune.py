@@ -11,7 +11,7 @@ import argparse
 
 from foundation.catalog import Catalog
 from foundation.catalog.retention import KEYS, Policy, decide
-from foundation.cli.common import open_store
+from foundation.cli.common import open_store, settings
 from foundation.errors import UsageError
 
 NAME = "prune"
@@ -67,9 +67,9 @@ def policy_of(args):
     if given:
         policy, source = Policy(**given), "command line"
     else:
-        from foundation.config import DEFAULT_PATH, load_config
+        from foundation.config import DEFAULT_PATH
 
-        conf = load_config(getattr(args, "config", None))
+        conf = settings(args).config
         policy = Policy.from_config(conf.section("retention"), conf.path or DEFAULT_PATH)
         source = conf.path or f"{DEFAULT_PATH}, absent"
     if policy.empty:

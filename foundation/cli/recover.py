@@ -9,8 +9,7 @@ same command resumes it (arenas already down are kept).
 
 import sys
 
-from foundation.cli.common import Progress, key_file, store_path
-from foundation.config import load_config
+from foundation.cli.common import Progress, key_file, settings, store_path
 
 NAME = "recover"
 HELP = "rebuild a lost store from a replica and its key file"
@@ -32,7 +31,7 @@ def run(args):
     from foundation.replica import find_replica, open_backend
     from foundation.replica.recover import recover
 
-    spec = find_replica(load_config(args.config), args.source)
+    spec = find_replica(settings(args).config, args.source)
     dest = args.target or store_path(args)
     bars = []
 

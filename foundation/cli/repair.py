@@ -11,7 +11,7 @@ exit status is 1 if anything is.
 
 import sys
 
-from foundation.cli.common import key_file, store_path
+from foundation.cli.common import key_file, replicas, settings, store_path
 
 NAME = "repair"
 HELP = "replace damaged arenas from a replica, and heal damaged records from disk images"
@@ -32,7 +32,6 @@ def add_arguments(p):
 def run(args):
     from contextlib import ExitStack
 
-    from foundation.cli.replicate import replicas
     from foundation.errors import UsageError
     from foundation.replica import open_backend
     from foundation.replica.repair import repair
@@ -69,11 +68,10 @@ def _vm_images(args):
     """(path, format) of the current top file of every disk of the --vm domains."""
     if not args.vm:
         return []
-    from foundation.config import load_config
     from foundation.vm import connect
     from foundation.vm.domain import Domain
 
-    conn = connect(args.libvirt_uri or load_config(args.config).libvirt_uri)
+    conn = connect(settings(args).libvirt_uri)
     out = []
     for name in args.vm:
         out += [(d.path, d.format) for d in Domain(conn, name).disks()[0]]

@@ -5,13 +5,18 @@ journal (no store needed), checks each disk's chain against libvirt and
 the image headers, adds the store's snapshot count when the store is
 reachable, shows each configured replica's last replicate from this host
 (foundation.replica.lastrun; no network), and asks systemd when the timer
-fires next.
+fires next. Each VM opens with its health (foundation.vm.health): the last
+good archive, its age, STALE past `stale_days`, the last error, the same
+reading the desktop notifications use. --json prints the same data
+(schema in docs/operation.md §9).
 """
 
+import datetime
+import json
 import os
 import subprocess
 
-from foundation.config import load_config
+from foundation.cli.common import settings
 from foundation.errors import Error
 
 NAME = "status"
@@ -23,22 +28,30 @@ def add_arguments(p):
     p.add_argument("vms", nargs="*", metavar="VM", help="VMs to show (default: every VM ever archived "
                                                         "and the config file's `vms`)")
     p.add_argument("--libvirt-uri", help="libvirt connection (default: config `libvirt_uri`)")
-    p.add_argument("--state-dir", default=os.environ.get("FOUNDATION_STATE_DIR"),
+    p.add_argument("--state-dir",
                    help="journal directory (default: config `state_dir`; env FOUNDATION_STATE_DIR)")
+    p.add_argument("--json", action="store_true", help="print JSON (schema in docs/operation.md)")
 
 
 def run(args):
     from foundation.vm import journal
 
-    conf = load_config(args.config)
-    state_dir = args.state_dir or conf.state_dir
+    s = settings(args)
+    conf, state_dir = s.config, s.state_dir
     recs = {r["name"]: r for r in journal.records(state_dir)}
     names = list(args.vms) or sorted(set(recs) | set(conf.vms if conf.vms != "all" else []))
-    conn, why = _connect(args.libvirt_uri or conf.libvirt_uri)
+    conn, why = _connect(s.libvirt_uri)
     counts, store_note = _store_counts(args)
+    max_age = datetime.timedelta(days=conf.stale_days)
+    if args.json:
+        vms = [_vm_json(name, recs.get(name), conn, state_dir, counts, max_age) for name in names]
+        print(json.dumps({"version": 1, "vms": vms, "stale_days": conf.stale_days, "libvirt": why,
+                          "store": store_note, "replicas": _replicas(args, conf, state_dir),
+                          "next_run": next_timer_run()}, indent=2, sort_keys=True))
+        return 0
     lines = []
     for name in names:
-        lines += _vm(name, recs.get(name), conn, state_dir, counts)
+        lines += _vm(name, recs.get(name), conn, state_dir, counts, max_age)
     if not names:
         lines.append(f"no VM has been archived yet (journal: {state_dir})")
     if why:
@@ -112,21 +125,60 @@ def _replicas(args, conf, state_dir):
     return out
 
 
-def _vm(name, rec, conn, state_dir, counts):
+def _record(name, rec, conn, state_dir):
+    """(the VM's journal record or None, an error reading it or None)."""
     from foundation.vm import journal
 
-    out = [name]
     if rec is None and conn is not None:
         try:
             from foundation.vm.domain import Domain
 
-            rec = journal.load(state_dir, Domain(conn, name).uuid)
+            return journal.load(state_dir, Domain(conn, name).uuid), None
         except Error as e:
-            out.append(f"  {e}")
-            return out
+            return None, str(e)
+    return rec, None
+
+
+def _latest(name, counts):
+    return (counts or {}).get(name, (0, None))[1]
+
+
+def _vm_json(name, rec, conn, state_dir, counts, max_age):
+    from foundation.vm.health import health
+
+    rec, err = _record(name, rec, conn, state_dir)
+    h = health(name, rec, _latest(name, counts))
+    d = h.to_json()
+    d["stale"] = h.stale(max_age)
+    d["lookup_error"] = err
+    d["snapshots"] = counts.get(name, (0, None))[0] if counts is not None else None
+    d["last"] = (rec or {}).get("last")
+    d["disks"] = {t: {"base": v.get("base"), "top": v.get("top")} for t, v in sorted((rec or {}).get("disks", {}).items())}
+    return d
+
+
+def _glance(h, max_age):
+    """The health line: last good archive and its age, STALE past max_age."""
+    from foundation.vm.health import human_age
+
+    mark = "  STALE" if h.stale(max_age) else ""
+    if h.last_good is None:
+        return f"  last good: none yet{mark}"
+    return f"  last good: {_when(h.last_good)} ({human_age(h.age())} ago){mark}"
+
+
+def _vm(name, rec, conn, state_dir, counts, max_age):
+    from foundation.vm.health import health
+
+    out = [name]
+    rec, err = _record(name, rec, conn, state_dir)
+    if err:
+        out.append(f"  {err}")
+        return out
     if rec is None:
         out.append("  never archived")
         return out
+    out.append(_glance(health(name, rec, _latest(name, counts)), max_age))
     last = rec.get("last")
     if last:
         mb = (last.get("changed_bytes") or 0) / 1e6

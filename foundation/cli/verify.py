@@ -1,5 +1,7 @@
 """`foundation verify`: check every record and MAC; list what is damaged."""
 
+import json
+
 from foundation.cli.common import open_store
 
 NAME = "verify"
@@ -7,7 +9,7 @@ HELP = "check every record, arena MAC and the arena chain; exit 1 if anything is
 
 
 def add_arguments(p):
-    pass
+    p.add_argument("--json", action="store_true", help="print JSON (schema in docs/operation.md)")
 
 
 def run(args):
@@ -16,6 +18,11 @@ def run(args):
     with open_store(args) as s:
         damage, checked = verify(s)
         arenas = s.log.open.n + 1
+    if args.json:
+        print(json.dumps({"version": 1, "ok": not damage, "records": checked, "arenas": arenas,
+                          "damaged": [{"arena": d.arena, "offset": d.offset, "what": d.what, "record": d.record}
+                                      for d in damage]}, indent=2, sort_keys=True))
+        return 1 if damage else 0
     for d in damage:
         print(f"DAMAGED {d}")
     if damage:

@@ -26,13 +26,13 @@ apply to the old file; after it, to nothing.
 import json
 import logging
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 
 from foundation import native
 from foundation.catalog import Catalog
 from foundation.errors import DataCorrupt
+from foundation.faults import crash_point
 from foundation.gc import compact, mark, reflow
 from foundation.store import format as F
 from foundation.store.disk import atomic_write
@@ -62,18 +62,8 @@ class Report:
         return self.before - self.after
 
 
-def _crash(point, _seen={}):
-    want = os.environ.get(CRASH_ENV)
-    if not want:
-        return
-    name, _, count = want.partition(":")
-    if name != point:
-        return
-    _seen[point] = _seen.get(point, 0) + 1
-    if _seen[point] >= int(count or 1):
-        sys.stderr.write(f"foundation: test crash at {point}\n")
-        sys.stderr.flush()
-        os._exit(137)
+def _crash(point):
+    crash_point(CRASH_ENV, point)
 
 
 def roots(cat):

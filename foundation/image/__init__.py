@@ -12,10 +12,11 @@ arbitrary bytes. docs/format.md ("Image trees") has the byte layout.
     write_blob(store, data) -> Root; read_blob(store, root) -> bytes
 """
 
-from foundation.image.reader import ImageReader, RestoreFailed, restore_image, write_raw
 from foundation.image.ranges import BadRanges, load_changed
+from foundation.image.reader import ImageReader, RestoreFailed, read_blob, restore_image, write_raw
+from foundation.image.shape import Root, Shape
 from foundation.image.source import ImageUnreadable, open_image
-from foundation.image.tree import BytesSource, Root, Shape, read_blob, write_blob, write_image
+from foundation.image.tree import BytesSource, write_blob, write_image
 
 __all__ = [
     "BadRanges",

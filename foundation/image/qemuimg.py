@@ -22,19 +22,24 @@ from foundation.errors import Error
 class QemuImgFailed(Error):
     """qemu-img {} failed: {}"""
 
-    code = 40
+    code = 60
 
 
-def run(args, what):
-    """stdout of `qemu-img ARGS`; QemuImgFailed("what", its last error line) if it fails."""
+def run(args, what, ok=(0,)):
+    """stdout of `qemu-img ARGS`; QemuImgFailed("what", its last error line) if its exit status is not
+    in `ok`, with .status (None: qemu-img is missing) and .stdout for a caller that reads its report."""
     try:
         p = subprocess.run(["qemu-img", *args], capture_output=True, text=True,
                            stdin=subprocess.DEVNULL)
     except FileNotFoundError:
-        raise QemuImgFailed(what, "qemu-img is not installed (apt-get install qemu-utils)") from None
-    if p.returncode != 0:
+        e = QemuImgFailed(what, "qemu-img is not installed (apt-get install qemu-utils)")
+        e.status, e.stdout = None, ""
+        raise e from None
+    if p.returncode not in ok:
         lines = (p.stderr or p.stdout).strip().splitlines()
-        raise QemuImgFailed(what, lines[-1] if lines else f"exit status {p.returncode}")
+        e = QemuImgFailed(what, lines[-1] if lines else f"exit status {p.returncode}")
+        e.status, e.stdout = p.returncode, p.stdout
+        raise e
     return p.stdout
 
 

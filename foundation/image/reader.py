@@ -19,7 +19,7 @@ from collections import OrderedDict
 
 from foundation.errors import DataCorrupt, Error
 from foundation.image import qemuimg
-from foundation.image.tree import Shape, _split_refs
+from foundation.image.shape import Shape, split_refs
 
 BATCH = 8192  # leaves per read_blocks call
 IOV_MAX = 1024
@@ -115,7 +115,7 @@ class ImageReader:
     # ---- data -----------------------------------------------------------------------
     def _fetch(self, b0, b1):
         """Data of leaves b0..b1-1 as a list of block-size bytes."""
-        refs = _split_refs(self.leaf_refs(b0, b1), self.sh.rs)
+        refs = split_refs(self.leaf_refs(b0, b1), self.sh.rs)
         null = self._null
         live = [r for r in refs if r != null]
         got = iter(self.s.read_blocks(b"".join(live)) if live else ())
@@ -167,7 +167,7 @@ class ImageReader:
             hi = min(n, (b1 - 1) // span - j0 + 1, sh.counts[k] - j0)
             group = per1 if k == 1 else 16
             for g in range(lo, hi, group):
-                gr = _split_refs(refs[g * rs:min(hi, g + group) * rs], rs)
+                gr = split_refs(refs[g * rs:min(hi, g + group) * rs], rs)
                 live = [r for r in gr if r != null]
                 got = iter(self.s.read_blocks(b"".join(live)) if live else ())
                 run_start, run = None, []
@@ -222,7 +222,7 @@ def write_raw(store, root, fd, sparse=True, progress=None):
         for start, count, refs in r.iter_leaves():
             jobs = []
             if refs is not None:
-                lst = _split_refs(refs, rs)
+                lst = split_refs(refs, rs)
                 live = [x for x in lst if x != null]
                 it = iter(store.read_blocks(b"".join(live)) if live else ())
                 i = 0
@@ -335,3 +335,8 @@ def _open(path, flags, mode=0o666):
 
 def _device_size(fd):
     return os.lseek(fd, 0, os.SEEK_END)
+
+
+def read_blob(store, root):
+    """The bytes of a blob written by tree.write_blob."""
+    return ImageReader(store, root).read(0, root.size)

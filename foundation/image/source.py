@@ -17,6 +17,7 @@ always passes one.
 """
 
 import errno
+import json
 import os
 import stat
 
@@ -46,6 +47,51 @@ def probe(path, fmt=None):
         args += ["-f", fmt]
     info = _qemu_img(args + [path], path)
     return info.get("format", fmt), int(info["virtual-size"])
+
+
+# `qemu-img check` exit statuses: 0 clean, 1 the check itself failed, 2 corrupt,
+# 3 only leaked clusters (harmless to a reader), 63 the format has no checks.
+_CHECK_OK = (0, 3, 63)
+
+
+def check(path, fmt):
+    """Refuse an image any layer of whose chain QEMU finds damaged, before a block is stored.
+
+    QEMU reads a cluster that lies past the end of a truncated qcow2 as
+    zeros; imported, those zeros would become a day's data with exit 0.
+    `qemu-img check` reads only the metadata (tables and refcounts), so the
+    cost is small next to reading the image.
+    """
+    chain = _qemu_img(["info", "--output=json", "--backing-chain", "-U", "-f", fmt, path], path)
+    for layer in chain if isinstance(chain, list) else [chain]:
+        name, kind = layer.get("filename", path), layer.get("format", fmt)
+        if kind != "raw":
+            _check_layer(name, kind, path)
+
+
+def _check_layer(layer, fmt, path):
+    try:
+        qemuimg.run(["check", "--output=json", "-U", "-f", fmt, layer], f"check {layer}", ok=_CHECK_OK)
+        return
+    except qemuimg.QemuImgFailed as e:
+        if e.status is None:
+            raise ImageUnreadable(path, e.args[1]) from None
+        failure = e
+    try:
+        report = json.loads(failure.stdout)
+    except json.JSONDecodeError:
+        report = {}
+    bad = report.get("corruptions", 0)
+    failed = report.get("check-errors", 0)
+    where = "" if layer == path else f" (in its backing file {layer})"
+    if bad:
+        why = f"qemu-img check finds {bad} corrupt cluster reference(s) (truncated or damaged {fmt} file)"
+    elif failed:
+        why = f"qemu-img check could not read {failed} metadata cluster(s) (truncated or damaged {fmt} file)"
+    else:
+        why = f"qemu-img check failed: {failure.args[1]}"
+    raise ImageUnreadable(path, why + where + "; nothing was archived. Repair a copy with `qemu-img check -r all` "
+                                      "or archive an intact image")
 
 
 class RawSource:
@@ -189,4 +235,5 @@ def open_image(path, fmt=None):
         fmt, size = probe(path, fmt)
     if fmt == "raw":
         return RawSource(path)
+    check(path, fmt)
     return QemuSource(path, fmt, size)

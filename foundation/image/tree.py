@@ -21,74 +21,13 @@ The byte layout is in docs/format.md (section "Image trees").
 
 import concurrent.futures
 from collections import OrderedDict
-from dataclasses import dataclass
 
 from foundation.errors import DataCorrupt
 from foundation.image import ranges as R
-
-# Block types of the store (foundation.store.BlockType); repeated here as plain
-# ints so that this layer does not import the store at module load.
-DATA, TREE = 1, 2
+from foundation.image.shape import Root, Shape, split_refs
+from foundation.store import BlockType
 
 CHUNK = 32 << 20  # bytes of source per write_blocks call
-
-
-@dataclass(frozen=True)
-class Root:
-    """The root of one tree: the ref of its top block, the logical size, the depth.
-
-    depth 0: `ref` is the single leaf (size <= block_size); depth d >= 1:
-    `ref` is a TREE node whose children are trees of depth d - 1. A null
-    `ref` is an all-zero image of `size` bytes.
-    """
-
-    ref: bytes
-    size: int
-    depth: int
-
-    def to_json(self):
-        return {"ref": self.ref.hex(), "size": self.size, "depth": self.depth}
-
-    @classmethod
-    def from_json(cls, d):
-        try:
-            ref = bytes.fromhex(d["ref"])
-            size, depth = d["size"], d["depth"]
-        except (KeyError, TypeError, ValueError) as e:
-            raise DataCorrupt(f"tree root {d!r} is malformed ({e})") from None
-        if not (isinstance(size, int) and isinstance(depth, int) and size >= 0 and 0 <= depth < 64):
-            raise DataCorrupt(f"tree root {d!r} has a bad size or depth")
-        return cls(ref, size, depth)
-
-
-class Shape:
-    """The geometry of a tree of `size` bytes in a store: fanout, depth, nodes per level."""
-
-    def __init__(self, store, size):
-        self.bs = store.block_size
-        self.rs = store.ref_size
-        self.fanout = self.bs // self.rs
-        if self.fanout * self.rs != self.bs or self.fanout < 2:
-            raise ValueError(f"block size {self.bs} is not a multiple of the ref size {self.rs}")
-        self.size = size
-        self.nleaves = -(-size // self.bs)
-        d, cap = 0, 1
-        while cap < self.nleaves:
-            d += 1
-            cap *= self.fanout
-        self.depth = d
-        # counts[k]: nodes at level k (level 0 = leaves, level depth = the root)
-        self.counts = [-(-self.nleaves // self.fanout**k) for k in range(d + 1)]
-
-    def check(self, root, what="image"):
-        if root.depth != self.depth or len(root.ref) != self.rs:
-            raise DataCorrupt(f"{what} tree root has depth {root.depth} and a {len(root.ref)}-byte ref; "
-                              f"a {root.size}-byte tree in this store has depth {self.depth} "
-                              f"and {self.rs}-byte refs")
-
-
-def _split_refs(buf, rs):
-    return [buf[i:i + rs] for i in range(0, len(buf), rs)]
 
 
 class _Builder:
@@ -217,7 +156,7 @@ class _Builder:
                     writes.append(content)
                 slots.append([j, ref])
             if writes:
-                new = _split_refs(self.s.write_blocks(b"".join(writes), btype=TREE), rs)
+                new = split_refs(self.s.write_blocks(b"".join(writes), btype=BlockType.TREE), rs)
                 self.written_nodes += len(new)
                 it = iter(new)
                 for sl in slots:
@@ -339,7 +278,7 @@ def write_image(store, src, size, prev=None, changed=None, zeros=(), progress=No
             buf = pending.pop(0).result()
             if i + 1 < len(batches):
                 pending.append(pool.submit(read_batch, batches[i + 1], free[(i + 1) % 2]))
-            refs = store.write_blocks(buf, btype=DATA) if len(buf) else b""
+            refs = store.write_blocks(buf, btype=BlockType.DATA) if len(buf) else b""
             if len(refs) != len(buf) // bs * rs:
                 raise RuntimeError("store returned the wrong number of refs")
             if builder is not None:
@@ -413,10 +352,3 @@ def write_blob(store, data, prev=None, prev_data=None):
         changed = [(i, len(data) - i)] if i < len(data) else []
     return write_image(store, BytesSource(data), len(data),
                        prev=prev if changed is not None else None, changed=changed)
-
-
-def read_blob(store, root):
-    """The bytes of a blob written by write_blob."""
-    from foundation.image.reader import ImageReader
-
-    return ImageReader(store, root).read(0, root.size)

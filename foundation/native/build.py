@@ -9,14 +9,18 @@ the module: importing foundation.native needs the module already built):
     python foundation/native/build.py
 
 Needs a C compiler and the OpenSSL 3 and zstd headers (Debian: gcc
-pkg-config libssl-dev libzstd-dev).
+pkg-config libssl-dev libzstd-dev). They are looked for first, with the
+compiler itself, so a machine without them gets one line naming the
+packages to install instead of a compiler error (borg's setup does the same).
 """
 
 import importlib.machinery
 import os
+import shlex
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
 
 from cffi import FFI
@@ -25,6 +29,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 CSRC = os.path.join(ROOT, "csrc")
 SOURCES = ["core.c", "hash.c", "record.c", "bucket.c", "table.c"]
 LIBRARIES = ["libcrypto", "libzstd"]
+HEADERS = ["zstd.h", "openssl/evp.h"]
+PACKAGES = ("install the C core's build dependencies: "
+            "Debian/Ubuntu `apt-get install gcc pkg-config libzstd-dev libssl-dev`, "
+            "Fedora `dnf install gcc pkgconf-pkg-config libzstd-devel openssl-devel`")
 
 
 def cdef(header):
@@ -45,9 +53,35 @@ def pkgconfig(flag, default):
     return out.split()
 
 
+def missing_headers(headers=HEADERS, include_dirs=()):
+    """The headers the C compiler cannot find (all of them when there is no compiler)."""
+    cc = shlex.split(os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc")
+    flags = shlex.split(os.environ.get("CFLAGS", "")) + [f"-I{d}" for d in include_dirs]
+    missing = []
+    for h in headers:
+        try:
+            r = subprocess.run([*cc, *flags, "-E", "-x", "c", "-o", os.devnull, "-"],
+                               input=f"#include <{h}>\n", capture_output=True, text=True)
+        except OSError:
+            return list(headers)
+        if r.returncode != 0:
+            missing.append(h)
+    return missing
+
+
+def check_headers(include_dirs=()):
+    """Stop the build with one line naming the packages when a header is missing."""
+    if shutil.which((os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc").split()[0]) is None:
+        sys.exit(f"foundation: no C compiler found; {PACKAGES}")
+    missing = missing_headers(include_dirs=include_dirs)
+    if missing:
+        sys.exit(f"foundation: {' and '.join(missing)} not found; {PACKAGES}")
+
+
 def builder(paths):
     """The FFI builder, naming files through paths (a path -> path function)."""
     cflags = pkgconfig("--cflags-only-I", [])
+    check_headers([f[2:] for f in cflags if f.startswith("-I")])
     ldflags = pkgconfig("--libs-only-L", [])
     ffi = FFI()
     ffi.cdef(cdef(os.path.join(CSRC, "foundation.h")))

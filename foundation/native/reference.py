@@ -44,12 +44,9 @@ import struct
 import zstandard
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-from foundation.native import (
-    ARENA_LIMIT, HEADER_SIZE, RECORD_MAGIC, SCORE_SIZE, TAG_SIZE, WEAK_SIZE,
-    BucketError, RecordError, _addrs, _bad_bucket, _blocks, _byte, _codec_args,
-    _flags, _index_args, _lookup_count, _nbytes, _outside, _pack_args, _span, _threads,
-    _uint, _where,
-)
+from foundation.native import checks
+from foundation.native.checks import (ARENA_LIMIT, HEADER_SIZE, RECORD_MAGIC, SCORE_SIZE, TAG_SIZE, WEAK_SIZE,
+                                      BucketError, RecordError)
 
 name = "reference"
 
@@ -60,7 +57,7 @@ MASK = (1 << 64) - 1
 
 
 def zero_flags(buf, bs):
-    n, blen = _blocks(buf, bs)
+    n, blen = checks.blocks(buf, bs)
     data = bytes(buf)
     zero = bytes(blen)
     return bytes(data[i * blen:(i + 1) * blen] == zero for i in range(n))
@@ -68,10 +65,10 @@ def zero_flags(buf, bs):
 
 def scores(buf, bs, btype, key=None, skip=None, threads=1):
     """SHA-256, or HMAC-SHA256 under key, of bytes([btype]) + block; skipped: zeros."""
-    n, blen = _blocks(buf, bs)
-    _byte(btype, "btype")
-    _flags(skip, n)
-    _threads(threads)
+    n, blen = checks.blocks(buf, bs)
+    checks.byte(btype, "btype")
+    checks.flags(skip, n)
+    checks.thread_count(threads)
     data, skip = bytes(buf), None if skip is None else bytes(skip)
     keyed = None if key is None else hmac.new(bytes(key), digestmod=hashlib.sha256)
     out = bytearray()
@@ -105,10 +102,10 @@ def weak(block, btype, seed):
 
 
 def weak_hashes(buf, bs, btype, seed, skip=None):
-    n, blen = _blocks(buf, bs)
-    _byte(btype, "btype")
-    _uint(seed, 1 << 64, "seed")
-    _flags(skip, n)
+    n, blen = checks.blocks(buf, bs)
+    checks.byte(btype, "btype")
+    checks.uint(seed, 1 << 64, "seed")
+    checks.flags(skip, n)
     data, skip = bytes(buf), None if skip is None else bytes(skip)
     return b"".join(bytes(WEAK_SIZE) if skip and skip[i] else
                     weak(data[i * blen:(i + 1) * blen], btype, seed).to_bytes(8, "big")
@@ -119,7 +116,7 @@ class Codec:
     """Keys and compression level for records."""
 
     def __init__(self, enc_key, mac_key, zlevel):
-        _codec_args(enc_key, mac_key, zlevel)
+        checks.codec_args(enc_key, mac_key, zlevel)
         self.enc_key = None if enc_key is None else bytes(enc_key)
         self.mac = hmac.new(bytes(mac_key), digestmod=hashlib.sha256)  # keyed once, copied per record
         self.encrypted = enc_key is not None
@@ -152,8 +149,8 @@ def tag(codec, arena, offset, head, payload):
 
 
 def pack(codec, arena, iv, offset, btype, buf, bs, keys, threads=1):
-    n, blen = _pack_args(arena, iv, offset, btype, buf, bs, keys)
-    _threads(threads)
+    n, blen = checks.pack_args(arena, iv, offset, btype, buf, bs, keys)
+    checks.thread_count(threads)
     codec, data, keys, iv = _codec(codec), bytes(buf), bytes(keys), bytes(iv)
     z = zstandard.ZstdCompressor(level=codec.zlevel, write_content_size=True) if codec.zlevel else None
     out, offsets, pos = bytearray(), [], offset
@@ -197,7 +194,7 @@ def _check(codec, arena, offset, rec, verify):
 
 
 def unpack(codec, arena, iv, offset, rec):
-    _where(arena, iv, offset)
+    checks.where(arena, iv, offset)
     return _unpack(_codec(codec), arena, bytes(iv), offset, bytes(rec))
 
 
@@ -212,12 +209,12 @@ def _unpack(codec, arena, iv, offset, rec):
 
 def unpack_many(codec, arena, iv, buf, base, offsets, threads=1):
     """unpack of each record of buf named by its arena offset; a bad one's RecordError."""
-    _where(arena, iv, base)
+    checks.where(arena, iv, base)
     codec = _codec(codec)
-    size = _span(buf, base)
-    _threads(threads)
+    size = checks.span(buf, base)
+    checks.thread_count(threads)
     offsets = list(offsets)
-    bad = _outside(offsets, base, size)
+    bad = checks.outside(offsets, base, size)
     if bad:
         raise bad
     data, iv, out = memoryview(bytes(buf)), bytes(iv), []
@@ -248,9 +245,9 @@ def scan(codec, arena, iv, buf, base, verify=True):
 
     iv is not used: scanning checks tags, which cover the encrypted bytes.
     """
-    _where(arena, iv, base)
+    checks.where(arena, iv, base)
     codec = _codec(codec)
-    _span(buf, base)
+    checks.span(buf, base)
     data = memoryview(bytes(buf))
     entries, pos = [], 0
     while pos < len(data):
@@ -266,7 +263,7 @@ def scan(codec, arena, iv, buf, base, verify=True):
 
 
 def bucket_home(key, nbuckets):
-    _uint(nbuckets, 1 << 64, "nbuckets")
+    checks.uint(nbuckets, 1 << 64, "nbuckets")
     top = bytes(key)[:8].ljust(8, b"\0")
     return int.from_bytes(top, "big") * nbuckets >> 64
 
@@ -292,7 +289,7 @@ def bucket_find(bucket, keylen, key):
 def sort_entries(entries, entsize, keylen):
     """Sort in place by key bytes, then addr as a number, then any bytes after it."""
     if not isinstance(keylen, int) or keylen < 1 or not isinstance(entsize, int) \
-            or entsize < keylen + 8 or _nbytes(entries) % entsize:
+            or entsize < keylen + 8 or checks.nbytes(entries) % entsize:
         raise ValueError("sort_entries needs whole entries of entsize >= keylen + 8 bytes")
     mv = memoryview(entries).cast("B")
     if mv.readonly:
@@ -305,14 +302,14 @@ def sort_entries(entries, entsize, keylen):
 
 def merge(region, first, nregion, bucket_size, keylen, entries, nbuckets):
     """Insert sorted entries into the region's buckets; return those that did not fit."""
-    cap = _index_args(region, first, nregion, bucket_size, keylen, nbuckets)
+    cap = checks.index_args(region, first, nregion, bucket_size, keylen, nbuckets)
     es = keylen + 8
-    if _nbytes(entries) % es:
+    if checks.nbytes(entries) % es:
         raise ValueError(f"entries must be whole entries of {es} bytes")
     mv = memoryview(region).cast("B")
     if mv.readonly:
         raise TypeError("merge needs a writable region")
-    bad = _bad_bucket(region, first, first, first + nregion, bucket_size, cap)
+    bad = checks.bad_bucket(region, first, first, first + nregion, bucket_size, cap)
     if bad:
         raise bad
     data, end, spill = bytes(entries), first + nregion, bytearray()
@@ -337,7 +334,7 @@ def merge(region, first, nregion, bucket_size, keylen, entries, nbuckets):
 
 def lookup(region, first, nregion, bucket_size, keylen, key, nbuckets):
     """Addrs for key from its home bucket through the full buckets after it."""
-    cap = _index_args(region, first, nregion, bucket_size, keylen, nbuckets)
+    cap = checks.index_args(region, first, nregion, bucket_size, keylen, nbuckets)
     key = bytes(key)
     if len(key) != keylen:
         raise ValueError(f"key must be keylen ({keylen}) bytes")
@@ -349,7 +346,7 @@ def lookup(region, first, nregion, bucket_size, keylen, key, nbuckets):
         at = (b - first) * bucket_size
         bucket = bytes(mv[at:at + bucket_size])
         if int.from_bytes(bucket[:4], "little") > cap:
-            raise _bad_bucket(region, first, home, first + nregion, bucket_size, cap)
+            raise checks.bad_bucket(region, first, home, first + nregion, bucket_size, cap)
         found += bucket_find(bucket, keylen, key)
         if len(_entries(bucket, keylen)) < cap:
             return found, False
@@ -362,13 +359,13 @@ class Table:
     def __init__(self, keylen, capacity_hint=0):
         if not isinstance(keylen, int) or keylen < 1:
             raise ValueError(f"keylen must be positive, not {keylen!r}")
-        _uint(capacity_hint, 1 << 31, "capacity_hint")
+        checks.uint(capacity_hint, 1 << 31, "capacity_hint")
         self.keylen = keylen
         self._map = {}
         self._n = 0
 
     def add(self, keys, addrs):
-        addrs = _addrs(addrs)
+        addrs = checks.addr_list(addrs)
         keys = bytes(keys)
         if len(keys) != len(addrs) * self.keylen:
             raise ValueError(f"keys must be {self.keylen} bytes per addr ({len(addrs)} addrs)")
@@ -377,7 +374,7 @@ class Table:
         self._n += len(addrs)
 
     def find(self, key):
-        if _nbytes(key) != self.keylen:
+        if checks.nbytes(key) != self.keylen:
             raise ValueError(f"key must be {self.keylen} bytes")
         return list(self._map.get(bytes(key), ()))
 
@@ -395,7 +392,7 @@ def tables_lookup(tables, keys, skip, keylen=None):
     for t in tables:
         if not isinstance(t, Table):
             raise TypeError("tables_lookup needs reference Tables")
-    n = _lookup_count(tables, keys, skip, keylen)
+    n = checks.lookup_count(tables, keys, skip, keylen)
     keys = bytes(keys)
     kl = len(keys) // n if n else 0
     addrs, which = [0] * n, [-1] * n

@@ -19,8 +19,8 @@ import tempfile
 from dataclasses import dataclass
 
 from foundation.replica import sync
-from foundation.replica.sync import (MANIFEST, STORE_JSON, ForeignReplica, NotAReplica, arena_files,
-                                     read_remote, verify_bytes)
+from foundation.replica.errors import ForeignReplica, NotAReplica
+from foundation.replica.sync import MANIFEST, STORE_JSON, arena_files, read_remote, verify_bytes
 from foundation.store import format as F
 
 KINDS = ("foreign", "tampered", "corrupt", "missing", "stale")

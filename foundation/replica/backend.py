@@ -47,60 +47,12 @@ import re
 import threading
 import time
 
-from foundation.errors import Error
+# The errors the rules above name; the backends take them from here.
+from foundation.replica.errors import (  # noqa: F401
+    AuthFailed, BadReplicaURL, Permanent, RemoteError, RemoteFull, RemoteMissing, Transient, Unreachable)
 
 CHUNK = 1 << 20              # bytes per read/write in the chunk loops
 TMP = ".tmp-"                # marks a temporary object: name + TMP + token
-
-
-# ---- errors -------------------------------------------------------------------------------
-
-class RemoteError(Error):
-    """Replica {}: {}"""
-
-    code = 40
-
-
-class Transient(RemoteError):
-    """Replica {}: {} (a temporary failure; it is tried again)."""
-
-    code = 41
-
-
-class Unreachable(RemoteError):
-    """Replica {} cannot be reached: {}. Check that the server is up and that the host, port and URL in the [replicas.NAME] table are right, then run again; the local store is untouched."""
-
-    code = 42
-
-
-class Permanent(RemoteError):
-    """Replica {}: {}"""
-
-    code = 43
-
-
-class AuthFailed(Permanent):
-    """Replica {} refused the credentials: {}. Check the user name and password (FTP) or the access and secret keys (S3) in the [replicas.NAME] table or the environment."""
-
-    code = 44
-
-
-class RemoteFull(Permanent):
-    """Replica {} is full: {}. Free space on the server or raise its quota, then run again; what was uploaded before is kept."""
-
-    code = 45
-
-
-class RemoteMissing(Permanent):
-    """Replica {} has no object {}. Run `foundation audit` to see what the replica lacks; `foundation replicate` uploads it again."""
-
-    code = 46
-
-
-class BadReplicaURL(Permanent):
-    """Replica {}: {}"""
-
-    code = 47
 
 
 # ---- the interface ------------------------------------------------------------------------
@@ -401,19 +353,3 @@ class Throttled(Wrapper):
         while isinstance(base, Wrapper):
             base = base.inner
         base.limiter = Limiter(bytes_per_second)
-
-
-def open_backend(spec, attempts=5, backoff=0.5, max_backoff=30):
-    """The backend a ReplicaSpec (foundation.replica.config) names, wrapped in Retrying (+Throttled)."""
-    if spec.scheme == "file":
-        from foundation.replica.local import LocalBackend as cls
-    elif spec.scheme in ("ftp", "ftps"):
-        from foundation.replica.ftp import FTPBackend as cls
-    elif spec.scheme == "s3":
-        from foundation.replica.s3 import S3Backend as cls
-    else:
-        raise BadReplicaURL(spec.url, f"unknown scheme {spec.scheme!r}")
-    b = cls(spec)
-    if spec.bandwidth:
-        b = Throttled(b, spec.bandwidth)
-    return Retrying(b, attempts=attempts, backoff=backoff, max_backoff=max_backoff)

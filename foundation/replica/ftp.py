@@ -16,6 +16,7 @@ import ftplib
 import posixpath
 import ssl
 
+from foundation.replica import registry
 from foundation.replica.backend import (
     AuthFailed, Backend, Permanent, RemoteError, RemoteFull, RemoteMissing, Transient,
     check_name, download, is_temp, read_chunks, span, temp_name)
@@ -334,3 +335,5 @@ def _describe(e):
         return "no answer within the timeout"
     return e.strerror or str(e) or type(e).__name__
 
+
+registry.register(FTPBackend, "ftp", "ftps")

@@ -11,6 +11,7 @@ import contextlib
 import errno
 import os
 
+from foundation.replica import registry
 from foundation.replica.backend import (
     Backend, Permanent, RemoteFull, RemoteMissing, Transient,
     check_name, download, is_temp, read_chunks, span, temp_name)
@@ -150,3 +151,5 @@ class LocalBackend(Backend):
                 os.unlink(p)
             return len(temps)
 
+
+registry.register(LocalBackend, "file")

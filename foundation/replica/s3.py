@@ -20,6 +20,7 @@ import hashlib
 import io
 import threading
 
+from foundation.replica import registry
 from foundation.replica.backend import (
     AuthFailed, Backend, Permanent, RemoteError, RemoteFull, RemoteMissing, Transient,
     check_name, download, md5_of, span)
@@ -325,3 +326,4 @@ class _Paced(io.BytesIO):
             self.high = end
         return data
 
+registry.register(S3Backend, "s3")

@@ -36,8 +36,9 @@ from datetime import datetime, timezone
 
 from foundation import native
 from foundation.crypto.keys import Keys, load_key_file
-from foundation.errors import DataCorrupt, Error, KeyMissing, StoreBusy, StoreLocked, StoreMissing, WrongKey
-from foundation.replica.backend import RemoteMissing
+from foundation.errors import DataCorrupt, KeyMissing, StoreBusy, StoreLocked, StoreMissing, WrongKey
+from foundation.replica.errors import (ForeignReplica, NotAReplica, PlaintextRefused, RemoteMissing, ReplicaAhead,
+                                       ReplicaBusy, ReplicaTampered)
 from foundation.replica.pool import Pipeline
 from foundation.store import format as F
 from foundation.store.arena import Log
@@ -56,44 +57,6 @@ KEY_END = 48                     # a record header's magic, type, codec, lengths
 
 _ARENA_OBJ = re.compile(r"arenas/(\d{8})\.(\d+)\.([0-9a-f]{16})\.arena")
 _PART_OBJ = re.compile(r"open/(\d{8})\.([0-9a-f]{16})\.(\d{10})-(\d{10})\.([0-9a-f]{16})\.part")
-
-
-# ---- errors -------------------------------------------------------------------------------
-
-class ForeignReplica(Error):
-    """Replica {} holds store {}, not this store ({}). Give every store its own URL (another directory or prefix); nothing was written."""
-
-    code = 48
-
-
-class NotAReplica(Error):
-    """Replica {} is not empty and holds no Foundation replica (it has {}). Give an empty directory or prefix; nothing was written."""
-
-    code = 49
-
-
-class ReplicaTampered(Error):
-    """Replica {}: {}. Do not trust it: `foundation audit` lists what is wrong, `foundation replicate` writes the replica again."""
-
-    code = 50
-
-
-class PlaintextRefused(Error):
-    """Store {} is not encrypted, so replica {} would hold your data in the clear. Set allow_plaintext = true in its [replicas.NAME] table (or pass --allow-plaintext) only if the server is yours; nothing was sent."""
-
-    code = 51
-
-
-class ReplicaBusy(Error):
-    """Another `foundation replicate` of store {} is running; wait for it to finish."""
-
-    code = 52
-
-
-class ReplicaAhead(Error):
-    """Replica {} holds a newer state of this store (up to arena {} offset {}) than the local store (arena {} offset {}): the local store looks restored from an older copy. `foundation recover --from` that replica into a new directory brings the newer days back; `foundation replicate --force` makes the replica like the local store and drops them. Nothing was sent."""
-
-    code = 54
 
 
 # ---- object names ---------------------------------------------------------------------------

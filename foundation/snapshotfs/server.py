@@ -4,6 +4,16 @@
 is sent once the kernel mount exists). A stale mount left by a killed
 server ("Transport endpoint is not connected") is lazily unmounted first;
 a live Foundation tree already mounted there is refused.
+
+Who may look (GroupTree): the tree is mounted `allow_other` with the
+guests' modes enforced by the kernel (default_permissions), but guest uids
+are not host uids: a host account whose uid equals a guest user's would
+read that guest user's files. So the tree's own directories belong to
+root and the snapshot group (foundation.access): everything under a disk
+(vda/, the guests' files) and the snapshot's metadata are for the group
+only, the directories above may be passed through but not listed, so that
+libvirt's QEMU (group kvm, the raw images' group) still reaches a booted
+clone's backing file by its full path.
 """
 
 import errno
@@ -12,6 +22,7 @@ import logging
 import os
 import signal
 import socket
+import stat
 import subprocess
 
 import pyfuse3
@@ -66,6 +77,27 @@ def default_raw_gid():
         return 0
 
 
+class GroupTree(SnapshotFS):
+    """The tree with its own directories and metadata owned by root and group `gid`."""
+
+    PASS = ("root", "year", "month", "day", "time", "snap")    # on QEMU's way to <canonical>/vda.raw
+    GROUP = ("latest", "disk")                                  # the guests' files are below a disk
+
+    def __init__(self, archive, gid=0, **kw):
+        super().__init__(archive, **kw)
+        self.gid = gid
+
+    def _attr(self, n):
+        a = super()._attr(n)
+        if n.kind in self.PASS:
+            a.st_mode, a.st_gid = stat.S_IFDIR | 0o751, self.gid
+        elif n.kind in self.GROUP:
+            a.st_mode, a.st_gid = stat.S_IFDIR | 0o750, self.gid
+        elif n.kind == "blob" and n.snap is not None:           # domain.xml, nvram.fd, snapshot.json
+            a.st_mode, a.st_gid = stat.S_IFREG | 0o440, self.gid
+        return a
+
+
 def fuse_options(allow_other=True, source="archive"):
     opts = set(pyfuse3.default_options)        # default_permissions: guest modes are enforced
     source = source.replace(",", "_")
@@ -89,11 +121,11 @@ def _sd_notify(msg):
         log.debug("sd_notify failed: %s", e)
 
 
-def serve(archive, mountpoint, tz=None, allow_other=True, handle_signals=True, ready=None):
-    """Mount `archive` at `mountpoint` and serve until terminated; always unmounts."""
+def serve(archive, mountpoint, tz=None, allow_other=True, handle_signals=True, ready=None, gid=0):
+    """Mount `archive` at `mountpoint` for root and group `gid`, serve until terminated; always unmounts."""
     mountpoint = os.path.abspath(mountpoint)
     prepare_mountpoint(mountpoint)
-    ops = SnapshotFS(archive, tz=tz, raw_gid=default_raw_gid())
+    ops = GroupTree(archive, gid=gid, tz=tz, raw_gid=default_raw_gid())
     source = getattr(archive, "path", None) or getattr(archive, "manifest", "archive")
     pyfuse3.init(ops, mountpoint, fuse_options(allow_other, source))
     log.info("serving %s on %s", getattr(archive, "description", "archive"), mountpoint)

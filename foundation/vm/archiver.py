@@ -49,11 +49,11 @@ import datetime
 import logging
 import os
 import re
-import sys
 import time
 import uuid as uuidlib
 
 from foundation.errors import BadInput, DataCorrupt, DerivedCorrupt, Error, StoreFull, StoreMissing
+from foundation.faults import crash_point
 from foundation.image import qemuimg
 from foundation.vm import journal, swap
 from foundation.vm.domain import Domain, LibvirtFailed, UnsupportedDisk
@@ -73,19 +73,19 @@ MERGE_ATTEMPTS = 3
 class ChainInconsistent(Error):
     """VM {}: {}. Foundation changed nothing; repair the chain by hand (operation guide, 'Repairing a chain by hand')."""
 
-    code = 43
+    code = 62
 
 
 class MergeFailed(Error):
     """VM {}: {} could not be merged into {} ({}). The guest's data is safe on the longer chain; the next run tries again."""
 
-    code = 44
+    code = 63
 
 
 class StoreFailed(Error):
     """Writing to the store failed while archiving {}: {}. Nothing of this run is lost: the next run finishes it."""
 
-    code = 22
+    code = 64
 
 
 @dataclasses.dataclass
@@ -108,10 +108,7 @@ class Result:
 
 
 def _crash(point):
-    if os.environ.get(CRASH_ENV) == point:
-        sys.stderr.write(f"foundation: test crash at {point}\n")
-        sys.stderr.flush()
-        os._exit(137)
+    crash_point(CRASH_ENV, point)
 
 
 def _now():

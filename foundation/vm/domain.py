@@ -34,7 +34,7 @@ class LibvirtUnavailable(Error):
 class LibvirtFailed(Error):
     """libvirt refused to {} for VM {}: {}"""
 
-    code = 42
+    code = 61
 
 
 class UnknownVM(NotFound):

@@ -38,13 +38,13 @@ VERSION = 1
 class VMBusy(Error):
     """VM {} is being archived by another Foundation process; skipped."""
 
-    code = 12
+    code = 65
 
 
 class JournalCorrupt(Error):
     """The journal {} cannot be read ({}). Look at it, then move it away to let Foundation re-learn the VM's chain from libvirt."""
 
-    code = 21
+    code = 66
 
 
 def vm_dir(state_dir):

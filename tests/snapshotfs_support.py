@@ -1,4 +1,4 @@
-"""Test and benchmark support: real disk images, archived days, a real FUSE mount.
+"""Test and benchmark support for the /snapshot tree: real disk images, archived days, a real FUSE mount.
 
 Disk images are built without loop devices or root-only mounts:
 `mkfs.ext4 -d DIR` fills an ext4 image from a directory, `mkfs.vfat` +

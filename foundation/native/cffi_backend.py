@@ -1,0 +1,406 @@
+"""The C core (foundation._native, built by cffi from csrc/) behind thin wrappers.
+
+Each wrapper checks its arguments with checks.py, allocates the outputs
+and maps the C error codes to RecordError, BucketError or a Python error,
+so that it behaves exactly as its reference.py twin. Loading never fails:
+`impl` is the backend, or None and `why` says what to do; the package
+decides whether that is fatal.
+"""
+
+import array
+import operator
+import struct
+import threading
+
+from foundation.native import checks
+from foundation.native.checks import (API_VERSION, HEADER_SIZE, KEY_SIZE, SCORE_SIZE, TAG_SIZE, WEAK_SIZE, BucketError,
+                                      RecordError)
+
+# C functions added within API_VERSION 1: a module built before them is stale too.
+_NEWEST = ("fdn_unpack_many",)
+
+
+def _load_native():
+    """foundation._native, or None and why not."""
+    try:
+        from foundation import _native
+    except ImportError as e:
+        return None, (f"the C core foundation._native is not built ({e}). Build it with "
+                      "`pip install -e .` (needs gcc, pkg-config, libssl-dev, libzstd-dev), "
+                      "or set FOUNDATION_NATIVE=0 to run on the slow pure-Python reference")
+    version = _native.lib.fdn_api_version()
+    missing = [f for f in _NEWEST if not hasattr(_native.lib, f)]
+    if version != API_VERSION or missing:
+        return None, (f"the C core foundation._native is stale: API version {version}"
+                      f"{', without ' + ', '.join(missing) if missing else ''}, "
+                      f"this package needs {API_VERSION}. Rebuild it with `pip install -e .` "
+                      "or `python foundation/native/build.py`")
+    return _native, None
+
+
+_native, _why = _load_native()
+_ffi = _native.ffi if _native else None
+_lib = _native.lib if _native else None
+
+
+class _Native:
+    """The native backend: check arguments, allocate outputs, map error codes."""
+
+    name = "native"
+
+    @staticmethod
+    def zero_flags(buf, bs):
+        n, _ = checks.blocks(buf, bs)
+        out = _alloc("uint8_t[]", n)
+        _ok(_lib.fdn_zero_flags(_ro(buf), checks.nbytes(buf), bs, out, n))
+        return _ffi.buffer(out, n)[:]
+
+    @staticmethod
+    def scores(buf, bs, btype, key=None, skip=None, threads=1):
+        n, _ = checks.blocks(buf, bs)
+        checks.byte(btype, "btype")
+        checks.flags(skip, n)
+        threads = checks.thread_count(threads)
+        out = _alloc("uint8_t[]", n * SCORE_SIZE)
+        k = _ffi.NULL if key is None else _ro(key)
+        _ok(_lib.fdn_scores(_ro(buf), checks.nbytes(buf), bs, btype, k,
+                            0 if key is None else checks.nbytes(key), key is not None,
+                            _opt(skip), n, out, n * SCORE_SIZE, threads))
+        return _ffi.buffer(out, n * SCORE_SIZE)[:]
+
+    @staticmethod
+    def weak_hashes(buf, bs, btype, seed, skip=None):
+        n, _ = checks.blocks(buf, bs)
+        checks.byte(btype, "btype")
+        checks.uint(seed, 1 << 64, "seed")
+        checks.flags(skip, n)
+        out = _alloc("uint8_t[]", n * WEAK_SIZE)
+        _ok(_lib.fdn_weak_hashes(_ro(buf), checks.nbytes(buf), bs, btype, seed, _opt(skip), n,
+                                 out, n * WEAK_SIZE))
+        return _ffi.buffer(out, n * WEAK_SIZE)[:]
+
+    class Codec:
+        """Keys and compression level for records; pools C contexts, thread-safe."""
+
+        def __init__(self, enc_key, mac_key, zlevel):
+            checks.codec_args(enc_key, mac_key, zlevel)
+            c = _lib.fdn_codec_new(_ffi.NULL if enc_key is None else _ro(enc_key),
+                                   0 if enc_key is None else KEY_SIZE,
+                                   _ro(mac_key), checks.nbytes(mac_key), zlevel)
+            if c == _ffi.NULL:
+                raise MemoryError("cannot set up a record codec")
+            self._c = _ffi.gc(c, _lib.fdn_codec_free)
+            self.encrypted = enc_key is not None
+            self.zlevel = zlevel
+
+        def __repr__(self):
+            return f"<native Codec encrypted={self.encrypted} zlevel={self.zlevel}>"
+
+    @staticmethod
+    def pack(codec, arena, iv, offset, btype, buf, bs, keys, threads=1):
+        n, blen = checks.pack_args(arena, iv, offset, btype, buf, bs, keys)
+        threads = checks.thread_count(threads)
+        cap = n * (HEADER_SIZE + blen)
+        offs = _alloc("uint64_t[]", n)
+        out = _take(cap)  # room for the worst case; the records are copied out
+        try:
+            size = _ok(_lib.fdn_pack(_codec(codec, _Native), arena, _ro(iv), offset, btype,
+                                     _ro(buf), checks.nbytes(buf), bs, _ro(keys), n * SCORE_SIZE,
+                                     out, cap, offs, n, threads))
+            return _ffi.buffer(out, size)[:], _ffi.unpack(offs, n)
+        finally:
+            _give(out)
+
+    @staticmethod
+    def unpack(codec, arena, iv, offset, rec):
+        checks.where(arena, iv, offset)
+        c = _codec(codec, _Native)
+        size = checks.nbytes(rec)
+        r = _ro(rec)
+        e = _ffi.new("fdn_entry *")
+        out = _take(0)
+        try:
+            rc = _lib.fdn_unpack(c, arena, _ro(iv), offset, r, size, e, out, len(out))
+            if rc == _lib.FDN_ESPACE:  # a large block, its tag already checked
+                _give(out)
+                out = _take(e.rlen)
+                rc = _lib.fdn_unpack(c, arena, _ro(iv), offset, r, size, e, out, len(out))
+            _ok(rc, offset)
+            return e.btype, _ffi.buffer(e.key)[:], _ffi.buffer(out, rc)[:]
+        finally:
+            _give(out)
+
+    @staticmethod
+    def unpack_many(codec, arena, iv, buf, base, offsets, threads=1):
+        checks.where(arena, iv, base)
+        c = _codec(codec, _Native)
+        size = checks.span(buf, base)
+        threads = checks.thread_count(threads)
+        if isinstance(offsets, array.array) and offsets.itemsize == 8 and offsets.typecode in "QL":
+            offs = _ffi.from_buffer("uint64_t[]", offsets)
+        else:
+            if not isinstance(offsets, (list, tuple)):
+                offsets = list(offsets)
+            try:
+                offs = _ffi.new("uint64_t[]", offsets)
+            except (TypeError, OverflowError):
+                raise checks.outside(offsets, base, size) or ValueError("offsets must be integers") from None
+        n = len(offs)
+        if n == 0:
+            return []
+        b = _ro(buf)
+        pos = _alloc("uint64_t[]", n + 1)
+        errs = _alloc("int32_t[]", n)
+        btypes = _alloc("uint8_t[]", n)
+        keys = _alloc("uint8_t[]", n * SCORE_SIZE)
+        datas = []
+        done = 0
+        out = _take(UNPACK_CHUNK * threads)
+        try:
+            # one C call per chunk of records whose data fit in out, while it is in cache
+            cap = min(len(out), UNPACK_CHUNK * threads)
+            while done < n:
+                k = _lib.fdn_unpack_many(c, arena, _ro(iv), b, size, base, offs + done, n - done,
+                                         out, cap, pos, errs + done, btypes + done,
+                                         keys + done * SCORE_SIZE, (n - done) * SCORE_SIZE,
+                                         threads)
+                if k == _lib.FDN_EARG:
+                    raise checks.outside(offs, base, size) or ValueError("the C core refused its arguments")
+                if _ok(k) == 0:
+                    raise RuntimeError("the C core decoded no record")  # never: no endless loop
+                # the records' data as bytes, cut by struct: no Python code per record
+                p = _ffi.unpack(pos, k + 1)
+                cut = "s".join(map(str, map(operator.sub, p[1:], p)))
+                datas += struct.Struct(f"={cut}s").unpack(_ffi.buffer(out, p[k]))
+                done += k
+        finally:
+            _give(out)
+        keyed = struct.Struct("=" + f"{SCORE_SIZE}s" * n).unpack(_ffi.buffer(keys))
+        items = list(zip(_ffi.buffer(btypes)[:], keyed, datas))
+        if _ffi.buffer(errs)[:].count(0) != 4 * n:  # some record is bad, or too big to batch
+            mv = memoryview(buf).cast("B")
+            for i, rc in enumerate(_ffi.unpack(errs, n)):
+                if rc == _lib.FDN_ESPACE:  # its tag is checked before room is made for it
+                    off = offs[i]
+                    try:
+                        items[i] = _Native.unpack(codec, arena, iv, off, mv[off - base:])
+                    except RecordError as bad:
+                        items[i] = bad
+                elif rc:
+                    items[i] = RecordError(_KINDS[rc], offs[i])
+        return items
+
+    @staticmethod
+    def scan(codec, arena, iv, buf, base, verify=True):
+        checks.where(arena, iv, base)
+        c = _codec(codec, _Native)
+        size = checks.span(buf, base)
+        b = _ro(buf)
+        cap = min(size // HEADER_SIZE + 1, 4096)
+        ents = _ffi.new("fdn_entry[]", cap)
+        end = _ffi.new("uint64_t *", base)
+        err = _ffi.new("int *")
+        entries = []
+        while True:
+            done = end[0] - base
+            k = _lib.fdn_scan(c, arena, b + done, size - done, end[0], bool(verify),
+                              ents, cap, end, err)
+            for e in ents[0:k]:
+                entries.append((e.off, e.btype, _ffi.buffer(e.key)[:], e.slen, e.rlen))
+            if err[0] != _lib.FDN_ESPACE:
+                break
+        if err[0] == _lib.FDN_OK:
+            return entries, end[0], None
+        if err[0] in _KINDS:
+            return entries, end[0], RecordError(_KINDS[err[0]], end[0])
+        _ok(err[0])
+
+    @staticmethod
+    def bucket_home(key, nbuckets):
+        checks.uint(nbuckets, 1 << 64, "nbuckets")
+        return _lib.fdn_bucket_home(_ro(key), checks.nbytes(key), nbuckets)
+
+    @staticmethod
+    def bucket_find(bucket, keylen, key):
+        size = checks.nbytes(bucket)
+        if not isinstance(keylen, int) or keylen < 1 or checks.nbytes(key) != keylen or size < 4:
+            raise ValueError("bucket_find needs a bucket of at least 4 bytes and a key of keylen bytes")
+        cap = (size - 4) // (keylen + 8)
+        out = _alloc("uint64_t[]", cap)
+        k = _lib.fdn_bucket_find(_ro(bucket), size, keylen, _ro(key), out, cap)
+        if k == _lib.FDN_EBUCKET:
+            raise BucketError(None, int.from_bytes(_ffi.buffer(_ro(bucket), 4), "little"), cap)
+        return _ffi.unpack(out, _ok(k))
+
+    @staticmethod
+    def sort_entries(entries, entsize, keylen):
+        if not isinstance(keylen, int) or keylen < 1 or not isinstance(entsize, int) \
+                or entsize < keylen + 8 or checks.nbytes(entries) % entsize:
+            raise ValueError("sort_entries needs whole entries of entsize >= keylen + 8 bytes")
+        _ok(_lib.fdn_sort_entries(_rw(entries), checks.nbytes(entries), entsize, keylen))
+
+    @staticmethod
+    def merge(region, first, nregion, bucket_size, keylen, entries, nbuckets):
+        cap = checks.index_args(region, first, nregion, bucket_size, keylen, nbuckets)
+        size = checks.nbytes(entries)
+        if size % (keylen + 8):
+            raise ValueError(f"entries must be whole entries of {keylen + 8} bytes")
+        spill = _alloc("uint8_t[]", size)
+        k = _lib.fdn_merge(_rw(region), checks.nbytes(region), first, nregion, bucket_size, keylen,
+                           _ro(entries), size, nbuckets, spill, size)
+        if k == _lib.FDN_EBUCKET:
+            raise checks.bad_bucket(region, first, first, first + nregion, bucket_size, cap)
+        return _ffi.buffer(spill, _ok(k))[:]
+
+    @staticmethod
+    def lookup(region, first, nregion, bucket_size, keylen, key, nbuckets):
+        cap = checks.index_args(region, first, nregion, bucket_size, keylen, nbuckets)
+        if checks.nbytes(key) != keylen:
+            raise ValueError(f"key must be keylen ({keylen}) bytes")
+        home = max(_lib.fdn_bucket_home(_ro(key), keylen, nbuckets), first)
+        if home >= first + nregion:
+            raise ValueError(f"the key's home bucket {home} is past the region")
+        more = _ffi.new("int *")
+        want = 16
+        while True:
+            out = _alloc("uint64_t[]", want)
+            k = _lib.fdn_lookup(_ro(region), checks.nbytes(region), first, nregion, bucket_size,
+                                keylen, _ro(key), nbuckets, out, want, more)
+            if k == _lib.FDN_EBUCKET:
+                raise checks.bad_bucket(region, first, home, first + nregion, bucket_size, cap)
+            if _ok(k) <= want:
+                return _ffi.unpack(out, k), bool(more[0])
+            want = k
+
+    class Table:
+        """The index cache: a multimap key -> addrs in insertion order."""
+
+        def __init__(self, keylen, capacity_hint=0):
+            if not isinstance(keylen, int) or keylen < 1:
+                raise ValueError(f"keylen must be positive, not {keylen!r}")
+            checks.uint(capacity_hint, 1 << 31, "capacity_hint")
+            t = _lib.fdn_table_new(keylen, capacity_hint)
+            if t == _ffi.NULL:
+                raise MemoryError("cannot allocate a summary table")
+            self._t = _ffi.gc(t, _lib.fdn_table_free)
+            self.keylen = keylen
+
+        def add(self, keys, addrs):
+            if isinstance(addrs, array.array) and addrs.itemsize == 8 and addrs.typecode in "QL":
+                n, a = len(addrs), _ffi.from_buffer("uint64_t[]", addrs)
+            else:
+                a = checks.addr_list(addrs)
+                n, a = len(a), _ffi.new("uint64_t[]", a)
+            if checks.nbytes(keys) != n * self.keylen:
+                raise ValueError(f"keys must be {self.keylen} bytes per addr ({n} addrs)")
+            _ok(_lib.fdn_table_add(self._t, _ro(keys), n * self.keylen, a, n))
+
+        def find(self, key):
+            if checks.nbytes(key) != self.keylen:
+                raise ValueError(f"key must be {self.keylen} bytes")
+            want = 8
+            while True:
+                out = _alloc("uint64_t[]", want)
+                k = _ok(_lib.fdn_table_find(self._t, _ro(key), self.keylen, out, want))
+                if k <= want:
+                    return _ffi.unpack(out, k)
+                want = k
+
+        def __len__(self):
+            return _lib.fdn_table_len(self._t)
+
+        def clear(self):
+            _lib.fdn_table_clear(self._t)
+
+    @staticmethod
+    def tables_lookup(tables, keys, skip, keylen=None):
+        tables = list(tables)
+        for t in tables:
+            if not isinstance(t, _Native.Table):
+                raise TypeError("tables_lookup needs native Tables")
+        n = checks.lookup_count(tables, keys, skip, keylen)
+        addrs = _alloc("uint64_t[]", n)
+        which = _alloc("int32_t[]", n)
+        ts = _ffi.new("fdn_table *[]", [t._t for t in tables])
+        _ok(_lib.fdn_tables_lookup(ts, len(tables), _ro(keys), checks.nbytes(keys), _opt(skip), n,
+                                   addrs, which, n))
+        return _ffi.unpack(addrs, n), _ffi.unpack(which, n)
+
+    @staticmethod
+    def equal(a, b):
+        return bool(_lib.fdn_equal(_ro(a), checks.nbytes(a), _ro(b), checks.nbytes(b)))
+
+
+if _native is not None:
+    _alloc = _ffi.new_allocator(should_clear_after_alloc=False)
+    _KINDS = {_lib.FDN_EMAGIC: "magic", _lib.FDN_ELENGTH: "length", _lib.FDN_ETAG: "tag",
+              _lib.FDN_EDECOMPRESS: "decompress", _lib.FDN_ETRUNCATED: "truncated"}
+    if (_lib.FDN_HEADER_SIZE, _lib.FDN_TAG_SIZE, _lib.FDN_KEY_SIZE, _lib.FDN_SCORE_SIZE) != \
+            (HEADER_SIZE, TAG_SIZE, KEY_SIZE, SCORE_SIZE):
+        _native, _why = None, "the C core disagrees with foundation.native on record sizes"
+
+
+_tls = threading.local()
+SCRATCH_MIN, SCRATCH_KEEP = 1 << 16, 1 << 25
+UNPACK_CHUNK = 1 << 20  # unpack_many's output per call and thread: small enough to stay in cache
+
+
+def _take(size):
+    """A scratch output buffer of at least size bytes, this thread's if it has one.
+
+    Fresh multi-megabyte buffers come from mmap and pay a page fault per
+    page on first touch; the store packs ~16 MiB per call, so keeping one
+    warm buffer per thread (up to SCRATCH_KEEP bytes) saves a third of pack.
+    Taken, not borrowed: a signal handler packing meanwhile gets its own.
+    """
+    buf = _tls.__dict__.pop("scratch", None)
+    if buf is None or len(buf) < size:
+        buf = _alloc("uint8_t[]", max(size, SCRATCH_MIN))
+    return buf
+
+
+def _give(buf):
+    if len(buf) <= SCRATCH_KEEP:
+        _tls.scratch = buf
+
+
+def _ro(buf):
+    return _ffi.from_buffer("uint8_t[]", buf)
+
+
+def _rw(buf):
+    try:
+        return _ffi.from_buffer("uint8_t[]", buf, require_writable=True)
+    except BufferError:
+        raise TypeError(f"a writable buffer is needed, not {type(buf).__name__}") from None
+
+
+def _opt(buf):
+    return _ffi.NULL if buf is None else _ro(buf)
+
+
+def _codec(codec, impl):
+    if not isinstance(codec, impl.Codec):
+        raise TypeError(f"expected a {impl.name} Codec, not {type(codec).__name__}")
+    return codec._c
+
+
+def _ok(rc, offset=None):
+    """rc if it is a count, else the exception the C error code stands for."""
+    if rc >= 0:
+        return rc
+    if rc in _KINDS and offset is not None:
+        raise RecordError(_KINDS[rc], offset)
+    if rc == _lib.FDN_ENOMEM:
+        raise MemoryError("the C core ran out of memory")
+    if rc == _lib.FDN_EARG:
+        raise ValueError("the C core refused its arguments")
+    if rc == _lib.FDN_ECRYPTO:
+        raise RuntimeError("OpenSSL failed in the C core")
+    if rc == _lib.FDN_EZSTD:
+        raise RuntimeError("zstd failed in the C core")
+    raise RuntimeError(f"the C core failed with code {rc}")
+
+
+impl = _Native if _native is not None else None     # None: `why` says what is wrong
+why = _why

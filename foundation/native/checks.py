@@ -1,0 +1,191 @@
+"""What both backends of foundation.native share: the sizes, the errors, the argument checks.
+
+The C core and the reference must fail alike on the same bad arguments, so
+every check is written once, here, and both call it before working;
+neither backend imports the other or the package that chooses between them.
+"""
+
+API_VERSION = 1
+
+SCORE_SIZE = 32  # SHA-256; the record's key field
+WEAK_SIZE = 8  # weak hash, u64 big-endian
+HEADER_SIZE = 4 + 1 + 1 + 2 + 4 + 4 + SCORE_SIZE + 16  # = 64, see reference.py
+TAG_SIZE = 16  # HMAC-SHA256 truncated
+KEY_SIZE = 32  # AES-256
+IV_SIZE = 16  # an arena's initial AES-CTR counter block
+RECORD_MAGIC = b"FDNr"
+ARENA_LIMIT = 1 << 32  # arena offsets are u32
+ZLEVEL_MIN, ZLEVEL_MAX = -(1 << 17), 22  # zstd's own bounds; 0 = never compress
+MAX_THREADS = 64
+
+API = ("zero_flags", "scores", "weak_hashes", "Codec", "pack", "unpack", "unpack_many",
+       "scan", "bucket_home", "bucket_find", "sort_entries", "merge", "lookup", "Table",
+       "tables_lookup", "equal")
+
+
+class RecordError(ValueError):
+    """A record in an arena that must not be believed.
+
+    kind says what is wrong; offset is the record's arena offset:
+      magic       not a record header (magic, codec or reserved bytes)
+      length      impossible stored and raw lengths
+      tag         the HMAC tag does not match: damaged, misplaced or forged
+      decompress  authentic, yet the payload does not decode to its raw length
+      truncated   the bytes end inside the record (a torn tail when it is the last)
+    """
+
+    KINDS = ("magic", "length", "tag", "decompress", "truncated")
+
+    def __init__(self, kind, offset):
+        if kind not in self.KINDS:
+            raise AssertionError(f"unknown record error kind {kind!r}")
+        super().__init__(kind, offset)
+        self.kind = kind
+        self.offset = offset
+
+    def __str__(self):
+        return f"bad record at arena offset {self.offset}: {self.kind}"
+
+
+class BucketError(ValueError):
+    """An index bucket claims more entries than it holds: the index is damaged.
+
+    The index is derived data; `foundation rebuild` recreates it from the arenas.
+    bucket is the bucket number, or None when the caller passed a lone bucket.
+    """
+
+    def __init__(self, bucket, count, cap):
+        super().__init__(bucket, count, cap)
+        self.bucket, self.count, self.cap = bucket, count, cap
+
+    def __str__(self):
+        where = "index bucket" if self.bucket is None else f"index bucket {self.bucket}"
+        return f"{where} claims {self.count} entries but holds at most {self.cap}"
+
+
+def nbytes(buf):
+    return memoryview(buf).nbytes
+
+
+def blocks(buf, bs):
+    """(n, block length) of a buffer of blocks; see the module docstring."""
+    size = nbytes(buf)
+    if isinstance(bs, int) and bs == size:
+        return 1, size
+    if not isinstance(bs, int) or bs <= 0 or size % bs:
+        raise ValueError(f"a buffer of {size} bytes is not whole blocks of {bs} bytes")
+    return size // bs, bs
+
+
+def byte(value, what):
+    if not isinstance(value, int) or not 0 <= value <= 255:
+        raise ValueError(f"{what} must be 0..255, not {value!r}")
+
+
+def uint(value, limit, what):
+    if not isinstance(value, int) or not 0 <= value < limit:
+        raise ValueError(f"{what} must be an integer in 0..{limit - 1}, not {value!r}")
+
+
+def flags(skip, n):
+    if skip is not None and nbytes(skip) != n:
+        raise ValueError(f"skip must hold one flag per block ({n}), not {nbytes(skip)}")
+
+
+def thread_count(threads):
+    if not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads must be a positive integer, not {threads!r}")
+    return min(threads, MAX_THREADS)
+
+
+def codec_args(enc_key, mac_key, zlevel):
+    if enc_key is not None and nbytes(enc_key) != KEY_SIZE:
+        raise ValueError(f"enc_key must be {KEY_SIZE} bytes or None")
+    nbytes(mac_key)
+    if not isinstance(zlevel, int) or not ZLEVEL_MIN <= zlevel <= ZLEVEL_MAX:
+        raise ValueError(f"zlevel must be 0 (never compress) or a zstd level, not {zlevel!r}")
+
+
+def where(arena, iv, offset):
+    uint(arena, ARENA_LIMIT, "arena")
+    if nbytes(iv) != IV_SIZE:
+        raise ValueError(f"iv must be {IV_SIZE} bytes")
+    uint(offset, ARENA_LIMIT, "offset")
+
+
+def pack_args(arena, iv, offset, btype, buf, bs, keys):
+    where(arena, iv, offset)
+    byte(btype, "btype")
+    n, blen = blocks(buf, bs)
+    if nbytes(keys) != n * SCORE_SIZE:
+        raise ValueError(f"keys must be {SCORE_SIZE} bytes per block ({n} blocks)")
+    if offset + n * (HEADER_SIZE + blen) > ARENA_LIMIT:
+        raise ValueError("the records could run past the 4 GiB arena limit")
+    return n, blen
+
+
+def span(buf, base):
+    """The size of buf, a span of an arena from base."""
+    size = nbytes(buf)
+    if base + size > ARENA_LIMIT:
+        raise ValueError("the buffer runs past the 4 GiB arena limit")
+    return size
+
+
+def outside(offsets, base, size):
+    """ValueError for the first offset that is no record start inside buf, or None."""
+    for off in offsets:
+        if not isinstance(off, int) or not base <= off < base + size:
+            return ValueError(f"offset {off!r} is not inside the buffer "
+                              f"(arena offsets {base}..{base + size - 1})")
+    return None
+
+
+def index_args(region, first, nregion, bucket_size, keylen, nbuckets):
+    uint(nbuckets, 1 << 64, "nbuckets")
+    if nbuckets == 0:
+        raise ValueError("nbuckets must be positive")
+    uint(first, nbuckets + 1, "first")
+    uint(nregion, nbuckets - first + 1, "nregion")
+    if not isinstance(keylen, int) or keylen < 1:
+        raise ValueError(f"keylen must be positive, not {keylen!r}")
+    if not isinstance(bucket_size, int) or bucket_size < 4 + keylen + 8:
+        raise ValueError(f"a bucket of {bucket_size} bytes cannot hold one entry")
+    if nbytes(region) < nregion * bucket_size:
+        raise ValueError(f"region holds {nbytes(region)} bytes, not {nregion} buckets")
+    return (bucket_size - 4) // (keylen + 8)
+
+
+def bad_bucket(region, first, start, stop, bucket_size, cap):
+    """BucketError for the first bucket in [start, stop) whose count exceeds cap."""
+    mv = memoryview(region).cast("B")
+    for b in range(start, stop):
+        at = (b - first) * bucket_size
+        count = int.from_bytes(mv[at:at + 4], "little")
+        if count > cap:
+            return BucketError(b, count, cap)
+    return None
+
+
+def addr_list(addrs):
+    """addrs as a list of u64, or ValueError."""
+    out = list(addrs)
+    for a in out:
+        if not isinstance(a, int) or not 0 <= a < 1 << 64:
+            raise ValueError(f"an addr must be a u64, not {a!r}")
+    return out
+
+
+def lookup_count(tables, keys, skip, keylen):
+    """How many keys tables_lookup was given (shared by both backends)."""
+    if keylen is None:
+        if not tables:
+            raise ValueError("tables_lookup takes keylen from the tables: pass keylen= with none")
+        keylen = tables[0].keylen
+    if any(t.keylen != keylen for t in tables):
+        raise ValueError("tables_lookup needs tables of one key length")
+    if nbytes(keys) % keylen:
+        raise ValueError(f"keys must be whole keys of {keylen} bytes")
+    n = nbytes(keys) // keylen
+    flags(skip, n)
+    return n
