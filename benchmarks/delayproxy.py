@@ -16,8 +16,8 @@ import asyncio
 import threading
 import time
 
-CHUNK = 64 << 10
-QUEUE = 512            # chunks held per direction: 32 MiB in flight at most
+CHUNK = 1 << 20
+QUEUE = 64             # chunks held per direction: 64 MiB in flight at most
 
 
 class DelayProxy:
@@ -40,11 +40,21 @@ class DelayProxy:
         self.stop()
 
     def stop(self):
+        if not self._thread.is_alive():
+            return
         if self._server is not None:
             self._loop.call_soon_threadsafe(self._server.close)
             self._server = None
+        asyncio.run_coroutine_threadsafe(self._cancel_all(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
+
+    async def _cancel_all(self):
+        """End every connection still open (each closes its sockets as it goes)."""
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _serve(self, creader, cwriter):
         if self.conns >= self.max_conns:
@@ -59,6 +69,8 @@ class DelayProxy:
             return
         try:
             await asyncio.gather(self._pipe(creader, swriter), self._pipe(sreader, cwriter))
+        except asyncio.CancelledError:
+            pass            # stop(): end quietly
         finally:
             self.conns -= 1
             for w in (cwriter, swriter):
