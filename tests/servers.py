@@ -394,6 +394,11 @@ def main(argv):
                 except ProcessLookupError:
                     pass
         os.unlink(pids)
+        with contextlib.suppress(FileNotFoundError):      # vsftpd's served directory, outside DIR
+            with open(os.path.join(d, "dirs.json")) as f:
+                for top in json.load(f):
+                    shutil.rmtree(top, ignore_errors=True)
+            os.unlink(os.path.join(d, "dirs.json"))
         return
     servers = {}
     for name, start, kw in (("ftp", start_ftpd, {}), ("ftps", start_ftpd, {"tls": True}),
@@ -402,6 +407,8 @@ def main(argv):
         servers[name] = start(os.path.join(d, name), detach=True, **kw)
     with open(pids, "w") as f:
         json.dump([p.pid for s in servers.values() for p in s.procs], f)
+    with open(os.path.join(d, "dirs.json"), "w") as f:
+        json.dump([os.path.dirname(s.root) for s in servers.values() if s.owner], f)
     conf = []
     for name, s in servers.items():
         conf.append(f"[replicas.{name}]\nurl = {json.dumps(s.url + 'foundation')}")
