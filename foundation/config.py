@@ -6,7 +6,7 @@
     vms = "all"                           # or a list of VM names: ["desktop", "web"]
     exclude = ["scratch"]                 # never archived, even with "all" or --all
     state_dir = "/var/lib/foundation"     # the archiver's journal and locks (on the host, not the store)
-    quiesce = true                        # freeze guest file systems through the QEMU guest agent when it answers
+    quiesce = "auto"                      # auto | always | never: freeze guest file systems through the QEMU guest agent
     notify = "auto"                       # or "never": desktop notifications of failed nights and stale VMs
     stale_days = 2                        # a VM whose last good archive is older is reported (status, notify)
     snapshot_group = "libvirt"            # who may read /snapshot and is notified (default: libvirt's group)
@@ -29,6 +29,9 @@ from foundation.errors import BadInput
 
 DEFAULT_PATH = "/etc/foundation/foundation.toml"
 ENV = "FOUNDATION_CONFIG"
+# auto: quiesced when the guest agent answers, else crash-consistent (said so);
+# always: a running VM whose agent cannot freeze is not archived; never: no freeze.
+QUIESCE_MODES = ("auto", "always", "never")
 
 
 class ConfigError(BadInput):
@@ -46,7 +49,7 @@ class Config:
     vms: object = "all"               # "all" or a list of names
     exclude: list = field(default_factory=list)
     state_dir: str = "/var/lib/foundation"
-    quiesce: bool = True
+    quiesce: str = "auto"             # auto | always | never (QUIESCE_MODES)
     clones_dir: str | None = None     # where `boot` puts clone overlays (default <state_dir>/clones)
     notify: str = "auto"
     stale_days: float = 2
@@ -59,7 +62,7 @@ class Config:
 
 
 _PATHS = ("store", "key_file", "state_dir", "clones_dir")
-_TYPES = {"store": str, "key_file": str, "libvirt_uri": str, "state_dir": str, "quiesce": bool,
+_TYPES = {"store": str, "key_file": str, "libvirt_uri": str, "state_dir": str,
           "clones_dir": str, "notify": str, "stale_days": (int, float), "snapshot_group": str}
 
 
@@ -86,14 +89,18 @@ def load_config(path=None):
         raise ConfigError(path, f"not UTF-8 text (byte {e.start} cannot be read): save it as UTF-8") from None
     conf.path = os.path.abspath(path)
     here = os.path.dirname(conf.path)
-    known = set(_TYPES) | {"vms", "exclude"}
+    known = set(_TYPES) | {"vms", "exclude", "quiesce"}
     for key, value in data.items():
         if isinstance(value, dict):
             conf.sections[key] = value
             continue
         if key not in known:
             raise ConfigError(path, f"unknown setting {key!r} (known: {', '.join(sorted(known))})")
-        if key in _TYPES and (not isinstance(value, _TYPES[key]) or isinstance(value, bool) != (_TYPES[key] is bool)):
+        if key == "quiesce":
+            if quiesce_mode(value) is None:
+                raise ConfigError(path, f'quiesce must be "auto", "always" or "never" (or true/false), not {value!r}')
+            value = quiesce_mode(value)
+        elif key in _TYPES and (not isinstance(value, _TYPES[key]) or isinstance(value, bool) != (_TYPES[key] is bool)):
             kind = "number" if key == "stale_days" else _TYPES[key].__name__
             raise ConfigError(path, f"{key} must be a {kind}, not {value!r}")
         if key == "notify" and value not in ("auto", "never"):
@@ -108,6 +115,13 @@ def load_config(path=None):
             value = os.path.join(here, os.path.expanduser(value))
         setattr(conf, key, value)
     return conf
+
+
+def quiesce_mode(value):
+    """"auto", "always" or "never" from a setting; true/false (once a bool) mean auto/never; else None."""
+    if value is True or value is False:
+        return "auto" if value else "never"
+    return value if value in QUIESCE_MODES else None
 
 
 def _names(v):

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up everything Foundation needs on a fresh Debian 12 machine, as root:
 # the Debian packages (compiler headers for the C core, QEMU, libvirt, FUSE,
-# file-system tools for the tests), the Python package with its C core
+# file-system tools for the tests, mmdebstrap and OVMF for the Debian guest
+# lab of tests/lab/), the Python package with its C core
 # built by cffi, the replica test servers (scripts/servers.sh install: pyftpdlib, vsftpd,
 # and MinIO built with Go once into /var/cache/foundation) and a running
 # libvirtd. Idempotent; safe to run again.
@@ -18,7 +19,9 @@ fi
 PKGS=(gcc make pkg-config libssl-dev libzstd-dev
       qemu-utils qemu-system-x86 libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients libvirt-dev
       fuse3 libfuse3-dev e2fsprogs dosfstools mtools fdisk parted ntfs-3g
-      dbus-daemon man-db)
+      dbus-daemon man-db
+      xfsprogs lvm2 btrfs-progs cryptsetup-bin exfatprogs exfat-fuse util-linux   # guest file systems (tests)
+      mmdebstrap ovmf)                  # the Debian guest lab (tests/lab/build.py)
 missing=()
 for p in "${PKGS[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

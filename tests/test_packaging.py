@@ -23,8 +23,8 @@ def imports(top):
                         out.update(a.name.split(".")[0] for a in node.names)
                     elif isinstance(node, ast.ImportFrom) and node.level == 0:
                         out.add(node.module.split(".")[0])
-    return out - set(sys.stdlib_module_names) - {"foundation", "tests"} - {
-        m[:-3] for m in os.listdir(os.path.join(ROOT, "tests")) if m.endswith(".py")}
+    helpers = {os.path.splitext(m)[0] for m in os.listdir(os.path.join(ROOT, "tests"))}   # tests/*.py, tests/lab/
+    return out - set(sys.stdlib_module_names) - {"foundation", "tests"} - helpers
 
 
 def norm(name):

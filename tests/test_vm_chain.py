@@ -106,15 +106,3 @@ def test_nvram_archived(make_vm, vm_dir, dir_archive):
     (snap,) = dir_archive.snapshots(vm.name)
     assert snap["meta"]["nvram"]["path"] == vars_
     assert snap["meta"]["nvram"]["blob"] == "\x5a" * (128 << 10)
-
-
-def test_agent_channel_without_agent_is_crash_consistent(make_vm, dir_archive):
-    """A VM configured for the guest agent whose agent does not answer: crash-consistent, and says so."""
-    vm = make_vm([DiskSpec("vda")], extra_xml=(
-        "<channel type='unix'><target type='virtio' name='org.qemu.guest_agent.0'/></channel>"))
-    vm.write("vda", 0x42, 0, 4096)
-    r = dir_archive.run(vm.name)
-    assert r.status == "ok" and r.consistency == "crash-consistent"
-    assert r.snapshot_pause < 5
-    (snap,) = dir_archive.snapshots(vm.name)
-    assert snap["meta"]["quiesced"] is False

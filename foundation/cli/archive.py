@@ -15,6 +15,7 @@ import logging
 import sys
 
 from foundation.cli.common import Progress, after_write, open_store, settings, store_path
+from foundation.config import QUIESCE_MODES
 from foundation.errors import Error, UsageError
 from foundation.notify import record_run
 from foundation.vm.archiver import Result
@@ -39,7 +40,13 @@ def add_arguments(p):
     p.add_argument("--state-dir",
                    help="journal directory (default: config `state_dir`, /var/lib/foundation; "
                         "env FOUNDATION_STATE_DIR)")
-    p.add_argument("--no-quiesce", action="store_true", help="never freeze guest file systems")
+    q = p.add_mutually_exclusive_group()
+    q.add_argument("--quiesce", choices=QUIESCE_MODES, metavar="MODE",
+                   help="auto: freeze guest file systems through the guest agent when it answers, else "
+                        "crash-consistent; always: a running VM whose agent cannot freeze is not archived; "
+                        "never (default: config `quiesce`, auto)")
+    q.add_argument("--no-quiesce", dest="quiesce", action="store_const", const="never",
+                   help="the same as --quiesce never")
 
 
 def run(args):
@@ -77,7 +84,7 @@ def _archive_all(args, conf, store, results):
         return
     tty = sys.stderr.isatty()
     archiver = Archiver(conn, StoreSink(store), settings(args).state_dir,
-                        quiesce=conf.quiesce and not args.no_quiesce,
+                        quiesce=args.quiesce or conf.quiesce,
                         progress=(lambda what, total: Progress(what, total)) if tty else None)
     for i, name in enumerate(names):
         log.info("archiving %s (%d of %d)", name, i + 1, len(names))

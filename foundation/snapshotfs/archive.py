@@ -79,6 +79,10 @@ class StoreArchive:
             except Exception:
                 pass
 
+    def fresh(self):
+        """True while refresh() would not look again: the tree may resolve names from memory."""
+        return time.monotonic() - self._checked < self.check_interval
+
     def refresh(self):
         """Reload the catalog if the store has a newer one. True when the snapshots changed."""
         now = time.monotonic()
@@ -241,6 +245,8 @@ class ImageFilesArchive:
                                       dt.datetime.fromisoformat(it["time"]), disks, meta))
         self._snaps = sorted(snaps, key=lambda s: s.time)
         return True
+
+    fresh = StoreArchive.fresh
 
     def refresh(self):
         now = time.monotonic()

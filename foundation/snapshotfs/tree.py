@@ -5,11 +5,12 @@
     /snapshot/YYYY/MM/DD/<vm>/               that VM's newest snapshot that day
     /snapshot/YYYY/MM/DD/HHMMSS/<vm>/        the snapshot taken at that second
         vda.raw        the whole disk, raw, full logical size
-        vda/           its files: p1/, p2/, ... per partition, or the file
+        vda/           its files: p1/, p2/, ... per partition, p3/<vg>/<lv>/ per
+                       LVM volume, p4.encrypted/ for LUKS (empty), or the file
                        system itself when the disk has no partition table
         domain.xml     the libvirt domain XML archived with it
         nvram.fd       its UEFI variables, when it has them
-        snapshot.json  name, uuid, time, canonical path, disk sizes
+        snapshot.json  name, uuid, time, canonical path, disk sizes, volumes
 
 Any date or HHMMSS that parses resolves by TimeLine's rule (see
 timeindex.py) without being listed.
@@ -18,13 +19,15 @@ Inodes are allocated lazily and are a hash of (parent inode, name,
 snapshot id), so a path keeps its inode for as long as it names the same
 snapshot, even across remounts, and a day path that starts resolving to
 a newer snapshot gets a new inode instead of changing under the kernel's
-caches. Everything inside a snapshot is immutable: long kernel cache
-timeouts and keep_cache; the top levels change when a night is archived
-and time out after a second.
+caches. A guest file with several hard links is one inode, a hash of
+(snapshot, disk, volume, guest inode). Everything inside a snapshot is
+immutable: long kernel cache timeouts and keep_cache; the top levels
+change when a night is archived and time out after a second.
 
-All archive and TSK work runs in one worker thread (a trio capacity
-limiter of 1: the store and TSK objects are not assumed thread-safe), so
-the event loop keeps answering cached lookups while a large read runs.
+All archive and file-system work runs in one worker thread (a trio
+capacity limiter of 1: the store and the readers are not assumed
+thread-safe), so the event loop keeps answering cached lookups while a
+large read runs.
 Any failure to read archived bytes is EIO with a log line naming the
 path, the offset and the store's own description of the damage.
 """
@@ -63,6 +66,15 @@ def _ino(key):
 
 def _name(b):
     return b.decode("utf-8", "surrogateescape") if isinstance(b, bytes) else b
+
+
+_TOP = ("root", "year", "month", "day", "time", "latest")     # kinds whose children change with new nights
+
+
+def _vol_order(name):
+    """Volumes in the guest's order: p2 before p10, then by name."""
+    first, _, rest = name.partition("/")
+    return (int(first[1:]) if first[:1] == "p" and first[1:].isdigit() else 1 << 30, first, rest)
 
 
 def _ts_ns(t):
@@ -189,6 +201,7 @@ class SnapshotFS(pyfuse3.Operations):
     def __init__(self, archive, tz=None, raw_gid=0, raw_mode=0o440):
         super().__init__()
         self.archive = archive
+        self._fresh = getattr(archive, "fresh", lambda: False)    # an archive that says when it last looked
         self.tz = tz
         self.raw_gid, self.raw_mode = raw_gid, raw_mode
         self.index = ti.TimeIndex(archive.snapshots(), tz)
@@ -254,7 +267,7 @@ class SnapshotFS(pyfuse3.Operations):
         if k in ("root", "year", "month", "day", "time", "latest"):
             a.st_mode = stat.S_IFDIR | 0o555
             a.entry_timeout = a.attr_timeout = TOP_TIMEOUT
-        elif k in ("snap", "disk", "part"):
+        elif k in ("snap", "disk", "vdir", "part"):
             a.st_mode = stat.S_IFDIR | 0o555
             # <vm> under a day may resolve to a newer snapshot tonight: never cache the name
             a.entry_timeout = 0 if k == "snap" else FIXED_TIMEOUT
@@ -309,6 +322,12 @@ class SnapshotFS(pyfuse3.Operations):
             n = p
         elif name == b"..":
             raise pyfuse3.FUSEError(errno.ENOENT)   # the kernel keeps parents itself
+        elif p.files is not None:
+            n = p.files.get(name)        # a listed snapshot directory: no trip to the worker
+        elif p.kind in _TOP and self._fresh():
+            # Checked for new nights a moment ago: resolve from the index in memory. `<vm>` under a
+            # day is never cached by the kernel, so every path walk through it comes here.
+            n = self._lookup(p, name, refresh=False)
         else:
             n = await self._work(f"lookup {p.path}/{_name(name)}", self._lookup, p, name)
         if n is None:
@@ -324,9 +343,9 @@ class SnapshotFS(pyfuse3.Operations):
             self.nodes[n.ino] = cur = n
         return cur if cur.key == n.key else n
 
-    def _lookup(self, p, name):
+    def _lookup(self, p, name, refresh=True):
         k = p.kind
-        if k in ("root", "year", "month", "day", "time", "latest"):
+        if k in _TOP and refresh:
             self._refresh()
         s = _name(name)
         idx = self.index
@@ -365,7 +384,7 @@ class SnapshotFS(pyfuse3.Operations):
             target = "../" + idx.canonical(snap)
             return self._node((p.ino, s, snap.id), "link", f"latest/{s}",
                               target=target.encode("utf-8", "surrogateescape"), mtime_ns=_ts_ns(snap.time))
-        if k in ("snap", "disk", "part", "fs"):
+        if k in ("snap", "disk", "vdir", "part", "fs"):
             return self._children(p).get(name)
         return None
 
@@ -423,10 +442,12 @@ class SnapshotFS(pyfuse3.Operations):
             out = self._snap_children(p)
         elif k == "disk":
             out = self._disk_children(p)
+        elif k == "vdir":
+            out = self._vol_dir(p, self._diskfiles(p.snap, p.disk).volumes(), p.data)
         elif k in ("part", "fs"):
             out = self._fs_children(p, p.vol, p.entry.addr)
         files = {(c.encode("utf-8", "surrogateescape") if isinstance(c, str) else c): n for c, n in out}
-        if k in ("snap", "disk", "part", "fs"):
+        if k in ("snap", "disk", "vdir", "part", "fs"):
             p.files = files          # immutable: kept while the kernel keeps the inode
         return files
 
@@ -448,17 +469,33 @@ class SnapshotFS(pyfuse3.Operations):
             "name": snap.name, "uuid": str(snap.uuid), "id": str(snap.id),
             "time": snap.time.isoformat(), "path": self.index.canonical(snap),
             "disks": {d: snap.disks[d].size for d in sorted(snap.disks)},
+            "volumes": {d: self._volume_info(snap, d) for d in sorted(snap.disks)},
         }
         data = (json.dumps(info, indent=2) + "\n").encode()
         out.append(("snapshot.json", self._node((p.ino, "snapshot.json"), "blob", f"{p.path}/snapshot.json",
                                                 snap=snap, data=data, mtime_ns=t)))
         return out
 
+    def _volume_info(self, snap, disk):
+        """{volume name: {type, encrypted, replayed, unreplayed} or {error}} of one disk, for snapshot.json."""
+        d = self._diskfiles(snap, disk)
+        try:
+            vols = d.volumes()
+        except (ReadFailed, DataCorrupt) as e:
+            msg = str(e)
+            scrub(e)
+            return {"": {"error": msg}}
+        out = {name: {"type": v.type_name, "encrypted": v.encrypted, "replayed": v.replayed,
+                      "unreplayed": v.unreplayed}
+               for name, v in vols.items()}
+        out.update({name: {"error": why} for name, why in d.failed.items()})
+        return dict(sorted(out.items()))
+
     def _diskfiles(self, snap, disk):
         key = (snap.id, disk)
         d = self.disks.get(key)
         if d is None:
-            d = DiskFiles(self.archive.disk_reader(snap, disk), label=f"{snap.name}/{disk}")
+            d = DiskFiles(self.archive.disk_reader(snap, disk), label=f"{self.index.canonical(snap)}/{disk}")
             if len(self.disks) > 256:
                 self.disks.pop(next(iter(self.disks)))
             self.disks[key] = d
@@ -468,23 +505,39 @@ class SnapshotFS(pyfuse3.Operations):
         vols = self._diskfiles(p.snap, p.disk).volumes()
         if "" in vols:
             vol = vols[""]
-            out = self._fs_children(p, vol, vol.root_addr)
-        else:
-            out = []
-            for name in sorted(vols, key=lambda n: int(n[1:])):
-                vol = vols[name]
-                out.append((name, self._node((p.ino, name), "part", f"{p.path}/{name}", snap=p.snap,
-                                             disk=p.disk, vol=vol, entry=vol.root())))
-        return out
+            return self._fs_children(p, vol, vol.root_addr)
+        return self._vol_dir(p, vols, "")
+
+    def _vol_dir(self, p, vols, prefix):
+        """The volumes named prefix + "<component>[/...]": file systems, and directories of more."""
+        out = {}
+        for name in sorted(vols, key=_vol_order):
+            if not name.startswith(prefix):
+                continue
+            first, _, rest = name[len(prefix):].partition("/")
+            if rest:
+                out.setdefault(first, self._node((p.ino, first), "vdir", f"{p.path}/{first}", snap=p.snap,
+                                                 disk=p.disk, data=prefix + first + "/"))
+                continue
+            vol = vols[name]
+            shown = f"{first}.encrypted" if vol.encrypted else first
+            out[shown] = self._node((p.ino, shown), "part", f"{p.path}/{shown}", snap=p.snap,
+                                    disk=p.disk, vol=vol, entry=vol.root())
+        return list(out.items())
 
     def _fs_children(self, p, vol, addr):
-        return [(e.name, self._node((p.ino, e.name), "fs", f"{p.path}/{_name(e.name)}",
-                                    snap=p.snap, disk=p.disk, vol=vol, entry=e))
-                for e in vol.list_dir(addr)]
+        out = []
+        for e in vol.list_dir(addr):
+            # A hard-linked file is one inode under all its names (keyed by the guest's inode).
+            key = ("inode", p.snap.id, p.disk, vol.name, e.addr) if e.nlink > 1 and not e.is_dir \
+                else (p.ino, e.name)
+            out.append((e.name, self._node(key, "fs", f"{p.path}/{_name(e.name)}",
+                                           snap=p.snap, disk=p.disk, vol=vol, entry=e)))
+        return out
 
     async def opendir(self, inode, ctx):
         n = self._get(inode)
-        if n.kind not in ("root", "year", "month", "day", "time", "latest", "snap", "disk", "part") \
+        if n.kind not in ("root", "year", "month", "day", "time", "latest", "snap", "disk", "vdir", "part") \
                 and not (n.kind == "fs" and n.entry.is_dir):
             raise pyfuse3.FUSEError(errno.ENOTDIR)
         entries = await self._work(f"list {n.path}/", self._children, n)
@@ -537,7 +590,7 @@ class SnapshotFS(pyfuse3.Operations):
             f = await self._work(f"open {n.path}", n.vol.open_file, n.entry.addr)
             size = n.entry.size
             h = ReadAhead(lambda o, k, v=n.vol, f=f, s=size: v.read_file(f, o, k, s), size)
-        elif n.kind == "fs" and n.entry.is_dir or n.kind in ("root", "snap", "disk", "part"):
+        elif n.kind == "fs" and n.entry.is_dir or n.kind in ("root", "snap", "disk", "vdir", "part"):
             raise pyfuse3.FUSEError(errno.EISDIR)
         else:
             raise pyfuse3.FUSEError(errno.EACCES)

@@ -11,6 +11,7 @@ import json
 import logging
 import sys
 
+from foundation.config import QUIESCE_MODES
 from foundation.vm import Archiver, DirSink, connect
 
 
@@ -19,10 +20,11 @@ def main(argv=None):
     p.add_argument("--dir", required=True, help="directory of raw snapshots")
     p.add_argument("--state-dir", required=True, help="journal directory")
     p.add_argument("--uri", default="qemu:///system")
+    p.add_argument("--quiesce", choices=QUIESCE_MODES, default="auto")
     p.add_argument("vms", nargs="+")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    arch = Archiver(connect(a.uri), DirSink(a.dir), a.state_dir)
+    arch = Archiver(connect(a.uri), DirSink(a.dir), a.state_dir, quiesce=a.quiesce)
     ok = True
     for name in a.vms:
         r = arch.archive(name)

@@ -40,8 +40,13 @@ snapshot, so it can always be archived later).
     cleanup         overlay(k) deleted or not     delete overlay(k) if it is still there and
                                                   nothing uses it.
 
+A run killed while the guest's file systems are frozen for the snapshot
+(kill -9, power cut: stop signals wait for the thaw) leaves the guest
+frozen; the next run on that VM thaws it before anything else.
+
 No two runs touch one VM at once (journal.Lock). Tests kill the process at
-each point with FOUNDATION_TEST_CRASH_AT=<point> (see CRASH_POINTS).
+each point with FOUNDATION_TEST_CRASH_AT=<point> (see CRASH_POINTS and
+FROZEN_POINT).
 """
 
 import dataclasses
@@ -52,11 +57,12 @@ import re
 import time
 import uuid as uuidlib
 
+from foundation.config import quiesce_mode
 from foundation.errors import BadInput, DataCorrupt, DerivedCorrupt, Error, StoreFull, StoreMissing
 from foundation.faults import crash_point
 from foundation.image import qemuimg
 from foundation.vm import journal, swap
-from foundation.vm.domain import Domain, LibvirtFailed, UnsupportedDisk
+from foundation.vm.domain import AgentFailed, Domain, FreezeFailed, LibvirtFailed, UnsupportedDisk
 from foundation.vm.journal import VMBusy
 from foundation.vm.source import SnapshotSource
 
@@ -66,6 +72,7 @@ CRASH_ENV = "FOUNDATION_TEST_CRASH_AT"
 # <step>: right after journaling the step, before doing it; <step>-done: right after doing it.
 CRASH_POINTS = ("snapshot", "snapshot-done", "archive", "archive-disk", "archive-done",
                 "commit", "commit-started", "commit-done", "cleanup", "cleanup-done")
+FROZEN_POINT = "frozen"   # with the guest's file systems frozen (only reached with a guest agent)
 OVERLAY_RE = re.compile(r"^(.*)\.fdn-(\d+)\.qcow2$")
 MERGE_ATTEMPTS = 3
 
@@ -80,6 +87,18 @@ class MergeFailed(Error):
     """VM {}: {} could not be merged into {} ({}). The guest's data is safe on the longer chain; the next run tries again."""
 
     code = 63
+
+
+class QuiesceFailed(Error):
+    """VM {} was not archived: quiesce = always, but {}. Start qemu-guest-agent in the guest (the domain needs the org.qemu.guest_agent.0 channel), or set quiesce = "auto"."""
+
+    code = 80
+
+
+class GuestFrozen(Error):
+    """VM {}: the guest's file systems are frozen and the guest agent did not thaw them ({}). Run `virsh domfsthaw {}`, then archive again."""
+
+    code = 81
 
 
 class StoreFailed(Error):
@@ -98,10 +117,12 @@ class Result:
     changed: int = 0                # bytes read from the frozen layers and archived
     seconds: float = 0.0
     consistency: str = ""           # quiesced | crash-consistent | shut off
+    not_quiesced: str | None = None   # why a running VM's snapshot is crash-consistent
     repaired: list = dataclasses.field(default_factory=list)
     error: str = ""
     snapshots: list = dataclasses.field(default_factory=list)
     snapshot_pause: float | None = None   # seconds in the libvirt snapshot call (guest I/O frozen within it)
+    freeze_seconds: float | None = None   # guest file systems frozen: from the freeze request to the thaw's answer
     commit_seconds: float | None = None   # seconds merging overlay(k) (guest keeps running)
     commit_tail: float | None = None      # longest job tail: 100 % to done (the only possible pause)
     store_failed: bool = False
@@ -126,9 +147,11 @@ def _fsync_path(path):
 class Archiver:
     """Archives VMs of one libvirt connection into one sink, journaling in `state_dir`."""
 
-    def __init__(self, conn, sink, state_dir, quiesce=True, progress=None):
+    def __init__(self, conn, sink, state_dir, quiesce="auto", progress=None):
         self.conn, self.sink, self.state_dir = conn, sink, state_dir
-        self.quiesce = quiesce
+        self.quiesce = quiesce_mode(quiesce)     # auto | always | never (true/false accepted)
+        if self.quiesce is None:
+            raise ValueError(f"quiesce must be auto, always or never, not {quiesce!r}")
         self.progress = progress        # progress(what, total) -> callable(n) with .finish()
 
     # -- one VM -----------------------------------------------------------
@@ -145,6 +168,7 @@ class Archiver:
                     "seq": 0, "disks": {}, "run": None, "last": None}
                 rec["name"] = name
                 try:
+                    self._thaw_if_frozen(dom, res)
                     if rec.get("run"):
                         self._resume(dom, rec, res)
                     self._run(dom, rec, res)
@@ -178,6 +202,18 @@ class Archiver:
 
     # -- repair -------------------------------------------------------------
 
+    def _thaw_if_frozen(self, dom, res):
+        """Thaw a guest left frozen (a run killed while it was frozen, a stuck freeze hook), before anything else."""
+        if not dom.active() or not dom.frozen():
+            return
+        try:
+            n = dom.thaw()
+        except AgentFailed as e:
+            raise GuestFrozen(dom.name, e, dom.name) from None
+        msg = f"the guest's file systems were found frozen; thawed {n} of them"
+        log.warning("%s: %s", dom.name, msg)
+        res.repaired.append(msg)
+
     def _resume(self, dom, rec, res):
         run = rec["run"]
         log.warning("%s: the run of %s was interrupted at step '%s'; repairing",
@@ -189,7 +225,8 @@ class Archiver:
                 journal.save(self.state_dir, rec)
                 res.repaired.append(f"run of {run['started']}: stopped before its snapshot; rolled back")
                 return
-            run.update(step="archive", time=run["started"], quiesced=False)
+            run.update(step="archive", time=run["started"], quiesced=False,
+                       not_quiesced="the run was interrupted during its snapshot")
             journal.save(self.state_dir, rec)
         step = run["step"]
         self._advance(dom, rec, run, res)
@@ -248,7 +285,7 @@ class Archiver:
                                 "old": r["top"] if r["top"] != r["base"] else None,
                                 "new": f"{r['base']}.fdn-{seq}.qcow2", "base_id": r.get("base_id")}
         run = {"id": uuidlib.uuid4().hex, "step": "snapshot", "started": _now().isoformat(),
-               "time": None, "live": live, "quiesced": None, "skipped_disks": skipped,
+               "time": None, "live": live, "quiesce": self.quiesce, "quiesced": None, "skipped_disks": skipped,
                "disks": rdisks,
                "domain_xml": dom.archived_xml({t: (d["base"], d["base_format"]) for t, d in rdisks.items()})}
         if not live and self._unchanged(dom.name, rdisks):
@@ -341,6 +378,7 @@ class Archiver:
         res.disks = len(run["disks"])
         res.consistency = ("quiesced" if run["quiesced"] else
                            "crash-consistent" if run["live"] else "shut off")
+        res.not_quiesced = run.get("not_quiesced")
         res.snapshots.append(run["id"])
 
     # -- the steps ------------------------------------------------------------
@@ -349,15 +387,46 @@ class Archiver:
         news = {t: d["new"] for t, d in run["disks"].items()}
         others = [s["target"] for s in run["skipped_disks"]]
         run["live"] = dom.active()
-        when = _now()
-        quiesced, pause = dom.snapshot(news, others, quiesce=self.quiesce and run["live"])
+        why = self._not_quiesced(dom, run["live"])
+        frozen = None
+        if run["live"] and why is None:
+            when = _now()
+            try:
+                pause, frozen = dom.snapshot(news, others, freeze=True,
+                                             while_frozen=lambda: _crash(FROZEN_POINT))
+            except FreezeFailed as e:
+                why = f"the guest agent could not freeze the file systems ({e})"
+                if self.quiesce == "always":
+                    raise QuiesceFailed(dom.name, why) from None
+                log.warning("%s: %s; the snapshot is crash-consistent (quiesce = auto)", dom.name, why)
+        if frozen is None:
+            when = _now()
+            pause, _ = dom.snapshot(news, others)
         tops = dom.tops()
         if any(tops.get(t) != p for t, p in news.items()):
             raise ChainInconsistent(dom.name, f"after the snapshot the disks are {tops}, expected {news}")
-        run["time"], run["quiesced"] = when.isoformat(), quiesced
-        res.snapshot_pause = pause
-        log.info("%s: snapshot of %d disk(s) %s, %.3f s", dom.name, len(news),
-                 "quiesced" if quiesced else "crash-consistent" if run["live"] else "(shut off)", pause)
+        run.update(time=when.isoformat(), quiesced=frozen is not None, not_quiesced=why,
+                   pause=round(pause, 4), frozen=None if frozen is None else round(frozen, 4))
+        res.snapshot_pause, res.freeze_seconds = pause, frozen
+        if frozen is not None:
+            log.info("%s: snapshot of %d disk(s) quiesced: pause %.3f s, file systems frozen %.3f s",
+                     dom.name, len(news), pause, frozen)
+        else:
+            log.info("%s: snapshot of %d disk(s) %s: pause %.3f s", dom.name, len(news),
+                     "crash-consistent" if run["live"] else "(shut off)", pause)
+
+    def _not_quiesced(self, dom, live):
+        """None if a running VM's snapshot is to be quiesced, else why not; raises QuiesceFailed for `always`."""
+        if not live:
+            return None                     # a shut-off VM's disks are at rest
+        if self.quiesce == "never":
+            return "quiesce = never"
+        why = dom.agent_problem()
+        if why and self.quiesce == "always":
+            raise QuiesceFailed(dom.name, why)
+        if why:
+            log.warning("%s: %s; the snapshot is crash-consistent (quiesce = auto)", dom.name, why)
+        return why
 
     def _archive(self, dom, run, res):
         name = dom.name
@@ -393,6 +462,8 @@ class Archiver:
                      "changes only" if runs is not None else "whole disk", total / 1e6)
             _crash("archive-disk")
         meta = {"quiesced": bool(run["quiesced"]),
+                "quiesce": run.get("quiesce", self.quiesce), "not_quiesced": run.get("not_quiesced"),
+                "pause_seconds": run.get("pause"), "freeze_seconds": run.get("frozen"),
                 "vm_state": "running" if run["live"] else "shut off",
                 "domain_xml": self._sink("write the domain XML", name, self.sink.write_blob,
                                          run["domain_xml"].encode()),

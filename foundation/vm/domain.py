@@ -9,10 +9,17 @@ XML pointing at them (one define, so all disks switch at once), and
 between runs is base <- overlay(k), so a VM that is running one night and
 shut off the next needs nothing special, and one that is started while a
 run is under way simply continues on the new overlay.
+
+A quiesced snapshot is three calls, not libvirt's QUIESCE flag: the guest
+agent's freeze, the snapshot, the thaw in a `finally`. That way the freeze
+time can be told apart from the snapshot's pause, and the guest agent's
+state is ours to check and repair (`frozen()`, `thaw()`).
 """
 
 import collections
+import json
 import logging
+import signal
 import time
 import xml.etree.ElementTree as ET
 
@@ -21,6 +28,10 @@ from foundation.errors import BadInput, Error, NotFound
 log = logging.getLogger(__name__)
 
 AGENT_CHANNEL = "org.qemu.guest_agent.0"
+AGENT_TIMEOUT = 5           # seconds for a ping, a status or a thaw
+FREEZE_TIMEOUT = 60         # the freeze syncs every guest file system and runs the guest's hooks
+THAW_ATTEMPTS = 3
+HELD_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}   # delivered once the guest is thawed
 FORMATS = ("raw", "qcow2")
 JOB_POLL = 0.01
 
@@ -47,6 +58,14 @@ class UnsupportedDisk(BadInput):
     """VM {} is skipped: Foundation cannot archive its disk {} ({}). Only file-backed raw and qcow2 disks are archived."""
 
     code = 31
+
+
+class AgentFailed(Exception):
+    """A guest agent command failed or timed out (the message is libvirt's)."""
+
+
+class FreezeFailed(Exception):
+    """The guest agent could not freeze the file systems; the guest is thawed, no snapshot taken."""
 
 
 def _libvirt():
@@ -188,52 +207,98 @@ class Domain:
 
     # -- guest agent and snapshot ----------------------------------------
 
-    def agent_answers(self):
-        """True if the domain has a connected QEMU guest agent that answers a ping."""
-        root = ET.fromstring(self.xml())
-        ok = False
-        for ch in root.findall("devices/channel"):
-            t = ch.find("target")
-            if t is not None and t.get("name") == AGENT_CHANNEL and t.get("state") == "connected":
-                ok = True
-        if not ok:
-            return False
+    def agent(self, command, timeout=AGENT_TIMEOUT):
+        """One guest agent command's "return" value; raises AgentFailed if it fails or times out."""
+        import libvirt_qemu
+
         try:
-            import libvirt_qemu
-
-            libvirt_qemu.qemuAgentCommand(self.dom, '{"execute":"guest-ping"}', 5, 0)
-            return True
+            out = libvirt_qemu.qemuAgentCommand(self.dom, json.dumps({"execute": command}), timeout, 0)
         except self.libvirt.libvirtError as e:
-            log.info("%s: the guest agent does not answer (%s); crash-consistent snapshot",
-                     self.name, e.get_error_message())
-            return False
+            raise AgentFailed(e.get_error_message()) from None
+        return json.loads(out).get("return")
 
-    def snapshot(self, news, others, quiesce=True):
-        """External disk-only snapshot of all disks at once; returns (quiesced, seconds).
+    def agent_problem(self):
+        """None if the domain's QEMU guest agent answers a ping, else why not (a phrase for the log)."""
+        root = ET.fromstring(self.xml())
+        states = [t.get("state") for t in root.findall("devices/channel/target") if t.get("name") == AGENT_CHANNEL]
+        if not states:
+            return f"the domain has no guest agent channel ({AGENT_CHANNEL})"
+        if "connected" not in states:
+            return "the guest agent is not connected (is qemu-guest-agent running in the guest?)"
+        try:
+            self.agent("guest-ping")
+        except AgentFailed as e:
+            return f"the guest agent does not answer ({e})"
+        return None
+
+    def frozen(self):
+        """True if the guest's file systems are frozen, False if not, None if no agent answers."""
+        if self.agent_problem():
+            return None
+        try:
+            return self.agent("guest-fsfreeze-status") == "frozen"
+        except AgentFailed:
+            return None
+
+    def thaw(self):
+        """Thaw the guest's file systems (harmless if they are not frozen); -> how many were thawed."""
+        return self.agent("guest-fsfreeze-thaw")
+
+    def snapshot(self, news, others, freeze=False, while_frozen=None):
+        """External disk-only snapshot of all disks at once; -> (pause, frozen) in seconds.
 
         Works on a running domain (QEMU switches to the new overlays
         atomically) and on a shut-off one (libvirt creates the overlays with
-        qemu-img and points the config at them).
+        qemu-img and points the config at them). `news` maps target -> new
+        overlay path; `others` are targets left as they are.
 
-        `news` maps target -> new overlay path; `others` are targets left as
-        they are. Quiesced through the guest agent when it answers, else (or
-        if the quiesced attempt fails) crash-consistent.
+        `pause` is the snapshot call (the guest's I/O stops within it). With
+        `freeze` the guest agent freezes the file systems first and thaws
+        them afterwards whatever happens, with SIGTERM, SIGINT and SIGHUP held
+        back meanwhile so that stopping the archiver cannot leave the guest
+        frozen; `frozen` runs from the freeze request to the thaw's answer
+        (None without `freeze`). Raises FreezeFailed (nothing taken, guest
+        thawed) if the agent cannot freeze. `while_frozen()` is called with
+        the guest frozen (the tests' kill point).
         """
         lv = self.libvirt
         xml = snapshot_xml(f"foundation-{int(time.time() * 1000)}", news, others)
         flags = (lv.VIR_DOMAIN_SNAPSHOT_CREATE_DISK_ONLY | lv.VIR_DOMAIN_SNAPSHOT_CREATE_ATOMIC
                  | lv.VIR_DOMAIN_SNAPSHOT_CREATE_NO_METADATA)
-        if quiesce and self.agent_answers():
+        if not freeze:
             t0 = time.monotonic()
-            try:
-                self.dom.snapshotCreateXML(xml, flags | lv.VIR_DOMAIN_SNAPSHOT_CREATE_QUIESCE)
-                return True, time.monotonic() - t0
-            except lv.libvirtError as e:
-                log.warning("%s: quiesced snapshot failed (%s); taking a crash-consistent one",
-                            self.name, e.get_error_message())
+            self._call("take an external disk-only snapshot", self.dom.snapshotCreateXML, xml, flags)
+            return time.monotonic() - t0, None
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, HELD_SIGNALS)
         t0 = time.monotonic()
-        self._call("take an external disk-only snapshot", self.dom.snapshotCreateXML, xml, flags)
-        return False, time.monotonic() - t0
+        try:
+            try:
+                self.agent("guest-fsfreeze-freeze", FREEZE_TIMEOUT)
+            except AgentFailed as e:
+                raise FreezeFailed(str(e)) from None
+            if while_frozen:
+                while_frozen()
+            t1 = time.monotonic()
+            self._call("take an external disk-only snapshot", self.dom.snapshotCreateXML, xml, flags)
+            pause = time.monotonic() - t1
+        finally:
+            self._thaw_now()
+            frozen = time.monotonic() - t0
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        return pause, frozen
+
+    def _thaw_now(self):
+        for attempt in range(THAW_ATTEMPTS):
+            try:
+                self.thaw()
+                return
+            except AgentFailed as e:
+                if attempt == THAW_ATTEMPTS - 1:
+                    log.error("%s: the guest's file systems may still be frozen: the agent did not thaw "
+                              "them (%s). Run `virsh domfsthaw %s`; the next archive run thaws them too",
+                              self.name, e, self.name)
+                else:
+                    time.sleep(0.5)
 
     # -- block commit -----------------------------------------------------
 

@@ -20,7 +20,8 @@ Record (version 1):
      "disks": {"vda": {"base": path, "base_format": "raw"|"qcow2",
                        "top": path,     # overlay(k), or the base before the first run
                        "base_id": run id | null}},   # the run whose snapshot the base holds
-     "run": null | {"id", "step", "started", "time", "live", "quiesced", "skipped_disks",
+     "run": null | {"id", "step", "started", "time", "live", "quiesce", "quiesced", "skipped_disks",
+                    "not_quiesced", "pause", "frozen",   # the snapshot's policy, why not quiesced, seconds
                     "domain_xml", "disks": {"vda": {"base", "base_format", "old", "new", "base_id"}}},
      "last": null | {"finished", "status", "error", "changed_bytes", "consistency",
                      "repaired": [...], "snapshots": [...], "seconds"}}
