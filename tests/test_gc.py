@@ -76,7 +76,7 @@ def walk(path):
             if n == s.log.open.n:
                 keys, addrs, end = bytes(s.log.open.keys), list(s.log.open.addrs), s.log.open.end
             else:
-                keys, addrs, _ = s._summary_file(n)
+                keys, addrs, _ = s.summary_records(n)
                 end = s.log.trailer(n).end
             offs = [a & 0xFFFFFFFF for a in addrs] + [end]
             for i, a in enumerate(addrs):
@@ -266,7 +266,7 @@ def where(path, ref):
             if n == s.log.open.n:
                 keys, addrs = bytes(s.log.open.keys), list(s.log.open.addrs)
             else:
-                keys, addrs, _ = s._summary_file(n)
+                keys, addrs, _ = s.summary_records(n)
             out += [a for i, a in enumerate(addrs) if keys[i * 32:(i + 1) * 32] == ref]
         return out
 

@@ -7,6 +7,7 @@ stores are real and encrypted unless a test says otherwise, and are driven
 through the `foundation` command as a user would.
 """
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -30,6 +31,8 @@ from foundation.replica import repair as repair_mod
 from foundation.replica.recover import PARTIAL, recover
 from foundation.replica.sync import Local, replicate
 from foundation.store import format as F
+from foundation.store import verify as verify_mod
+from foundation.store.verify import Damage, Kind
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MARKER = b"FOUNDATION-PLAINTEXT-MARKER-5c1e"   # written into every image: must never reach a server
@@ -111,6 +114,23 @@ class Site:
 @pytest.fixture
 def site(tmp_path, capsys):
     return Site(tmp_path, capsys)
+
+
+@dataclasses.dataclass
+class Reworded(Damage):
+    """A Damage whose message says nothing of what it is."""
+
+    def __post_init__(self):
+        self.what = f"reworded ({len(self.what)} characters)"
+
+
+@pytest.fixture(params=["worded", "reworded"])
+def wording(request, monkeypatch):
+    """Damage messages as verify words them, or reworded: repair, audit and replicate decide on
+    Damage.kind, so every outcome must be the same."""
+    if request.param == "reworded":
+        monkeypatch.setattr(verify_mod, "Damage", Reworded)
+    return request.param
 
 
 def tree_hashes(path):
@@ -384,7 +404,7 @@ def zstd_data_records(store, n, count):
 
 
 @pytest.mark.parametrize("mode", ["hash", "value"])
-def test_repair_from_image_without_replica(tmp_path, capsys, mode):
+def test_repair_from_image_without_replica(tmp_path, capsys, mode, wording):
     """Damaged records healed in place from the disk image: the arena MAC verifies again."""
     site = Site(tmp_path, capsys, mode=mode)
     site.day(1)
@@ -702,7 +722,7 @@ def rot_open_arena(site):
 
 
 @pytest.mark.parametrize("how", ["seal", "merge"])
-def test_local_rot_never_replaces_the_replicas_good_copy(request, tmp_path, capsys, how):
+def test_local_rot_never_replaces_the_replicas_good_copy(request, tmp_path, capsys, how, wording):
     """Bit rot in open-arena bytes already replicated; then the arena seals (or its segments would merge):
     the damaged bytes never replace the replica's, and `repair` mends the arena from them."""
     site = Site(tmp_path, capsys, arena_size=(256 << 10) if how == "seal" else (4 << 20))
@@ -809,7 +829,7 @@ def test_a_forged_store_json_is_refused(request, site, tmp_path, field, value):
 
 
 @pytest.mark.parametrize("at", [20, 60])
-def test_repair_open_arena_whose_header_is_damaged(request, site, at):
+def test_repair_open_arena_whose_header_is_damaged(request, site, at, wording):
     """A flipped byte in the open arena's header, its tag included (bytes 56..63): mended from the replica."""
     srv = fresh(request, "file")
     site.use(srv)
@@ -960,3 +980,28 @@ def test_an_unfinished_recovery_is_not_opened_as_a_store(request, site, tmp_path
     rc, out, err = site.cli("recover", "--from", "offsite", "--store", target)
     assert rc == 0 and out.startswith("resumed and finished"), out + err
     site.restores(store=target)
+
+
+def test_repair_decides_on_the_damage_kind_not_its_words(site):
+    """Past a record whose length is lost (Kind.UNPARSABLE), whatever its message says, a local
+    record that differs from the replica's but keeps its header is the replica's to give back, and
+    every record is wanted from the images; a damaged record alone (Kind.RECORD) cuts neither."""
+    from foundation.replica.sync import own_prefix
+
+    site.day(1)
+    with site.local() as loc:
+        _, head = loc.read_head()
+        n = 0
+        theirs = open(loc.arena_path(n), "rb").read()
+        recs = repair_mod._records(loc, head, n, theirs)
+        (x, *_), (y, _, _, length) = recs[1], recs[3]
+        mine = bytearray(theirs)
+        mine[y + 64 + 5] ^= 0xFF                      # a payload byte: the header stays the same
+        for what in ("record is damaged (magic); the rest of the arena cannot be parsed", "", "ends before"):
+            cut = [Damage(n, x, Kind.UNPARSABLE, what)]
+            one = [Damage(n, x, Kind.RECORD, what + " cannot be parsed missing")]
+            assert own_prefix(loc, n, bytes(mine), theirs, 0, cut) == len(theirs) - F.TRAILER_SIZE
+            assert own_prefix(loc, n, bytes(mine), theirs, 0, one) == y
+            wanted = {w.offset for w in repair_mod._damaged_records(loc, head, n, cut)}
+            assert wanted == {r[0] for r in recs if r[0] >= x}
+            assert {w.offset for w in repair_mod._damaged_records(loc, head, n, one)} == {x}

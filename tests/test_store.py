@@ -200,11 +200,17 @@ def test_wrong_and_missing_keys(make_store, tmp_path):
         Store.open(op.path, key_file=str(bad))
 
 
-def test_passphrase_key_file(tmp_path):
+def wrapped_store(tmp_path):
+    """(store path, key file) of a new store whose key file is wrapped by the passphrase "correct horse"."""
     p = tmp_path / "s"
     p.mkdir()
     kf = str(tmp_path / "k")
     Store.create(str(p), arena_size=256 << 10, max_log_size=16 << 20, key_file=kf, passphrase="correct horse")
+    return p, kf
+
+
+def test_passphrase_key_file(tmp_path):
+    p, kf = wrapped_store(tmp_path)
     assert os.stat(kf).st_mode & 0o777 == 0o600
     assert "correct horse" not in open(kf).read()
     with Store.open(str(p), key_file=kf, passphrase="correct horse", writable=True) as s:
@@ -216,6 +222,85 @@ def test_passphrase_key_file(tmp_path):
     # the plaintext never reaches the store disk
     for f in arena_files(str(p)):
         assert b"secret block" not in open(f, "rb").read()
+    # The store never prompts: the passphrase comes as a string or from a callback the caller
+    # gives (the CLI's prompt), asked only for a wrapped key file.
+    asked = []
+    with Store.open(str(p), key_file=kf, passphrase=lambda: asked.append(1) or "correct horse") as s:
+        assert s.read(ref) == b"secret block" and asked == [1]
+    with pytest.raises(KeyMissing, match="protected by a passphrase"):
+        Store.open(str(p), key_file=kf)
+    with pytest.raises(KeyMissing, match="protected by a passphrase"):
+        Store.open(str(p), key_file=kf, passphrase=lambda: None)
+
+
+def test_passphrase_from_the_cli_environment(tmp_path, monkeypatch):
+    """foundation verify on a passphrase-wrapped key: FOUNDATION_PASSPHRASE, as before the prompt moved to the CLI."""
+    from foundation.cli import main
+
+    p, kf = wrapped_store(tmp_path)
+    monkeypatch.setattr("sys.stdin.isatty", lambda: False)
+    monkeypatch.delenv("FOUNDATION_PASSPHRASE", raising=False)
+    assert main(["--store", str(p), "--key-file", kf, "verify"]) == KeyMissing.code
+    monkeypatch.setenv("FOUNDATION_PASSPHRASE", "correct horse")
+    assert main(["--store", str(p), "--key-file", kf, "verify"]) == 0
+    monkeypatch.setenv("FOUNDATION_PASSPHRASE", "wrong")
+    assert main(["--store", str(p), "--key-file", kf, "verify"]) == WrongKey.code
+
+
+@pytest.mark.parametrize("how", ["short writes", "no space"])
+def test_atomic_write_loops_and_leaves_nothing_on_failure(tmp_path, monkeypatch, how):
+    from foundation.errors import StoreFull
+    from foundation.store.disk import atomic_write
+
+    path = str(tmp_path / "f")
+    atomic_write(path, b"old")
+    real = os.write
+    calls = []
+
+    def write(fd, data):
+        calls.append(len(data))
+        if how == "no space" and len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        return real(fd, bytes(data[:3]))    # the kernel may write less than asked
+
+    monkeypatch.setattr(os, "write", write)
+    if how == "short writes":
+        atomic_write(path, b"0123456789")
+        assert open(path, "rb").read() == b"0123456789" and len(calls) == 4
+    else:
+        with pytest.raises(StoreFull):
+            atomic_write(path, b"0123456789")
+        with pytest.raises(OSError, match="No space"):
+            calls.clear()
+            atomic_write(path, b"0123456789", full=None)
+        assert open(path, "rb").read() == b"old"
+    assert os.listdir(tmp_path) == ["f"]
+
+
+def test_one_lock_helper_for_every_lock(tmp_path):
+    """The store's writer lock, the readers' lock and a VM's lock are one flock helper: the second
+    holder is refused with the first one's pid, and a closed fd lets go."""
+    import fcntl
+
+    from foundation.store.disk import flock
+    from foundation.vm.journal import Lock, VMBusy
+
+    path = str(tmp_path / "lock")
+    fd = flock(path, fcntl.LOCK_EX, lambda pid: StoreLocked(path, pid), write_pid=True)
+    with pytest.raises(StoreLocked, match=str(os.getpid())):
+        flock(path, fcntl.LOCK_EX, lambda pid: StoreLocked(path, pid), write_pid=True)
+    os.close(fd)
+    fd = flock(path, fcntl.LOCK_SH, lambda _: AssertionError("shared locks share"))
+    shared = flock(path, fcntl.LOCK_SH, lambda _: AssertionError("shared locks share"))
+    os.close(fd)
+    os.close(shared)
+    with Lock(str(tmp_path), "u1", "vm1"):
+        assert open(tmp_path / "vm" / "u1.lock").read() == f"{os.getpid()}\n"
+        with pytest.raises(VMBusy, match="vm1"):
+            with Lock(str(tmp_path), "u1", "vm1"):
+                pass
+    with Lock(str(tmp_path), "u1", "vm1"):
+        pass
 
 
 def test_bad_directories(tmp_path):

@@ -13,7 +13,7 @@ manifest names is deleted first), and whatever is missing or stale.
 import random
 import sys
 
-from foundation.cli.common import Progress, key_file, replicas, replicate_one, store_path
+from foundation.cli.common import Progress, open_primary, replicas, replicate_one
 from foundation.errors import Error
 
 NAME = "audit"
@@ -34,7 +34,6 @@ def add_arguments(p):
 def run(args):
     from foundation.replica import open_backend
     from foundation.replica.audit import audit
-    from foundation.replica.sync import Local
 
     status = 0
     rng = random.Random(args.seed)
@@ -46,7 +45,7 @@ def run(args):
             return bars[-1]
 
         try:
-            with Local(store_path(args), key_file(args)) as local, open_backend(spec) as backend:
+            with open_primary(args) as local, open_backend(spec) as backend:
                 rep = audit(local, backend, args.sample, progress=bar, rng=rng)
                 for b in bars:
                     b.finish()

@@ -105,11 +105,34 @@ def key_file(args):
     return settings(args).key_file
 
 
+def passphrase(args):
+    """What the store calls for the passphrase of a wrapped key file, only when it needs one (the store
+    itself never prompts): FOUNDATION_PASSPHRASE, else a prompt on the terminal; None without either,
+    and the store then says what is missing."""
+    given = settings(args).passphrase
+
+    def ask():
+        if given:
+            return given
+        if sys.stdin.isatty():
+            import getpass
+            return getpass.getpass("Passphrase for the store key: ")
+        return None
+    return ask
+
+
 def open_store(args, writable=False, **kw):
     """Open the store named by the arguments, with its key if it is encrypted."""
     from foundation.store import Store
 
-    return Store.open(store_path(args), key_file=key_file(args), writable=writable, **kw)
+    return Store.open(store_path(args), key_file=key_file(args), writable=writable, passphrase=passphrase(args), **kw)
+
+
+def open_primary(args):
+    """The store's primary files without its caches (replicate, audit), with its key."""
+    from foundation.replica.sync import Local
+
+    return Local(store_path(args), key_file(args), passphrase=passphrase(args))
 
 
 # ---- sizes ---------------------------------------------------------------------------------
@@ -121,13 +144,6 @@ def size(text):
         return parse_size(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def human(n):
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
 
 
 # ---- replicas ------------------------------------------------------------------------------
@@ -149,7 +165,7 @@ def replicas(args, names=None, urls=None):
 def replicate_one(args, spec, allow=False, progress=True, resend=(), force=False):
     """Bring one replica up to the store; its outcome is written down for `foundation status`."""
     from foundation.replica import lastrun, open_backend
-    from foundation.replica.sync import Local, replicate
+    from foundation.replica.sync import replicate
 
     bars = []
 
@@ -158,7 +174,7 @@ def replicate_one(args, spec, allow=False, progress=True, resend=(), force=False
         return bars[-1]
 
     state_dir = settings(args).state_dir
-    with Local(store_path(args), key_file(args)) as local:
+    with open_primary(args) as local:
         try:
             with open_backend(spec) as backend:
                 res = replicate(local, backend, allow_plaintext=allow or spec.allow_plaintext,

@@ -55,7 +55,7 @@ def _archive(args):
         from foundation.errors import StoreMissing
 
         raise StoreMissing(path)
-    return StoreArchive(path, key_file=common.key_file(args))
+    return StoreArchive(path, key_file=common.key_file(args), passphrase=common.passphrase(args))
 
 
 def run(args):

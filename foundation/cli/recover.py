@@ -9,7 +9,7 @@ same command resumes it (arenas already down are kept).
 
 import sys
 
-from foundation.cli.common import Progress, key_file, settings, store_path
+from foundation.cli.common import Progress, key_file, passphrase, settings, store_path
 
 NAME = "recover"
 HELP = "rebuild a lost store from a replica and its key file"
@@ -41,7 +41,7 @@ def run(args):
 
     with open_backend(spec) as backend:
         try:
-            res = recover(backend, dest, args.target_key or key_file(args), progress=bar)
+            res = recover(backend, dest, args.target_key or key_file(args), progress=bar, passphrase=passphrase(args))
         finally:
             for b in bars:
                 b.finish()

@@ -11,7 +11,7 @@ exit status is 1 if anything is.
 
 import sys
 
-from foundation.cli.common import key_file, replicas, settings, store_path
+from foundation.cli.common import key_file, passphrase, replicas, settings, store_path
 
 NAME = "repair"
 HELP = "replace damaged arenas from a replica, and heal damaged records from disk images"
@@ -45,7 +45,7 @@ def run(args):
             except UsageError:
                 chosen = []
             backends = [stack.enter_context(open_backend(spec)) for spec in chosen]
-        res = repair(store_path(args), key_file(args), backends, images)
+        res = repair(store_path(args), key_file(args), backends, images, passphrase=passphrase(args))
     for note in res.notes:
         print(f"note: {note}", file=sys.stderr)
     for h in res.healed:

@@ -97,17 +97,18 @@ def _replicas(args, conf, state_dir):
     """A line per configured replica: its last replicate from this host, and the last success."""
     from foundation.cli.common import store_path
     from foundation.replica import lastrun, replicas_from_config
-    from foundation.store import format as F
+    from foundation.store.primary import read_config
 
     try:
         specs = replicas_from_config(conf)
         if not specs:
             return []
-        with open(os.path.join(store_path(args), F.CONFIG), "rb") as f:
-            uuid = F.unpack_config(f.read())["uuid"]
+        path = store_path(args)
     except Error as e:
         return [f"replicas: {e}"]
-    except (OSError, ValueError, KeyError) as e:
+    try:
+        uuid = read_config(path, recovering=True)[0]["uuid"]
+    except Error as e:
         return [f"replicas: {len(specs)} configured; their last runs are unknown while the store cannot be read ({e})"]
     runs = lastrun.load(state_dir, uuid)
     out = []

@@ -23,19 +23,17 @@ written without them at the end. Killed before that rename, they still
 apply to the old file; after it, to nothing.
 """
 
-import json
 import logging
-import os
 import time
 from dataclasses import dataclass, field
 
-from foundation import native
 from foundation.catalog import Catalog
 from foundation.errors import DataCorrupt
 from foundation.faults import crash_point
 from foundation.gc import compact, mark, reflow
 from foundation.store import format as F
-from foundation.store.disk import atomic_write
+from foundation.store import layout as L
+from foundation.store import switch
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +77,7 @@ def catalog_roots(cat):
 def collect(store, min_garbage=0.1, max_time=None, target_free=None, dry_run=False, progress=None):
     """Run one gc over a writable store -> Report."""
     t0 = time.monotonic()
-    if reflow.pending(store.path):
+    if switch.pending(store.path):
         raise DataCorrupt("an interrupted gc switch is pending; reopen the store to finish it")
     store.exclusive()
     cat = Catalog.load(store)
@@ -116,13 +114,11 @@ def _unlisted_damage(store, arenas, live):
             listed[n] = set(arenas.records(n)[1])
         if a in listed[n]:
             continue
-        with open(store.log.path(n), "rb") as f:
-            f.seek(off)
-            header = f.read(64)
-        if header[:4] == native.RECORD_MAGIC and (header[4] != F.TREE or header[16:48] not in live):
+        header = store.log.record_header(n, off)
+        if L.is_record(header, 0) and (L.btype(header, 0) != F.TREE or L.key(header, 0) not in live):
             continue   # data, or a node no kept snapshot reaches: nothing live hangs from it
         try:
-            store.read(header[16:48])
+            store.read(L.key(header, 0))
         except Exception:
             raise DataCorrupt(f"arena {n} offset {off}: a damaged record that no summary lists, and no intact "
                               "copy of its block exists: gc cannot tell what it names, so it stopped before "
@@ -162,16 +158,16 @@ def _hash(store, arenas, live, rep, min_garbage, max_time, target_free, dry_run,
         _, addrs, _, _ = arenas.records(n)
         p = compact.plan_hash(store, arenas, live, n, p.healed)
         tr = store.log.trailer(n)
-        old = os.path.getsize(store.log.path(n))
+        old = store.log.file_size(n)
         path, new, arrays = compact.rewrite(store, n, [addrs[i] for i in p.keep], tr.generation + 1,
                                             tr.chain, tr.sealed)
         if any(a >> 32 == n for a in store.bad):
-            _save_damaged(store, (n, tr.generation))  # durable before the rename (module doc)
+            switch.save_damaged(store, (n, tr.generation))  # durable before the rename (module doc)
         _crash("gc.written")
         compact.swap(store, n, path, new, arrays)
         _crash("gc.swapped")
-        store.bad = {a for a in store.bad if a >> 32 != n}  # damaged records there were healed copies: dropped
-        freed += old - os.path.getsize(store.log.path(n))
+        store.forget_damaged(n)  # damaged records there were healed copies: dropped
+        freed += old - store.log.file_size(n)
         rep.rewritten.append(n)
         if step:
             step(k + 1)
@@ -180,27 +176,8 @@ def _hash(store, arenas, live, rep, min_garbage, max_time, target_free, dry_run,
 
 def _rebuild(store):
     """Index, Bloom filter, caches and damaged.json after records moved."""
-    from foundation.store.rebuild import rebuild_bloom, rebuild_index
-    _save_damaged(store)
-    store.summaries.clear()
-    store.summary_entries = 0
-    store.blocks.clear()
-    rebuild_index(store)
-    rebuild_bloom(store)
-    store._reset_buffer()
-    store._catch_up(store.index.h.covered)
-
-
-def _save_damaged(store, old=None):
-    """damaged.json from store.bad (if verify wrote one); `old` = (arena, generation)
-    about to be swapped out: its entries carry that generation."""
-    p = os.path.join(store.path, F.DAMAGED)
-    if os.path.exists(p):
-        recs = [list(F.split(a)) for a in sorted(store.bad)]
-        for r in recs:
-            if old and r[0] == old[0]:
-                r.append(old[1])
-        atomic_write(p, json.dumps({"records": recs}).encode())
+    switch.save_damaged(store)
+    store.rebuild_derived()
 
 
 # ---- compare-by-value: one reflow from the first arena worth it ---------------------
@@ -231,8 +208,8 @@ def _value(store, arenas, live, cat, rep, min_garbage, dry_run, progress):
     _crash("gc.written")
     old_last = arenas.last
     store.suspend()  # nothing of the old log may be written after the journal; the locks stay
-    reflow.commit(store, first, out.files, old_last, head)
+    switch.commit(store, first, out.files, old_last, head)
     _crash("gc.journaled")
-    reflow.finish(store.path)
+    switch.finish(store.path)
     rep.rewritten = list(out.files)
     store.resume()

@@ -17,10 +17,8 @@ from dataclasses import dataclass, field
 
 from foundation import native
 from foundation.store import format as F
-from foundation.store.disk import atomic_write, fsync_dir
-
-TEMP = ".gc"  # suffix of a rewritten arena before its swap
-
+from foundation.store import layout as L
+from foundation.store import switch
 
 @dataclass
 class Plan:
@@ -88,20 +86,14 @@ def rewrite(store, n, keep_addrs, generation, chain, sealed):
             keys += keyfield[j * 32:j * 32 + store.keylen]
             addrs.append(F.addr(n, o))
             types.append(btype)
-    tags = b"".join(out[o + 48:o + 64] for o in (a & 0xFFFFFFFF for a in addrs))
+    tags = b"".join(L.tag(out, a & 0xFFFFFFFF) for a in addrs)
     end = len(out)
     amac = F.arena_mac(store.keys.mac, hb, tags, len(addrs), end)
     tr = F.Trailer(len(addrs), end, amac, chain, generation, sealed)
     out += tr.pack(store.keys.mac, n)
     if len(out) > store.arena_size:
         raise ValueError(f"arena {n} would grow past its capacity while being rewritten")
-    path = lg.path(n) + TEMP
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        store.disk.pwrite(fd, "arena", 0, bytes(out))
-        store.disk.fsync(fd, "arena")
-    finally:
-        os.close(fd)
+    path = switch.write_arena(store, n, out)
     return path, tr, (bytes(keys), addrs, bytes(types))
 
 
@@ -124,17 +116,5 @@ def key32(k):
 
 def swap(store, n, path, tr, arrays):
     """Put the rewritten arena n in place of the old one, with its summary."""
-    lg = store.log
-    sp = os.path.join(store.path, F.SUMMARIES, F.summary_name(n))
-    if os.path.exists(sp):
-        os.unlink(sp)  # a crash before the new one is written rebuilds it from the new arena
-    fd = lg.fds.pop(n, None)
-    if fd is not None:
-        os.close(fd)
-    lg.ivs.pop(n, None)
-    lg.window = None
-    os.rename(path, lg.path(n))
-    fsync_dir(lg.dir)
     keys, addrs, types = arrays
-    atomic_write(sp, F.pack_summary(n, store.keylen, tr.amac, keys, addrs, types), sync=False)
-    store.summaries.pop(n, None)
+    switch.swap(store, n, path, F.pack_summary(n, store.keylen, tr.amac, keys, addrs, types))

@@ -31,6 +31,7 @@ import pybloomfilter
 
 from foundation.errors import DataCorrupt
 from foundation.store import format as F
+from foundation.store import layout as L
 
 LIVE_ERROR = 0.001  # Bloom false positives: the share of garbage a sweep may keep
 LIVE_FILE = "gc.live"
@@ -48,7 +49,7 @@ class Arenas:
         oa = self.store.log.open
         if n == oa.n:
             return bytes(oa.keys), list(oa.addrs), bytes(oa.types), oa.end
-        keys, addrs, types = self.store._summary_file(n)
+        keys, addrs, types = self.store.summary_records(n)
         tr = self.store.log.trailer(n)
         if tr is None:
             raise DataCorrupt(f"arena {n}: sealed arena has no valid trailer")
@@ -60,9 +61,10 @@ class Arenas:
         total = self.store.log.open.count
         for n in range(self.last):
             try:
-                total += (os.path.getsize(os.path.join(self.store.path, F.SUMMARIES, F.summary_name(n))) - 96) // (k + 9)
+                total += F.summary_count(os.path.getsize(os.path.join(self.store.path, F.SUMMARIES,
+                                                                      F.summary_name(n))), k)
             except OSError:
-                total += self.store.arena_size // (64 + self.store.block_size) * 4
+                total += self.store.arena_size // (L.HEADER_SIZE + self.store.block_size) * 4
         return total
 
 

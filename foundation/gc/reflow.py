@@ -10,9 +10,9 @@ map of the records before it (always complete, as they lie behind it),
 and a new catalog with translated roots is written last.
 
 The new arenas are written beside the old ones (`NNNNNNNN.arena.gc`),
-and the switch is one journal, `gc.json`, holding the new head: once it
-is on disk the switch is rolled forward by whoever opens the store next
-for writing (finish()), and before it nothing old has changed.
+and the switch is one journal, `gc.json`, holding the new head: the store
+owns it (foundation.store.switch), and rolls it forward at the next
+writable open if gc is killed after writing it.
 """
 
 import json
@@ -20,12 +20,11 @@ import os
 from array import array
 
 from foundation import native
-from foundation.gc.compact import TEMP, groups, key32
+from foundation.gc.compact import groups, key32
 from foundation.gc.mark import LIVE
 from foundation.store import format as F
-from foundation.store.disk import atomic_write, fsync_dir
-
-JOURNAL = "gc.json"
+from foundation.store import layout as L
+from foundation.store import switch
 
 
 class Relog:
@@ -71,7 +70,7 @@ class Relog:
             used = ends[fit - 1] - len(self.out)
             self.out += recs[:used]
             for o in offs[:fit]:
-                self.tags += self.out[o + 48:o + 64]
+                self.tags += L.tag(self.out, o)
                 addrs.append(F.addr(self.n, o))
             self.count += fit
             i += fit
@@ -87,13 +86,7 @@ class Relog:
         self._start(self.n + 1)
 
     def _flush(self):
-        path = self.s.log.path(self.n) + TEMP
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            self.s.disk.pwrite(fd, "arena", 0, bytes(self.out))
-            self.s.disk.fsync(fd, "arena")
-        finally:
-            os.close(fd)
+        switch.write_arena(self.s, self.n, self.out)
         self.files.append(self.n)
 
     def finish(self):
@@ -187,49 +180,6 @@ def reflow(store, arenas, live, first, progress=None):
         if progress:
             progress(n - first + 1)
     return out, rel
-
-
-def commit(store, first, files, old_last, head):
-    """Write the journal: from here on the switch happens, now or at the next open."""
-    j = {"first": first, "files": files, "old_last": old_last, "head": head.pack(store.keys.mac).hex()}
-    atomic_write(os.path.join(store.path, JOURNAL), json.dumps(j).encode())
-
-
-def pending(path):
-    return os.path.exists(os.path.join(path, JOURNAL))
-
-
-def finish(path):
-    """Roll an interrupted switch forward (idempotent): new arenas in, old tail out, new head."""
-    jp = os.path.join(path, JOURNAL)
-    with open(jp) as f:
-        j = json.load(f)
-    adir = os.path.join(path, F.ARENAS)
-    sdir = os.path.join(path, F.SUMMARIES)
-
-    def drop(p):
-        try:
-            os.unlink(p)
-        except FileNotFoundError:
-            pass
-
-    # Every derived structure names old addresses: drop them, the next open rebuilds.
-    drop(os.path.join(path, F.INDEX))
-    drop(os.path.join(path, F.BLOOM_STATE))
-    drop(os.path.join(path, F.DAMAGED))
-    for n in range(j["first"], j["old_last"] + 1):
-        drop(os.path.join(sdir, F.summary_name(n)))
-    for n in j["files"]:
-        tmp = os.path.join(adir, F.arena_name(n)) + TEMP
-        if os.path.exists(tmp):
-            os.rename(tmp, os.path.join(adir, F.arena_name(n)))
-    last = max(j["files"])
-    for n in range(last + 1, j["old_last"] + 1):
-        drop(os.path.join(adir, F.arena_name(n)))
-    fsync_dir(adir)
-    atomic_write(os.path.join(path, F.HEAD), bytes.fromhex(j["head"]))
-    os.unlink(jp)
-    fsync_dir(path)
 
 
 def roots_map(obj, fn):

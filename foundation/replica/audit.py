@@ -20,8 +20,9 @@ from dataclasses import dataclass
 
 from foundation.replica import sync
 from foundation.replica.errors import ForeignReplica, NotAReplica
-from foundation.replica.sync import MANIFEST, STORE_JSON, arena_files, read_remote, verify_bytes
+from foundation.replica.sync import MANIFEST, STORE_JSON, read_remote, verify_bytes
 from foundation.store import format as F
+from foundation.store import layout as L
 
 KINDS = ("foreign", "tampered", "corrupt", "missing", "stale")
 
@@ -102,7 +103,7 @@ def _audit(local, backend, sample, progress, rng, rep):
 def _staleness(local, m, add):
     """Compare the replica's head and arena generations with the local store's."""
     _, head = local.read_head()
-    files = arena_files(local, head)
+    files = local.arena_files(head, sync.ID_BYTES)
     for a in m.arenas[:head.arena]:
         tr = files[a.n].trailer
         if tr is None or (tr.generation, tr.amac) == (a.generation, a.amac):
@@ -193,6 +194,6 @@ def _check_open(local, m, segs, buf, rep):
     damage, _, _ = verify_bytes(local, m.open.n, buf, False, None, m.head.end)
     for d in damage:
         rep.problems.append(Problem("corrupt", where(d.offset), str(d)))
-    if not damage and buf[F.ARENA_HEADER_SIZE - 16:F.ARENA_HEADER_SIZE - 16 + len(m.open.ident)] != m.open.ident:
+    if not damage and L.arena_tag(buf, len(m.open.ident)) != m.open.ident:
         rep.problems.append(Problem("tampered", segs[0][0][0], f"the segments are not of the open arena "
                                                                f"{m.open.n} the manifest names"))

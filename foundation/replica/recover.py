@@ -21,7 +21,9 @@ from foundation.errors import Error
 from foundation.replica.backend import RemoteMissing
 from foundation.replica.sync import MANIFEST, STORE_JSON, Local, Manifest, ReplicaTampered, digest, verify_bytes
 from foundation.store import format as F
+from foundation.store import layout as L
 from foundation.store.disk import atomic_write, fsync_dir
+from foundation.store.primary import write_config
 
 PARTIAL = F.RECOVERING   # in the target directory while a recovery is under way
 
@@ -45,8 +47,9 @@ class Recovered:
     snapshots: int = 0
 
 
-def recover(backend, dest, key_file=None, progress=None):
-    """Make the store `dest` (absent, empty, or a partial recovery of the same store) from the replica."""
+def recover(backend, dest, key_file=None, progress=None, passphrase=None):
+    """Make the store `dest` (absent, empty, or a partial recovery of the same store) from the replica.
+    `passphrase`: as for Store.open."""
     t0, got0 = time.monotonic(), backend.received
     dest = os.path.abspath(dest)
     res = Recovered(dest)
@@ -56,7 +59,7 @@ def recover(backend, dest, key_file=None, progress=None):
     except RemoteMissing:
         raise RecoverRefused(dest, f"replica {backend.url} has no store.json: nothing was ever replicated there, "
                                    "or the URL is wrong") from None
-    local = Local(dest, key_file, config=conf_b)   # the key is checked here: WrongKey, KeyMissing
+    local = Local(dest, key_file, config=conf_b, passphrase=passphrase)   # the key is checked here: WrongKey, KeyMissing
     try:
         if res.resumed:
             _check_partial(dest, local)
@@ -74,8 +77,7 @@ def recover(backend, dest, key_file=None, progress=None):
             atomic_write(os.path.join(dest, PARTIAL), json.dumps(
                 {"store": local.uuid, "from": backend.url,
                  "started": datetime.now(timezone.utc).isoformat(timespec="seconds")}).encode())
-        os.makedirs(os.path.join(dest, F.ARENAS), exist_ok=True)
-        os.makedirs(os.path.join(dest, F.SUMMARIES), exist_ok=True)
+        local.make_dirs()
         total = sum(a.size for a in m.arenas) + m.head.end
         sink = progress(total) if progress else None
         chain = F.ZERO_CHAIN
@@ -88,10 +90,10 @@ def recover(backend, dest, key_file=None, progress=None):
             _fetch_open(local, backend, m, sink)
             res.bytes += m.open.end
         res.arenas += 1
-        fsync_dir(os.path.join(dest, F.ARENAS))
-        _empty_derived(dest, local)
-        atomic_write(os.path.join(dest, F.HEAD), m.head_bytes)
-        atomic_write(os.path.join(dest, F.CONFIG), conf_b)   # now it is a store, still marked partial
+        local.sync_arenas()
+        local.make_derived()
+        local.write_head(m.head_bytes)
+        write_config(dest, conf_b)   # now it is a store, still marked partial
         fsync_dir(dest)
     finally:
         local.close()
@@ -131,7 +133,7 @@ def _check_partial(dest, local):
 def _fetch_sealed(local, backend, a, chain, sink):
     """Download sealed arena a (unless a resumed recovery already has it) and check it."""
     final = local.arena_path(a.n)
-    if os.path.exists(final) and os.path.getsize(final) == a.size and _is(local, final, a):
+    if os.path.exists(final) and os.path.getsize(final) == a.size and _is(local.trailer(a.n), a):
         if sink:
             sink(a.size)
         return  # checked before it took this name
@@ -153,19 +155,12 @@ def _fetch_sealed(local, backend, a, chain, sink):
         raise ReplicaTampered(backend.url, f"object {a.name} is not the arena the manifest names"
                                            f"{' (' + str(damage[0]) + ')' if damage else ''}")
     # Damaged records in an authentic arena: still the best copy there is; the final verify names them.
-    os.rename(tmp, final)
+    local.install_arena_file(a.n, tmp)
 
 
-def _is(local, path, a):
-    """Does the arena file at path carry the trailer of manifest entry a (a resumed recovery)?"""
-    with open(path, "rb") as f:
-        f.seek(max(0, a.size - F.MAX_TRAILER))
-        tail = f.read()
-    try:
-        tr = F.Trailer.from_tail(tail, local.keys.mac, a.n)
-    except ValueError:
-        return False
-    return (tr.generation, tr.amac, tr.sealed) == (a.generation, a.amac, a.sealed)
+def _is(tr, a):
+    """Is tr (the trailer of a resumed recovery's arena file, or None) that of manifest entry a?"""
+    return tr is not None and (tr.generation, tr.amac, tr.sealed) == (a.generation, a.amac, a.sealed)
 
 
 def _fetch_open(local, backend, m, sink):
@@ -186,29 +181,11 @@ def _fetch_open(local, backend, m, sink):
         f.flush()
         os.fsync(f.fileno())
     with open(tmp, "rb") as f:
-        tag = f.read(F.ARENA_HEADER_SIZE)[F.ARENA_HEADER_SIZE - 16:]
+        tag = L.arena_tag(f.read(F.ARENA_HEADER_SIZE))
     if not tag.startswith(m.open.ident):
         raise ReplicaTampered(backend.url, f"the segments of open arena {m.open.n} are not of the arena the "
                                            "manifest names")
-    os.replace(tmp, final)   # its records are checked by the writable open and the final verify
-
-
-def _empty_derived(dest, local):
-    """An empty index and Bloom filter, as `init` makes them: the first writable open then takes every
-    record in from the summaries (one pass over the arenas) instead of sweeping a whole index sized for
-    max_log_size, and merges them at its first flush."""
-    import pybloomfilter
-
-    from foundation.store.index import Index, plan
-    from foundation.store.store import BLOOM_ERROR
-
-    conf, disk = local.conf, local.log.disk
-    home, nfile = plan(conf["max_log_size"] // conf["block_size"], local.log.keylen)
-    Index.create(os.path.join(dest, F.INDEX), disk, local.log.keylen, home, nfile, local.log.uuid).install(
-        os.path.join(dest, F.INDEX))
-    pybloomfilter.BloomFilter(max(1024, conf["max_log_size"] // conf["block_size"]), BLOOM_ERROR,
-                              os.path.join(dest, F.BLOOM)).close()
-    atomic_write(os.path.join(dest, F.BLOOM_STATE), b'{"covered": 0}')
+    local.install_arena_file(m.open.n, tmp)   # its records are checked by the writable open and the final verify
 
 
 def _finish(dest, master, res):

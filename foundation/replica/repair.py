@@ -13,15 +13,15 @@ compare-by-hash mode a block that re-encodes to another length is stored
 again at the log's end instead, which heals every snapshot that names it.
 """
 
-import json
 import logging
-import os
 from dataclasses import dataclass, field
 
 from foundation import native
 from foundation.errors import Error
 from foundation.store import format as F
-from foundation.store.disk import atomic_write, fsync_dir
+from foundation.store import verify
+from foundation.store.verify import Kind
+from foundation.store import layout as L
 from foundation.replica.sync import Local, digest, own_prefix, read_remote, verify_bytes
 
 log = logging.getLogger(__name__)
@@ -39,10 +39,11 @@ class Repaired:
     notes: list = field(default_factory=list)
 
 
-def repair(path, key_file=None, backends=(), images=(), progress=None):
-    """Repair the store at path from the backends (replicas) and images ([(path, format or None)])."""
+def repair(path, key_file=None, backends=(), images=(), progress=None, passphrase=None):
+    """Repair the store at path from the backends (replicas) and images ([(path, format or None)]).
+    `passphrase`: as for Store.open."""
     res = Repaired()
-    local = Local(path, key_file)
+    local = Local(path, key_file, passphrase=passphrase)
     later = []
     try:
         local.exclusive()
@@ -51,9 +52,9 @@ def repair(path, key_file=None, backends=(), images=(), progress=None):
         res.found = [d for ds in damage.values() for d in ds]
         if damage and backends:
             _from_replicas(local, head, damage, backends, res)
-        if any(d.record or "cannot be parsed" in d.what for ds in damage.values() for d in ds) and images:
+        if any(d.kind in (Kind.RECORD, Kind.UNPARSABLE) for ds in damage.values() for d in ds) and images:
             later = _from_images(local, head, damage, images, res)
-        _record_damaged(local, damage)
+        local.record_damaged(sorted({(d.arena, d.offset) for ds in damage.values() for d in ds if d.record}))
     finally:
         local.close()
     if later:
@@ -64,15 +65,13 @@ def repair(path, key_file=None, backends=(), images=(), progress=None):
 
 def scan(local, head):
     """{arena: [Damage]} of every damaged arena, checked as `verify` does (without opening the store)."""
-    from foundation.store.verify import Damage
-
     out = {}
     chain = F.ZERO_CHAIN
     for n in range(head.arena + 1):
-        buf = _read(local, n)
+        buf = local.read_arena(n)
         if buf is None:
             if n < head.arena or head.end > F.ARENA_HEADER_SIZE:
-                out[n] = [Damage(n, 0, "arena file is missing")]
+                out[n] = [verify.Damage(n, 0, Kind.MISSING, "arena file is missing")]
             chain = None
             continue
         damage, _, c = verify_bytes(local, n, buf, n < head.arena, chain, head.end)
@@ -81,41 +80,8 @@ def scan(local, head):
             out[n] = damage
     if chain is not None and chain != head.chain:
         out.setdefault(head.arena, []).append(
-            Damage(head.arena, 0, "the head's chain MAC does not match the sealed arenas"))
+            verify.Damage(head.arena, 0, Kind.HEAD_CHAIN, "the head's chain MAC does not match the sealed arenas"))
     return out
-
-
-def _read(local, n):
-    try:
-        with open(local.arena_path(n), "rb") as f:
-            return f.read()
-    except FileNotFoundError:
-        return None
-
-
-def _install(local, n, data):
-    """Put new bytes of arena n in place atomically: temp file, fsync, rename, fsync the directory.
-    Its summary and the index go: one rebuilt around a damaged record does not list it, and the
-    mended record must be found again (the next writable open rebuilds them)."""
-    final = local.arena_path(n)
-    tmp = final + ".repair"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, final)
-    fsync_dir(os.path.dirname(final))
-    _forget_derived(local, n)
-
-
-def _trailer(local, n):
-    buf = _read(local, n)
-    if buf is None:
-        return None
-    try:
-        return F.Trailer.from_tail(buf[-F.MAX_TRAILER:], local.keys.mac, n)
-    except ValueError:
-        return None
 
 
 # ---- from a replica ---------------------------------------------------------------------------
@@ -150,8 +116,8 @@ def _from_replicas(local, head, damage, backends, res):
 
 
 def scan_one(local, head, n):
-    buf = _read(local, n)
-    prev = F.ZERO_CHAIN if n == 0 else getattr(_trailer(local, n - 1), "chain", None)
+    buf = local.read_arena(n)
+    prev = F.ZERO_CHAIN if n == 0 else getattr(local.trailer(n - 1), "chain", None)
     damage, _, _ = verify_bytes(local, n, buf, n < head.arena, prev if n < head.arena else None, head.end)
     return damage
 
@@ -161,9 +127,9 @@ def _sealed_from(local, head, n, b, m, res):
     if n >= len(m.arenas):
         return False
     a = m.arenas[n]
-    prev = F.ZERO_CHAIN if n == 0 else getattr(_trailer(local, n - 1), "chain", None)
+    prev = F.ZERO_CHAIN if n == 0 else getattr(local.trailer(n - 1), "chain", None)
     if n + 1 < head.arena:
-        nxt = _trailer(local, n + 1)
+        nxt = local.trailer(n + 1)
         after = (lambda c: nxt.chain == F.chain_mac(local.keys.mac, c, n + 1, nxt.sealed)) if nxt else None
     else:
         after = lambda c: c == head.chain  # noqa: E731
@@ -179,7 +145,7 @@ def _sealed_from(local, head, n, b, m, res):
         why = damage[0] if damage else "its chain does not fit the local arenas"
         res.notes.append(f"arena {n}: the copy on {b.url} is not usable ({why})")
         return False
-    _install(local, n, data)
+    local.install_arena(n, data)
     res.healed.append(f"arena {n}: replaced by the replica's copy ({b.url}, generation {tr.generation})")
     return True
 
@@ -193,10 +159,10 @@ def _prefix_from(local, head, n, b, m, res):
     if m.open.n != n or not m.open.parts:
         return False
     sealed = n < head.arena
-    mine = _read(local, n) or b""
+    mine = local.read_arena(n) or b""
     try:   # a header that fails its MAC says nothing by its tag: the mended file is judged whole
         F.ArenaHeader.unpack(mine[:F.ARENA_HEADER_SIZE], local.keys.mac)
-        if mine[F.ARENA_HEADER_SIZE - 16:F.ARENA_HEADER_SIZE - 16 + len(m.open.ident)] != m.open.ident:
+        if L.arena_tag(mine, len(m.open.ident)) != m.open.ident:
             res.notes.append(f"arena {n}: the replica holds another open arena {n} (the local one was rewritten)")
             return False
     except ValueError:
@@ -212,7 +178,7 @@ def _prefix_from(local, head, n, b, m, res):
         return False
     theirs = bytes(theirs)
     new = theirs + mine[len(theirs):]
-    prev = (F.ZERO_CHAIN if n == 0 else getattr(_trailer(local, n - 1), "chain", None)) if sealed else None
+    prev = (F.ZERO_CHAIN if n == 0 else getattr(local.trailer(n - 1), "chain", None)) if sealed else None
 
     def check(buf):
         return verify_bytes(local, n, buf, sealed, prev, head.end)[0]
@@ -232,13 +198,13 @@ def _prefix_from(local, head, n, b, m, res):
     before = before or ["missing"]
     after = check(new)
     resealed = False
-    if sealed and after and all("arena MAC does not match" in d.what for d in after):
+    if sealed and after and all(d.kind is Kind.ARENA_MAC for d in after):
         new, resealed = _reseal(local, n, new, mine) or new, True
         after = check(new)
     if any(d.offset < len(theirs) for d in after) or len(after) >= len(before):
         res.notes.append(f"arena {n}: the replica's segments (up to offset {len(theirs)}) do not mend it")
         return False
-    _install(local, n, new)
+    local.install_arena(n, new)
     res.healed.append(f"arena {n}{'' if sealed else ' (open)'}: bytes up to offset {len(theirs)} replaced by the "
                       f"replica's segments of it ({b.url})" + ("; resealed with a compacted trailer" if resealed
                                                                 else ""))
@@ -252,29 +218,19 @@ def _reseal(local, n, buf, mine):
     sealed MAC, one generation up: docs/format.md §5.4); None unless the old arena MAC is exactly
     that of the records but the mended ones, or if the trailer would not fit the arena size."""
     old = F.Trailer.from_tail(buf[-F.MAX_TRAILER:], local.keys.mac, n)
-    header, hb = local.log._header(n, buf)
+    header, hb = local.log.header(n, buf)
     entries, end, err = local.log.scan(n, header.iv, memoryview(buf)[F.ARENA_HEADER_SIZE:old.end],
                                        F.ARENA_HEADER_SIZE)
     if err is not None or end != old.end or end + F.COMPACT_SIZE > local.conf["arena_size"]:
         return None
-    kept = [e for e in entries if buf[e[0]:e[0] + native.HEADER_SIZE + e[3]]
-            == mine[e[0]:e[0] + native.HEADER_SIZE + e[3]]]
+    kept = [e for e in entries if buf[e[0]:e[0] + L.HEADER_SIZE + e[3]]
+            == mine[e[0]:e[0] + L.HEADER_SIZE + e[3]]]
     if F.arena_mac(local.keys.mac, hb, b"".join(e[5] for e in kept), len(kept), end) != old.amac:
         return None
     tags = b"".join(e[5] for e in entries)
     amac = F.arena_mac(local.keys.mac, hb, tags, len(entries), end)
     tr = F.Trailer(len(entries), end, amac, old.chain, old.generation + 1, old.sealed)
     return bytes(buf[:end]) + tr.pack(local.keys.mac, n)
-
-
-def _forget_derived(local, n):
-    """The arena's records moved: its summary, the index and the Bloom filter state are rebuilt at the next
-    writable open."""
-    for name in (os.path.join(F.SUMMARIES, F.summary_name(n)), F.INDEX, F.BLOOM_STATE):
-        try:
-            os.unlink(os.path.join(local.path, name))
-        except FileNotFoundError:
-            pass
 
 
 # ---- from disk images ------------------------------------------------------------------------
@@ -322,8 +278,8 @@ def _from_images(local, head, damage, images, res):
     for (n, off), (w, block, path) in sorted(found.items()):
         buf = patched.get(n)
         if buf is None:
-            buf = patched[n] = bytearray(_read(local, n))
-        iv = bytes(buf[32:48])
+            buf = patched[n] = bytearray(local.read_arena(n))
+        iv = L.arena_iv(buf)
         rec = _reencode(local, w, iv, block)
         if rec is not None:
             buf[off:off + len(rec)] = rec
@@ -335,7 +291,7 @@ def _from_images(local, head, damage, images, res):
                              "re-encode to the same record (compare-by-value cannot store it elsewhere)")
     for n, buf in patched.items():
         before = len(damage.get(n, ()))
-        _install(local, n, bytes(buf))
+        local.install_arena(n, bytes(buf))
         again = scan_one(local, head, n)
         if again:
             damage[n] = again
@@ -352,7 +308,7 @@ def _reencode(local, w, iv, block):
     for level in ZLEVELS:
         codec = native.Codec(local.keys.enc, local.keys.mac, level)
         rec, _ = native.pack(codec, w.arena, iv, w.offset, w.btype, block, len(block), w.key)
-        if len(rec) == w.length and (local.mode == "hash" or rec[48:64] == w.tag):
+        if len(rec) == w.length and (local.mode == "hash" or L.tag(rec, 0) == w.tag):
             return rec
     return None
 
@@ -360,16 +316,16 @@ def _reencode(local, w, iv, block):
 def _damaged_records(local, head, n, damage):
     """_Want for each damaged record of arena n: offsets and keys from its summary when there is a sound
     one (a damaged header then loses nothing), else from the record headers."""
-    buf = _read(local, n)
+    buf = local.read_arena(n)
     if buf is None or len(buf) < F.ARENA_HEADER_SIZE:
         return []
     single = {d.offset for d in damage if d.record}
     records = _records(local, head, n, buf, single)
-    cut = min((d.offset for d in damage if "cannot be parsed" in d.what), default=None)
+    cut = min((d.offset for d in damage if d.kind is Kind.UNPARSABLE), default=None)
     out = []
     for off, btype, key, length in records:
         if off in single or cut is not None and off >= cut:
-            out.append(_Want(n, off, btype, key, length, bytes(buf[off + 48:off + 64])))
+            out.append(_Want(n, off, btype, key, length, L.tag(buf, off)))
     return out
 
 
@@ -382,7 +338,7 @@ def _records(local, head, n, buf, damaged=()):
             tr = F.Trailer.from_tail(buf[-F.MAX_TRAILER:], local.keys.mac, n)
         except ValueError:
             pass
-    summary = _summary(local, n, tr)
+    summary = local.summary(n, tr.amac) if tr is not None else None
     if summary is not None and not set(damaged) <= {a & 0xFFFFFFFF for a in summary[1]}:
         summary = None
     if summary is not None:
@@ -393,36 +349,13 @@ def _records(local, head, n, buf, damaged=()):
                 for i in range(len(addrs))]
     limit = len(buf) - tr.size if tr else (head.end if n == head.arena else len(buf))
     out, off = [], F.ARENA_HEADER_SIZE
-    while off + native.HEADER_SIZE <= limit and buf[off:off + 4] == native.RECORD_MAGIC:
-        stored = int.from_bytes(buf[off + 8:off + 12], "little")
-        length = native.HEADER_SIZE + stored
+    while off + L.HEADER_SIZE <= limit and L.is_record(buf, off):
+        length = L.HEADER_SIZE + L.stored(buf, off)
         if off + length > limit:
             break
-        out.append((off, buf[off + 4], bytes(buf[off + 16:off + 48]), length))
+        out.append((off, L.btype(buf, off), L.key(buf, off), length))
         off += length
     return out
-
-
-def _summary(local, n, tr):
-    """(keys, addrs, types) from a summary of this very arena (same arena MAC), or None."""
-    if tr is None:
-        return None
-    try:
-        with open(os.path.join(local.path, F.SUMMARIES, F.summary_name(n)), "rb") as f:
-            arena, keylen, amac, keys, addrs, types = F.unpack_summary(f.read())
-    except (OSError, ValueError):
-        return None
-    if arena != n or amac != tr.amac or keylen != (32 if local.mode == "hash" else 8):
-        return None
-    return keys, addrs, types
-
-
-def _record_damaged(local, damage):
-    """damaged.json as verify would write it, so deduplication skips what is still damaged."""
-    recs = sorted({(d.arena, d.offset) for ds in damage.values() for d in ds if d.record})
-    p = os.path.join(local.path, F.DAMAGED)
-    if recs or os.path.exists(p):
-        atomic_write(p, json.dumps({"records": recs}).encode())
 
 
 # ---- storing blocks again, and the final check ---------------------------------------------
@@ -433,7 +366,7 @@ def _store_again(path, master, later, res):
     from foundation.store import Store
 
     with Store.open(path, master=master, writable=True) as s:
-        s.bad |= {F.addr(w.arena, w.offset) for w, _, _ in later}
+        s.skip_records(F.addr(w.arena, w.offset) for w, _, _ in later)
         for w, block, src in later:
             s.write(block, w.btype)
         s.sync()
@@ -451,13 +384,12 @@ def _store_again(path, master, later, res):
 def _final(path, master, res):
     """Open the store (writable: derived structures are rebuilt) and verify it."""
     from foundation.store import Store
-    from foundation.store.verify import verify
 
     try:
         with Store.open(path, master=master, writable=True):
             pass
         with Store.open(path, master=master) as s:
-            damage, _ = verify(s)
+            damage, _ = verify.verify(s)
     except Error as e:   # still too damaged to open: say so with what is known, not with a traceback
         res.notes.append(f"the store does not open yet: {e}")
         try:

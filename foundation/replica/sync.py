@@ -20,13 +20,10 @@ commits, so it runs beside an archive or the /snapshot tree; it holds the
 readers' lock, so gc waits for it (and it for gc).
 """
 
-import fcntl
 import hashlib
 import hmac
 import json
 import logging
-import mmap
-import os
 import re
 import tempfile
 import threading
@@ -35,14 +32,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from foundation import native
-from foundation.crypto.keys import Keys, load_key_file
-from foundation.errors import DataCorrupt, KeyMissing, StoreBusy, StoreLocked, StoreMissing, WrongKey
+from foundation.errors import DataCorrupt
 from foundation.replica.errors import (ForeignReplica, NotAReplica, PlaintextRefused, RemoteMissing, ReplicaAhead,
                                        ReplicaBusy, ReplicaTampered)
 from foundation.replica.pool import Pipeline
 from foundation.store import format as F
-from foundation.store.arena import Log
-from foundation.store.disk import Disk
+from foundation.store import layout as L
+from foundation.store.primary import Primary
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +49,6 @@ MANIFEST_VERSION = 1
 MANIFEST_MAC = b"foundation replica manifest"
 MAX_PARTS = 16                   # more segments of one open arena are merged into one upload
 ID_BYTES = 8                     # bytes of a MAC or tag (as hex) that name an object
-KEY_END = 48                     # a record header's magic, type, codec, lengths and key: bytes 0..47
 
 _ARENA_OBJ = re.compile(r"arenas/(\d{8})\.(\d+)\.([0-9a-f]{16})\.arena")
 _PART_OBJ = re.compile(r"open/(\d{8})\.([0-9a-f]{16})\.(\d{10})-(\d{10})\.([0-9a-f]{16})\.part")
@@ -204,132 +199,13 @@ class Manifest:
 
 # ---- the local store, without its caches ------------------------------------------------------
 
-def load_keys(conf, where, key_file=None, master=None):
-    """(keys, master key or None) of the store whose config is conf; WrongKey/KeyMissing as Store.open."""
-    from foundation.store.store import _ask_passphrase, default_key_path
-
-    if not conf["encrypted"]:
-        keys = Keys.unkeyed()
-    else:
-        if master is None:
-            key_file = key_file or default_key_path(conf["uuid"])
-            if not os.path.exists(key_file):
-                raise KeyMissing(f"store {where} is encrypted: pass --key-file (or set FOUNDATION_KEY_FILE) "
-                                 f"to its key file ({key_file} does not exist)")
-            master = load_key_file(key_file, conf["uuid"], _ask_passphrase)
-        keys = Keys.derive(master, conf["uuid"])
-    if keys.check_value() != conf["key_check"]:
-        raise WrongKey(f"wrong key for store {where}: the key does not match the store's key check")
-    return keys, master
-
-
-class Local:
-    """A store's primary files (config, head, arenas) with its keys, but none of its caches.
-
-    Enough to copy, check and replace arenas: while an archive writes (a
-    reader trusts only what the head commits), or when the store cannot
-    open at all (repair). `config` (bytes of a foundation.json) stands in for
-    the store's own, for a store still being recovered. It also checks
-    arena files that are not in the store: foundation.store.verify.verify_arena
-    needs only .log, .codec, .keys and .mode.
-    """
-
-    def __init__(self, path, key_file=None, config=None, master=None):
-        self.path = path
-        if config is None:
-            if not os.path.isdir(path):
-                raise StoreMissing(path)
-            try:
-                with open(os.path.join(path, F.CONFIG), "rb") as f:
-                    config = f.read()
-            except FileNotFoundError:
-                raise StoreMissing(f"{path} (no {F.CONFIG}: not a Foundation store, or the backup disk "
-                                   "is not mounted)") from None
-            if os.path.exists(os.path.join(path, F.RECOVERING)):
-                raise StoreMissing(f"{path} (its recovery from a replica has not finished: run the same "
-                                   "`foundation recover` again)")
-        try:
-            self.conf = F.unpack_config(config)
-        except (ValueError, KeyError) as e:
-            raise DataCorrupt(f"store config of {path} is unreadable ({e})") from None
-        self.config = bytes(config)
-        self.uuid = self.conf["uuid"]
-        self.mode = self.conf["mode"]
-        self.keys, self.master = load_keys(self.conf, path, key_file, master)
-        self.codec = native.Codec(self.keys.enc, self.keys.mac, 1)
-        self.log = Log(path, Disk(path), self.codec, self.keys, self.conf, False)
-        self._locks = []
-
-    def read_head(self):
-        """(bytes, Head) of the store's commit point."""
-        p = os.path.join(self.path, F.HEAD)
-        try:
-            with open(p, "rb") as f:
-                b = f.read()
-            return b, F.Head.unpack(b, self.keys.mac)
-        except FileNotFoundError:
-            raise DataCorrupt(f"the head file {p} is missing: open the store for writing once "
-                              "(it is rebuilt from the arenas)") from None
-        except ValueError as e:
-            raise DataCorrupt(f"head file {p} is damaged ({e})") from None
-
-    def arena_path(self, n):
-        return self.log.path(n)
-
-    # -- locks: the store's own flock files (docs/format.md §1)
-
-    def _flock(self, name, how, busy, write_pid=False):
-        try:
-            fd = os.open(os.path.join(self.path, name), (os.O_RDWR if write_pid else os.O_RDONLY) | os.O_CREAT, 0o644)
-        except OSError:
-            if write_pid:
-                raise
-            return None  # a read-only store disk: nobody can change the arenas either
-        try:
-            fcntl.flock(fd, how | fcntl.LOCK_NB)
-        except BlockingIOError:
-            who = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-            os.close(fd)
-            raise busy(who) from None
-        if write_pid:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self._locks.append(fd)
-        return fd
+class Local(Primary):
+    """The store's primary files (foundation.store.primary.Primary), as replicate, audit, repair and
+    recover use them."""
 
     def share(self):
-        """Hold the readers' lock (gc waits for us) and the one-replicate-at-a-time lock, an
-        flock on the config file itself; release() lets both go."""
-        from foundation.gc import reflow
-
-        self._flock(F.READERS, fcntl.LOCK_SH, lambda _: StoreBusy(
-            f"garbage collection is running on store {self.path}; replicate when it has finished"))
-        if reflow.pending(self.path):
-            raise StoreBusy(f"a garbage collection of store {self.path} was interrupted; run `foundation gc` "
-                            "(or any archive) to finish it, then replicate")
-        self._flock(F.CONFIG, fcntl.LOCK_EX, lambda _: ReplicaBusy(self.path))
-
-    def exclusive(self):
-        """Hold the writer lock and the readers' lock exclusively, as gc does (repair)."""
-        self._flock(F.LOCK, fcntl.LOCK_EX, lambda pid: StoreLocked(self.path, pid), write_pid=True)
-        self._flock(F.READERS, fcntl.LOCK_EX, lambda _: StoreBusy(
-            f"store {self.path} is open for reading (the /snapshot tree is mounted, or a restore, audit or "
-            "replicate is running); stop it and run again"))
-
-    def release(self):
-        for fd in self._locks:
-            os.close(fd)
-        self._locks = []
-
-    def close(self):
-        self.log.close()
-        self.release()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+        """Hold the readers' lock (gc waits for us) and the one-replicate-at-a-time lock."""
+        super().share(lambda: ReplicaBusy(self.path))
 
 
 def verify_bytes(local, n, buf, sealed, chain=None, committed=None):
@@ -349,8 +225,7 @@ def own_prefix(local, n, mine, theirs, base, damage):
     Records of `theirs` must verify; the arena header may differ only if the local one is
     damaged."""
     at = {d.offset for d in damage}
-    rest = min((d.offset for d in damage if "cannot be parsed" in d.what or "ends before" in d.what
-                or "missing" in d.what), default=None)
+    rest = min((d.offset for d in damage if d.cuts()), default=None)
 
     def hurt(off):
         return off in at or rest is not None and off >= rest
@@ -361,69 +236,15 @@ def own_prefix(local, n, mine, theirs, base, damage):
     start = max(base, h)
     entries, end, err = local.log.scan(n, bytes(native.IV_SIZE), memoryview(theirs)[start - base:], start)
     for off, _, _, stored, _, _ in entries:
-        a, b = off - base, off - base + native.HEADER_SIZE + stored
+        a, b = off - base, off - base + L.HEADER_SIZE + stored
         if mine[a:b] == theirs[a:b]:
             continue
         # A damaged local record is the replica's only if its header still names the same record
         # (type, lengths, key: the score in hash mode): the lost timeline's record at that offset
         # is valid too. A damaged or missing header says nothing: stop there.
-        if not hurt(off) or mine[a:a + KEY_END] != theirs[a:a + KEY_END]:
+        if not hurt(off) or mine[a:a + L.KEY_END] != theirs[a:a + L.KEY_END]:
             return a
     return end - base
-
-
-# ---- the local log as replicate sees it --------------------------------------------------------
-
-@dataclass
-class ArenaFile:
-    """One arena file the head names. Under the readers' lock nothing rewrites it: a writer only
-    appends past the head's end and seals in place, so the bytes replicate reads stay as they were."""
-
-    n: int
-    path: str
-    size: int                    # 0: the file is missing
-    trailer: F.Trailer | None = None
-    ident: bytes = b""           # open arena: first ID_BYTES of its header tag (b"" if unreadable)
-
-    def view(self, start=0, end=None):
-        """Bytes [start, end) through mmap: a large arena is not copied."""
-        end = self.size if end is None else end
-        with open(self.path, "rb") as f:
-            m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        return memoryview(m)[start:end]
-
-
-def arena_files(local, head):
-    """The arenas the head names: sealed ones with their trailers (None if unreadable), the open one
-    with its header tag."""
-    out = []
-    for n in range(head.arena + 1):
-        p = ArenaFile(n, local.arena_path(n), 0)
-        try:
-            fd = os.open(p.path, os.O_RDONLY)
-        except FileNotFoundError:
-            out.append(p)
-            continue
-        try:
-            p.size = os.fstat(fd).st_size
-            if n < head.arena:
-                k = min(p.size, F.MAX_TRAILER)
-                try:
-                    p.trailer = F.Trailer.from_tail(os.pread(fd, k, p.size - k), local.keys.mac, n)
-                except ValueError:
-                    pass
-            else:
-                try:
-                    F.ArenaHeader.unpack(os.pread(fd, F.ARENA_HEADER_SIZE, 0), local.keys.mac)
-                    p.ident = os.pread(fd, ID_BYTES, F.ARENA_HEADER_SIZE - 16)
-                except ValueError as e:
-                    if head.end > F.ARENA_HEADER_SIZE:
-                        raise DataCorrupt(f"arena {n} offset 0: the open arena's header is damaged ({e}); "
-                                          "run `foundation repair`") from None
-        finally:
-            os.close(fd)
-        out.append(p)
-    return out
 
 
 # ---- the remote side ------------------------------------------------------------------------
@@ -537,7 +358,7 @@ def replicate(local, backend, allow_plaintext=False, progress=None, resend=(), f
         existing = backend.list()
         head_b, head = local.read_head()
         res.head = head
-        files = arena_files(local, head)
+        files = local.arena_files(head, ID_BYTES)
         if old and not force and _ahead(backend, old, head, files):
             raise ReplicaAhead(backend.url, old.head.arena, old.head.end, head.arena, head.end)
         have = {k: v for k, v in existing.items() if k not in set(resend)}
@@ -597,7 +418,7 @@ def _ahead(backend, old, head, files):
         hb = backend.get(old.arenas[head.arena].name, 0, F.ARENA_HEADER_SIZE)
     except RemoteMissing:
         return False
-    return hb[F.ARENA_HEADER_SIZE - 16:F.ARENA_HEADER_SIZE - 16 + ID_BYTES] == files[-1].ident
+    return L.arena_tag(hb, ID_BYTES) == files[-1].ident
 
 
 def _part_token(name):

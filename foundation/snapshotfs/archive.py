@@ -52,12 +52,13 @@ class LRU:
 class StoreArchive:
     """Snapshots of a Foundation store, opened read-only."""
 
-    def __init__(self, store_path, key_file=None, check_interval=1.0):
+    def __init__(self, store_path, key_file=None, check_interval=1.0, passphrase=None):
         from foundation.store import Store
 
         self._Store = Store
         self.path = store_path
         self.key_file = key_file
+        self.passphrase = passphrase  # as for Store.open: asked again at each reopen
         self.check_interval = check_interval
         self.description = f"Foundation store {store_path}"
         self.store = self._open()
@@ -70,7 +71,7 @@ class StoreArchive:
         self._reload(force=True)
 
     def _open(self):
-        return self._Store.open(self.path, key_file=self.key_file, writable=False)
+        return self._Store.open(self.path, key_file=self.key_file, passphrase=self.passphrase, writable=False)
 
     def close(self):
         for s in [self.store] + self.old_stores:

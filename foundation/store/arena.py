@@ -15,14 +15,30 @@ from collections import OrderedDict
 from foundation import native
 from foundation.errors import DataCorrupt
 from foundation.store import format as F
+from foundation.store import layout as L
 from foundation.store.disk import atomic_write, fsync_dir
 
 log = logging.getLogger(__name__)
 
-RH = native.HEADER_SIZE
+RH = L.HEADER_SIZE
 MAX_FDS = 64
 WINDOW = 1 << 20  # read-ahead for sequential single-record reads
 SPAN_GAP = 64 << 10  # batched reads merge records closer than this
+
+
+def read_head(root, mac_key):
+    """(bytes, Head) of the head file of the store at root, or None if there is none; DataCorrupt if
+    it is damaged."""
+    path = os.path.join(root, F.HEAD)
+    try:
+        with open(path, "rb") as f:
+            b = f.read()
+    except FileNotFoundError:
+        return None
+    try:
+        return b, F.Head.unpack(b, mac_key)
+    except ValueError as e:
+        raise DataCorrupt(f"head file {path} is damaged ({e})") from None
 
 
 class OpenArena:
@@ -51,7 +67,7 @@ class OpenArena:
     def add_packed(self, recs, rel, offs, btype, keys, keylen):
         """Add k freshly packed records: rel are their offsets in recs, keys their 32-byte key fields."""
         k = len(offs)
-        self.tags += b"".join(recs[o + 48:o + 64] for o in rel)
+        self.tags += b"".join(recs[o + L.H_TAG:o + L.HEADER_SIZE] for o in rel)
         self.keys += keys[:k * 32] if keylen == 32 else b"".join(keys[j * 32:j * 32 + keylen] for j in range(k))
         base = self.n << 32
         self.addrs += [base | o for o in offs]
@@ -121,15 +137,9 @@ class Log:
             n += 1
 
     def _read_head(self):
-        path = os.path.join(self.root, F.HEAD)
-        try:
-            with open(path, "rb") as f:
-                b = f.read()
-            return F.Head.unpack(b, self.keys.mac)
-        except FileNotFoundError:
-            pass
-        except ValueError as e:
-            raise DataCorrupt(f"head file {path} is damaged ({e})") from None
+        got = read_head(self.root, self.keys.mac)
+        if got is not None:
+            return got[1]
         # No head: derive it from the arenas (a store created by an older
         # crash or a copied log); rollback protection of the tail is lost.
         n, chain = 0, F.ZERO_CHAIN
@@ -160,7 +170,7 @@ class Log:
             self.repaired.append(f"recreated empty open arena {n}")
             return self._create_arena(n)
         buf = self.disk.pread(fd, "arena", 0, size)
-        header, hbytes = self._header(n, buf)
+        header, hbytes = self.header(n, buf)
         oa = OpenArena(n, fd, header, hbytes)
         mv = memoryview(buf)
         end = F.ARENA_HEADER_SIZE
@@ -170,7 +180,7 @@ class Log:
             if end >= committed:
                 break
             what = err.kind if err else "missing"
-            stored = int.from_bytes(buf[end + 8:end + 12], "little") if end + 12 <= size else -1
+            stored = L.stored_at(buf, end, size)
             skip = end + RH + stored
             if what not in ("tag", "decompress") or not end < skip <= committed:
                 raise DataCorrupt(f"arena {n} offset {end}: committed record is damaged ({what})")
@@ -226,7 +236,7 @@ class Log:
         out = []
         for off, btype, key, stored, raw in entries:
             o = off - base
-            out.append((off, btype, key[: self.keylen], stored, raw, bytes(buf[o + 48:o + 64])))
+            out.append((off, btype, key[: self.keylen], stored, raw, L.tag(buf, o)))
         return out, end, err
 
     # ---- files -----------------------------------------------------------------
@@ -255,12 +265,28 @@ class Log:
             os.close(ofd)
         return fd
 
+    def forget(self, n):
+        """Arena n's file is about to be replaced: close it and drop what was read from it."""
+        fd = self.fds.pop(n, None)
+        if fd is not None:
+            os.close(fd)
+        self.ivs.pop(n, None)
+        self.window = None
+
+    def file_size(self, n):
+        return os.path.getsize(self.path(n))
+
+    def record_header(self, n, off):
+        """The header bytes of the record at offset off of arena n, as they are (not verified)."""
+        return self.disk.pread(self.fd(n), "arena", off, L.HEADER_SIZE)
+
     def close(self):
         for fd in self.fds.values():
             os.close(fd)
         self.fds.clear()
 
-    def _header(self, n, buf):
+    def header(self, n, buf):
+        """(ArenaHeader, its bytes) of arena n from the file's first bytes; DataCorrupt if they are not its header."""
         try:
             h = F.ArenaHeader.unpack(bytes(buf[:F.ARENA_HEADER_SIZE]), self.keys.mac)
         except ValueError as e:
@@ -274,7 +300,7 @@ class Log:
         iv = self.ivs.get(n)
         if iv is None:
             b = self.disk.pread(self.fd(n), "arena", 0, F.ARENA_HEADER_SIZE)
-            iv = self._header(n, b)[0].iv
+            iv = self.header(n, b)[0].iv
         return iv
 
     def trailer(self, n):
@@ -455,7 +481,7 @@ class Log:
     def _complete(self, rec):
         if len(rec) < RH:
             return False
-        stored = int.from_bytes(rec[8:12], "little")
+        stored = L.stored(rec, 0)
         return len(rec) >= RH + stored
 
     def _unpack(self, n, off, rec):

@@ -8,6 +8,7 @@ model (`model_seconds`) as well as timed on this machine.
 """
 
 import errno
+import fcntl
 import os
 from collections import defaultdict
 
@@ -118,22 +119,52 @@ def fsync_dir(path):
         os.close(fd)
 
 
-def atomic_write(path, data, sync=True):
-    """Replace `path` with `data` so that a crash leaves the old or the new file."""
-    tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+def atomic_write(path, data, sync=True, mode=0o644, tmp=None, full=StoreFull):
+    """Replace `path` with `data` so that a crash leaves the old or the new file, and a failure
+    (a short write, no space) leaves the old file and no temporary one. No space raises `full`
+    (the store's StoreFull; None: the OSError itself)."""
+    tmp = tmp or path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        if sync:
-            os.fsync(fd)
-    except OSError as e:
-        os.close(fd)
-        if e.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise StoreFull(os.path.basename(path)) from None
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            if sync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException as e:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        if full and isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise full(os.path.basename(path)) from None
         raise
-    os.close(fd)
-    os.replace(tmp, path)
     if sync:
         fsync_dir(os.path.dirname(path) or ".")
+
+
+def flock(path, how, busy, write_pid=False, mode=0o644, optional=False):
+    """An flock (fcntl.LOCK_EX or LOCK_SH) on the file at path, without waiting -> its fd; close it to
+    let go. The kernel drops it when its holder dies, so a crashed process never leaves a stale lock.
+    `busy(text)` makes the error when another process holds it, text being the pid it wrote
+    (`write_pid`) or "?". `optional`: None where the file cannot be made (a read-only disk)."""
+    try:
+        fd = os.open(path, (os.O_RDWR if write_pid else os.O_RDONLY) | os.O_CREAT, mode)
+    except OSError:
+        if optional:
+            return None
+        raise
+    try:
+        fcntl.flock(fd, how | fcntl.LOCK_NB)
+    except BlockingIOError:
+        who = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise busy(who) from None
+    if write_pid:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd

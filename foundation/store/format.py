@@ -206,6 +206,12 @@ class Head:
 # ---- summary: (key, addr, type) of every record of one sealed arena -------
 SUMMARY_HEADER = struct.Struct("<8sIIII32s")  # magic version arena count keylen arena_mac
 SUMMARY_HEADER_SIZE = 64
+SUMMARY_SUM_SIZE = 32  # SHA-256 of everything before it, at the end
+
+
+def summary_count(size, keylen):
+    """Records listed by a summary file of `size` bytes: a key, a u64 address and a type byte each."""
+    return (size - SUMMARY_HEADER_SIZE - SUMMARY_SUM_SIZE) // (keylen + 8 + 1)
 
 
 def pack_summary(arena, keylen, amac, keys, addrs, types):

@@ -14,6 +14,8 @@ import pybloomfilter
 
 from foundation import native
 from foundation.store import format as F
+from foundation.store import primary
+from foundation.store import layout as L
 from foundation.store.disk import atomic_write
 from foundation.store.index import Index, plan
 
@@ -28,7 +30,7 @@ def scan_arena(store, n):
     fd = lg.fd(n)
     size = os.fstat(fd).st_size
     buf = store.disk.pread(fd, "arena", 0, size)
-    header, hb = lg._header(n, buf)
+    header, hb = lg.header(n, buf)
     tr = None
     if n < lg.open.n:
         try:
@@ -39,11 +41,11 @@ def scan_arena(store, n):
     limit = size - tr.size if tr else size
     mv = memoryview(buf)
     entries, end, err = lg.scan(n, header.iv, mv[F.ARENA_HEADER_SIZE:limit], F.ARENA_HEADER_SIZE)
-    while err is not None and err.kind in ("tag", "decompress") and end + 12 <= limit \
-            and buf[end:end + 4] == native.RECORD_MAGIC:
+    while err is not None and err.kind in ("tag", "decompress") and L.stored_at(buf, end, limit) >= 0 \
+            and L.is_record(buf, end):
         # Step over a damaged record whose header still gives its length, as the open arena's
         # scan does: its block is not served anyway, and the rest of the arena still is.
-        skip = end + native.HEADER_SIZE + int.from_bytes(buf[end + 8:end + 12], "little")
+        skip = end + L.HEADER_SIZE + L.stored(buf, end)
         if not end < skip <= limit:
             break
         log.error("arena %d offset %d: record is damaged (%s); left out of its summary", n, end, err.kind)
@@ -82,12 +84,10 @@ def _all_entries(store):
 
 def rebuild_index(store, min_entries=0):
     """Write a new index holding every record of the log, then rename it into place."""
-    from foundation import native
-
     path = os.path.join(store.path, F.INDEX)
     kl = store.keylen
     records = sum(len(a) for _, a in _all_entries(store))
-    want = max(store.conf["max_log_size"] // store.block_size, 2 * records, min_entries)
+    want = max(primary.capacity(store.conf["max_log_size"], store.block_size), 2 * records, min_entries)
     home, nfile = plan(want, kl)
     idx = Index.create(path, store.disk, kl, home, nfile, store.log.uuid, covered=0)
     chunk = bytearray()
@@ -125,7 +125,7 @@ def rebuild_bloom(store):
     tmp = path + ".new"
     if os.path.exists(tmp):
         os.unlink(tmp)
-    bf = pybloomfilter.BloomFilter(store.bloom_capacity(), 0.001, tmp)
+    bf = pybloomfilter.BloomFilter(primary.bloom_capacity(store.conf), primary.BLOOM_ERROR, tmp)
     kl, es = store.keylen, store.keylen + 8
     ents = store.index.entries()
     bf.update(bytes(ents[i:i + kl]) for i in range(0, len(ents), es))
@@ -146,10 +146,6 @@ def rebuild(store, progress=None):
         if progress:
             progress(n)
     records += store.log.open.count
-    rebuild_index(store)
-    rebuild_bloom(store)
-    store._reset_buffer()
-    store.summaries.clear()
-    store.summary_entries = 0
+    store.rebuild_derived()
     store.counters["records"] = records
     return records

@@ -8,20 +8,47 @@ what catches a dropped, reordered, truncated or rolled-back arena. It
 reports every damaged place by arena and offset and never stops early.
 """
 
+import enum
 import json
 import os
 from dataclasses import dataclass
 
 from foundation import native
 from foundation.store import format as F
+from foundation.store import layout as L
+
+
+class Kind(enum.Enum):
+    """What a damaged place means for the arena around it (Venti's ECorrupt, native.RecordError.kind):
+    repair, audit and replicate decide on this, never on the message."""
+
+    RECORD = "record"          # one record fails (tag, decoding, score); the rest of the arena is fine
+    UNPARSABLE = "unparsable"  # a record whose length is lost: nothing after it can be parsed
+    SHORT = "short"            # the open arena ends before the head's committed end
+    HEADER = "header"          # the arena header fails, or names another arena or log
+    TRAILER = "trailer"        # a sealed arena's trailer is missing or fails its checks
+    ARENA_MAC = "arena-mac"    # every record verifies, but the arena MAC does not cover them
+    CHAIN = "chain"            # the arena's chain MAC does not follow the arena before it
+    HEAD_CHAIN = "head-chain"  # the sealed arenas' chain does not reach the head
+    MISSING = "missing"        # the arena file is absent
+    EXTRA = "extra"            # an arena file past the head's end
 
 
 @dataclass
 class Damage:
     arena: int
     offset: int
+    kind: Kind
     what: str
-    record: bool = False  # one record is damaged (the rest of the arena may be fine)
+
+    @property
+    def record(self):
+        """One record is damaged (the rest of the arena may be fine)."""
+        return self.kind is Kind.RECORD
+
+    def cuts(self):
+        """Is everything from this offset on unusable (the record's length, or the bytes, are gone)?"""
+        return self.kind in (Kind.UNPARSABLE, Kind.SHORT, Kind.MISSING, Kind.TRAILER)
 
     def __str__(self):
         return f"arena {self.arena} offset {self.offset}: {self.what}"
@@ -37,10 +64,10 @@ def verify(store, progress=None):
     names = sorted(os.listdir(lg.dir))
     extra = [x for x in names if x.endswith(".arena") and int(x.split(".")[0]) > last]
     for x in extra:
-        damage.append(Damage(int(x.split(".")[0]), 0, "arena file beyond the end of the log (not referenced by the head)"))
+        damage.append(Damage(int(x.split(".")[0]), 0, Kind.EXTRA, "arena file beyond the end of the log (not referenced by the head)"))
     for n in range(last + 1):
         if not os.path.exists(lg.path(n)):
-            damage.append(Damage(n, 0, "arena file is missing"))
+            damage.append(Damage(n, 0, Kind.MISSING, "arena file is missing"))
             chain = None
             continue
         fd = lg.fd(n)
@@ -52,7 +79,7 @@ def verify(store, progress=None):
         if progress:
             progress(n)
     if chain is not None and chain != lg.head.chain:
-        damage.append(Damage(last, 0, "the head's chain MAC does not match the sealed arenas (log rolled back or truncated)"))
+        damage.append(Damage(last, 0, Kind.HEAD_CHAIN, "the head's chain MAC does not match the sealed arenas (log rolled back or truncated)"))
     _record(store, [d for d in damage if d.record])
     return damage, checked
 
@@ -60,7 +87,7 @@ def verify(store, progress=None):
 def verify_arena(store, n, buf, sealed, chain, committed=None):
     """Check the bytes of arena n (a whole file) -> (damage, records checked, trailer, chain).
 
-    `store` needs only .log (its _header and scan), .codec, .keys and .mode,
+    `store` needs only .log (its header and scan), .codec, .keys and .mode,
     so a file that is not in the store (a replica's copy) is checked the
     same way. `chain` is the chain of arena n - 1, or None to skip the chain
     check; the chain returned is this arena's (None if unknown). An open
@@ -72,9 +99,9 @@ def verify_arena(store, n, buf, sealed, chain, committed=None):
     checked = 0
     size = len(buf)
     try:
-        header, hb = lg._header(n, buf)
+        header, hb = lg.header(n, buf)
     except Exception as e:  # DataCorrupt naming the header
-        return [Damage(n, 0, str(e).split(": ", 2)[-1])], 0, None, None
+        return [Damage(n, 0, Kind.HEADER, str(e).split(": ", 2)[-1])], 0, None, None
     tags = bytearray()
     count, off, ok = 0, F.ARENA_HEADER_SIZE, True
     tr = None
@@ -82,7 +109,7 @@ def verify_arena(store, n, buf, sealed, chain, committed=None):
         try:
             tr = F.Trailer.from_tail(buf[max(0, size - F.MAX_TRAILER):], store.keys.mac, n)
         except ValueError as e:
-            damage.append(Damage(n, max(0, size - F.TRAILER_SIZE), f"sealed arena {e} (truncated arena?)"))
+            damage.append(Damage(n, max(0, size - F.TRAILER_SIZE), Kind.TRAILER, f"sealed arena {e} (truncated arena?)"))
     limit = size - tr.size if tr else size
     while off < limit:
         entries, end, err = lg.scan(n, header.iv, buf[off:limit], off)
@@ -90,42 +117,42 @@ def verify_arena(store, n, buf, sealed, chain, committed=None):
             tags += tag
             count += 1
             checked += 1
-            rec = buf[e_off:e_off + native.HEADER_SIZE + stored]
+            rec = buf[e_off:e_off + L.HEADER_SIZE + stored]
             try:
                 _, fullkey, data = native.unpack(store.codec, n, header.iv, e_off, rec)
             except native.RecordError as e:
-                damage.append(Damage(n, e_off, f"record does not decode ({e.kind})", True))
+                damage.append(Damage(n, e_off, Kind.RECORD, f"record does not decode ({e.kind})"))
                 ok = False
                 continue
             if store.mode == "hash" and data:
                 if native.scores(data, len(data), btype, key=store.keys.score) != fullkey:
-                    damage.append(Damage(n, e_off, "block content does not match its score", True))
+                    damage.append(Damage(n, e_off, Kind.RECORD, "block content does not match its score"))
                     ok = False
         off = end
         if err is None or off >= limit:
             break
         ok = False
-        stored = int.from_bytes(buf[off + 8:off + 12], "little") if off + 12 <= limit else -1
-        if err.kind in ("tag", "decompress", "length") and buf[off:off + 4] == native.RECORD_MAGIC \
-                and 0 <= stored and off + native.HEADER_SIZE + stored <= limit:
-            damage.append(Damage(n, off, f"record is damaged ({err.kind})", True))
-            off += native.HEADER_SIZE + stored
+        stored = L.stored_at(buf, off, limit)
+        if err.kind in ("tag", "decompress", "length") and L.is_record(buf, off) \
+                and 0 <= stored and off + L.HEADER_SIZE + stored <= limit:
+            damage.append(Damage(n, off, Kind.RECORD, f"record is damaged ({err.kind})"))
+            off += L.HEADER_SIZE + stored
             continue
-        damage.append(Damage(n, off, f"record is damaged ({err.kind}); the rest of the arena ({limit - off} bytes) cannot be parsed"))
+        damage.append(Damage(n, off, Kind.UNPARSABLE, f"record is damaged ({err.kind}); the rest of the arena ({limit - off} bytes) cannot be parsed"))
         break
     if tr:
         if ok:
             amac = F.arena_mac(store.keys.mac, hb, bytes(tags), count, tr.end)
             if tr.count != count or tr.end != off or tr.amac != amac:
-                damage.append(Damage(n, tr.end, "arena MAC does not match its records (records dropped or replaced)"))
+                damage.append(Damage(n, tr.end, Kind.ARENA_MAC, "arena MAC does not match its records (records dropped or replaced)"))
         if chain is not None and tr.chain != F.chain_mac(store.keys.mac, chain, n, tr.sealed):
-            damage.append(Damage(n, size - tr.size,
+            damage.append(Damage(n, size - tr.size, Kind.CHAIN,
                                  "arena chain MAC mismatch: an arena before it was dropped, reordered or rolled back"))
         return damage, checked, tr, tr.chain
     if not sealed:
         committed = lg.head.end if committed is None else committed
         if off < committed:
-            damage.append(Damage(n, off, f"open arena ends before the committed end {committed}"))
+            damage.append(Damage(n, off, Kind.SHORT, f"open arena ends before the committed end {committed}"))
         return damage, checked, None, chain
     return damage, checked, None, None
 

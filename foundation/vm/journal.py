@@ -32,6 +32,7 @@ import json
 import os
 
 from foundation.errors import Error
+from foundation.store.disk import atomic_write, flock
 
 VERSION = 1
 
@@ -76,20 +77,8 @@ def save(state_dir, rec):
     d = vm_dir(state_dir)
     os.makedirs(d, exist_ok=True)
     path = journal_path(state_dir, rec["uuid"])
-    tmp = f"{path}.tmp{os.getpid()}"
-    data = json.dumps(rec, indent=1, sort_keys=True).encode()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.rename(tmp, path)
-    dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    atomic_write(path, json.dumps(rec, indent=1, sort_keys=True).encode(), mode=0o600,
+                 tmp=f"{path}.tmp{os.getpid()}", full=None)
 
 
 def records(state_dir):
@@ -124,15 +113,7 @@ class Lock:
         self.fd = None
 
     def __enter__(self):
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise VMBusy(self.name) from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        self.fd = fd
+        self.fd = flock(self.path, fcntl.LOCK_EX, lambda _: VMBusy(self.name), write_pid=True, mode=0o600)
         return self
 
     def __exit__(self, *exc):

@@ -1,0 +1,256 @@
+"""What the store keeps in memory: the write buffer, the index cache of arena summaries, the Bloom
+filter and the block cache, and the knobs that size them.
+
+None of it is primary: it is rebuilt from the summaries and the index at
+every open (`_catch_up` puts the records the on-disk index does not cover
+yet back into the write buffer), so losing it costs time, never data.
+`IndexCache` is the part of Store that keeps it.
+"""
+
+import array
+import bisect
+import json
+import logging
+import os
+import sys
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import pybloomfilter
+
+from foundation import native
+from foundation.errors import DataCorrupt
+from foundation.store import format as F
+from foundation.store.disk import atomic_write
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Tuning:
+    """Memory and policy knobs; none of them changes a byte on disk."""
+
+    index_cache_bytes: int = 64 << 20  # loaded arena summaries (LRU)
+    write_buffer_bytes: int = 128 << 20  # index entries waiting for a flush
+    block_cache_bytes: int = 32 << 20  # decoded blocks (LRU)
+    policy: str = "foundation"  # or "venti": no Bloom filter, summaries or write buffer
+    flush_at_close: float = 0.25  # flush the write buffer at close when at least this full
+    zlevel: int = 1  # zstd level 1: ~3x faster than 3 for ~5 % more bytes
+    threads: int = field(default_factory=lambda: min(4, os.cpu_count() or 1))
+
+
+class LRU:
+    """A byte-bounded LRU map."""
+
+    def __init__(self, limit):
+        self.limit, self.size, self.d = limit, 0, OrderedDict()
+
+    def get(self, k):
+        e = self.d.get(k)
+        if e is None:
+            return None
+        self.d.move_to_end(k)
+        return e[0]
+
+    def put(self, k, v, size):
+        if k in self.d:
+            return
+        self.d[k] = (v, size)
+        self.size += size
+        while self.size > self.limit and len(self.d) > 1:
+            _, (_, s) = self.d.popitem(last=False)
+            self.size -= s
+
+    def clear(self):
+        self.d.clear()
+        self.size = 0
+
+    def __len__(self):
+        return len(self.d)
+
+def _le(arr):
+    a = array.array("Q", arr)
+    a.byteswap()
+    return a.tobytes()
+
+
+class IndexCache:
+    """Store's in-memory structures (mixed into foundation.store.store.Store)."""
+
+    def _reset_buffer(self):
+        # The write buffer: entries of records not yet merged into the index,
+        # as a lookup table and as parallel arrays of keys and addresses.
+        self.wbuf = native.Table(self.keylen, 1024)
+        self.pkeys = bytearray()
+        self.paddrs = array.array("Q")
+        oa = self.log.open
+        self.open_table = native.Table(self.keylen, oa.count + 1024)
+        if oa.count and not self.venti:  # Venti starts every session with a cold index cache
+            self.open_table.add(bytes(oa.keys), oa.addrs)
+
+    def _pending_entries(self):
+        """The write buffer as index entries (key, u64le addr), unsorted."""
+        kl = self.keylen
+        ab = self.paddrs.tobytes() if sys.byteorder == "little" else _le(self.paddrs)
+        return b"".join(self.pkeys[i * kl:(i + 1) * kl] + ab[i * 8:(i + 1) * 8] for i in range(len(self.paddrs)))
+
+    def _catch_up(self, covered):
+        """Put every record at or after `covered` into the write buffer."""
+        ca, _ = F.split(covered)
+        for n in range(ca, self.log.open.n):
+            keys, addrs, _ = self._summary_arrays(n)
+            self._buffer(keys, addrs, covered)
+        oa = self.log.open
+        self._buffer(oa.keys, oa.addrs, covered)
+
+    def _buffer(self, keys, addrs, covered=0):
+        kl = self.keylen
+        first = bisect.bisect_left(addrs, covered)  # an arena's addresses ascend
+        if first < len(addrs):
+            ks, ads = bytes(keys[first * kl:len(addrs) * kl]), addrs[first:]
+            self.wbuf.add(ks, ads)
+            self.pkeys += ks
+            self.paddrs.extend(ads)
+
+    def _open_bloom(self):
+        p = os.path.join(self.path, F.BLOOM)
+        sp = os.path.join(self.path, F.BLOOM_STATE)
+        # The filter holds every key below its `covered`, which lies between
+        # the index's and the log's end; anything else means a rebuild.
+        try:
+            with open(sp) as f:
+                covered = json.load(f).get("covered")
+            if not isinstance(covered, int) or not self.index.h.covered <= covered <= self.log.end_addr:
+                raise ValueError("stale")
+            self.bloom = pybloomfilter.BloomFilter.open(p)
+        except (OSError, ValueError):
+            self.repaired.append("rebuilt the Bloom filter")
+            from foundation.store.rebuild import rebuild_bloom
+            rebuild_bloom(self)
+            covered = self.index.h.covered
+        # Keys written after that are in the write buffer; add them.
+        kl = self.keylen
+        first = bisect.bisect_left(self.paddrs, covered)
+        self.bloom.update(bytes(self.pkeys[i * kl:(i + 1) * kl]) for i in range(first, len(self.paddrs)))
+
+    def _save_bloom(self):
+        self.bloom.sync()
+        atomic_write(os.path.join(self.path, F.BLOOM_STATE),
+                     json.dumps({"covered": self.log.end_addr}).encode(), sync=False)
+
+    def _sealed(self, oa):
+        """An arena was sealed: its in-memory summary joins the index cache."""
+        t = native.Table(self.keylen, oa.count + 1)
+        t.add(bytes(oa.keys), oa.addrs)
+        self.summaries[oa.n] = t
+        self.summary_entries += len(t)
+        self.open_table = native.Table(self.keylen, 4096)
+
+    def forget_summary(self, n):
+        """Arena n was replaced (gc, repair): its summary leaves the index cache."""
+        t = self.summaries.pop(n, None)
+        if t is not None:
+            self.summary_entries -= len(t)
+
+    def _summary_arrays(self, n):
+        """(keys, addrs, types) of sealed arena n, from its summary file or a
+        scan, without the records known to be damaged."""
+        keys, addrs, types = self.summary_records(n)
+        if self.bad and addrs and any(F.split(a)[0] == n for a in self.bad):
+            return self._drop_bad(keys, addrs, types)
+        return keys, addrs, types
+
+    def summary_records(self, n):
+        """(keys, addrs, types) of sealed arena n from its summary (rebuilt if it is missing, damaged or
+        of another version of the arena), every record included, damaged ones too."""
+        p = os.path.join(self.path, F.SUMMARIES, F.summary_name(n))
+        try:
+            with open(p, "rb") as f:
+                b = f.read()
+            self.disk.count_read("summary", p, 0, len(b))
+            arena, keylen, amac, keys, addrs, types = F.unpack_summary(b)
+            if arena != n or keylen != self.keylen:
+                raise ValueError("summary of another arena")
+            try:
+                tr = self.log.trailer(n)
+            except DataCorrupt:
+                tr = None
+            if tr is not None and amac != tr.amac:   # e.g. a gc swap cut short by a power loss
+                from foundation.store.rebuild import rebuild_summary
+                log.warning("summary of arena %d is of another version of the arena; rebuilding it", n)
+                try:
+                    return rebuild_summary(self, n, write=self.writable)
+                except DataCorrupt:
+                    pass   # the arena itself is wrong (moved, reordered): reads and verify say so
+            return keys, addrs, types
+        except (OSError, ValueError) as e:
+            from foundation.store.rebuild import rebuild_summary
+            if not isinstance(e, FileNotFoundError):
+                log.warning("summary of arena %d is damaged (%s); rebuilding it", n, e)
+            return rebuild_summary(self, n, write=self.writable)
+
+    def _load_summary(self, n):
+        """Load arena n's whole summary into the index cache (paper §3.2)."""
+        t = self.summaries.get(n)
+        if t is not None:
+            self.summaries.move_to_end(n)
+            return t
+        if n == self.log.open.n:
+            return self.open_table
+        keys, addrs, _ = self._summary_arrays(n)
+        t = native.Table(self.keylen, len(addrs) + 1)
+        t.add(bytes(keys), addrs)
+        self.summaries[n] = t
+        self.summary_entries += len(addrs)
+        limit = self.tuning.index_cache_bytes // (self.keylen + 24)
+        while self.summary_entries > limit and len(self.summaries) > 1:
+            _, old = self.summaries.popitem(last=False)
+            self.summary_entries -= len(old)
+        return t
+
+    def _tables(self):
+        return [self.open_table, self.wbuf] + list(reversed(self.summaries.values()))
+
+    def _index_lookup(self, key):
+        """Addresses the on-disk index has for key (Bloom already said maybe)."""
+        addrs = self.index.lookup(key)
+        if not addrs and not self.writable and self.index.h.covered < self.log.end_addr:
+            self.index.reread_header()
+        return [a for a in addrs if a not in self.bad] if self.bad else addrs
+
+    def _locate(self, score):
+        """Log address of the block with this score (compare-by-hash), or None,
+        after a miss in the index cache: recent summaries, then the on-disk index."""
+        for t in self._recent:
+            a = t.find(score)
+            if a:
+                return a[0]
+        for a in self._index_lookup(score):
+            if self.venti:
+                self._venti_cache(score, [a])
+                return a
+            t = self._load_summary(F.split(a)[0])
+            if a in t.find(score):
+                self._recent = [t] + self._recent[:3]
+                return a
+        return None
+
+    def _venti_cache(self, keys, addrs):
+        """Venti's index cache: single entries looked up or written, not summaries."""
+        t = self.summaries.get(-1)
+        if t is None or len(t) > self.tuning.index_cache_bytes // (self.keylen + 24):
+            t = self.summaries[-1] = native.Table(self.keylen, 1024)
+        t.add(keys, addrs)
+
+    def _memory_index(self, why):
+        """A reader that finds the index unusable (a writer crashed mid-flush,
+        say) builds one in memory from the summaries rather than fail."""
+        from foundation.store.index import MemIndex
+        log.warning("%s; reading with an index built in memory from the summaries", why)
+        t = native.Table(self.keylen, 1024)
+        count = 0
+        for n in range(self.log.open.n):
+            keys, addrs, _ = self._summary_arrays(n)
+            t.add(bytes(keys), addrs)
+            count += len(addrs)
+        return MemIndex(t, count, F.addr(self.log.open.n, 0), self.keylen)

@@ -1,0 +1,206 @@
+"""Writing blocks: deciding fresh or duplicate, then appending the fresh ones (paper §3.2, §3.3).
+
+A write is decided without touching the disk in the common cases: the
+index cache (write buffer, open arena, recently loaded summaries) answers
+duplicates of recent data, and the Bloom filter answers fresh data; only a
+Bloom "maybe" costs an index seek, after which the whole summary of the
+hit's arena is loaded, so the rest of a sequential run is answered from
+memory. Compare-by-hash names a block by its score; compare-by-value names
+it by its log address and checks every candidate byte for byte, read in
+sorted batches. `Writes` is the part of Store that does this.
+"""
+
+import bisect
+import logging
+
+from foundation import native
+from foundation.errors import BadInput, DataCorrupt
+from foundation.store import format as F
+
+log = logging.getLogger(__name__)
+
+DATA = F.DATA
+
+
+class Writes:
+    """Store's write path (mixed into foundation.store.store.Store)."""
+
+    def write(self, data, btype=DATA):
+        """Store one block (at most block_size bytes); returns its ref."""
+        if not 0 < len(data) <= self.block_size:
+            raise BadInput(f"a block must hold 1 to {self.block_size} bytes, not {len(data)}")
+        return self._write(data, len(data), btype)
+
+    def write_blocks(self, buf, btype=DATA):
+        """Store len(buf)//block_size whole blocks; returns their refs concatenated."""
+        bs = self.block_size
+        if len(buf) % bs:
+            raise BadInput(f"write_blocks needs whole blocks of {bs} bytes, got {len(buf)} bytes")
+        if not buf:
+            return b""
+        return self._write(buf, bs, btype)
+
+    def _write(self, buf, bs, btype):
+        self._need_writable()
+        self._recent = []
+        n = len(buf) // bs
+        zero = native.zero_flags(buf, bs) if btype == DATA and bs == self.block_size else bytes(n)
+        c = self.counters
+        c["offered_blocks"] += n
+        c["offered_bytes"] += len(buf)
+        if self.mode == "hash":
+            keys = native.scores(buf, bs, btype, key=self.keys.score, skip=zero, threads=self.tuning.threads)
+            return self._write_hash(buf, bs, btype, zero, keys, n)
+        weak = native.weak_hashes(buf, bs, btype, self.keys.weak_seed, skip=zero)
+        return self._write_value(buf, bs, btype, zero, weak, n)
+
+    def _write_hash(self, buf, bs, btype, zero, keys, n):
+        addrs, which = native.tables_lookup(self._tables(), keys, zero)
+        fresh, seen = [], set()
+        zeros = dups = 0
+        for i in range(n):
+            if zero[i]:
+                zeros += 1
+                continue
+            if which[i] >= 0:
+                dups += 1
+                continue
+            k = keys[i * 32:(i + 1) * 32]
+            if k in seen or self._exists(k):
+                dups += 1
+                continue
+            seen.add(k)
+            fresh.append(i)
+        self._count(zeros, dups)
+        if fresh:
+            fkeys = keys if len(fresh) == n else b"".join(keys[i * 32:(i + 1) * 32] for i in fresh)
+            self._append(buf, bs, btype, fresh, fkeys)
+        if not zeros:
+            return bytes(keys)
+        return b"".join(bytes(32) if zero[i] else keys[i * 32:(i + 1) * 32] for i in range(n))
+
+    def _exists(self, score):
+        """A duplicate check that missed the index cache: Bloom, then index."""
+        for t in self._recent:
+            if t.find(score):
+                return True
+        if self.bloom is not None and score not in self.bloom:
+            return False
+        return self._locate(score) is not None
+
+    def _write_value(self, buf, bs, btype, zero, weak, n):
+        refs = bytearray(n * 8)
+        fresh = []
+        batch = {}  # weak hash -> indexes of fresh blocks in this batch
+        later = []
+        zeros = dups = 0
+        mv = memoryview(buf)
+        tables = self._tables()
+        first, which = native.tables_lookup(tables, weak, zero)
+        # Compare every block with its first candidate, read in one sorted
+        # batch: a sequential duplicate run costs one span read per arena.
+        known = self._read_addrs({first[i] for i in range(n) if which[i] >= 0})
+        for i in range(n):
+            if zero[i]:
+                zeros += 1
+                continue
+            w = weak[i * 8:(i + 1) * 8]
+            block = mv[i * bs:(i + 1) * bs]
+            a = None
+            if which[i] >= 0:
+                v = known.get(first[i])
+                if v is not None and v[0] == btype and native.equal(v[1], block):
+                    a = first[i]
+                else:
+                    a = self._match(block, btype, (c for t in tables for c in t.find(w)))
+            if a is None:
+                for j in batch.get(w, ()):
+                    if native.equal(mv[j * bs:(j + 1) * bs], block):
+                        a = -1 - j
+                        break
+            if a is None:
+                a = self._match_disk(block, btype, w)
+            if a is None:
+                batch.setdefault(w, []).append(i)
+                fresh.append(i)
+                continue
+            dups += 1
+            if a >= 0:
+                refs[i * 8:(i + 1) * 8] = a.to_bytes(8, "big")
+            else:
+                later.append((i, -1 - a))  # a duplicate of a fresh block of this batch
+        self._count(zeros, dups)
+        if fresh:
+            keys = b"".join(weak[i * 8:(i + 1) * 8] + bytes(24) for i in fresh)
+            addrs = self._append(buf, bs, btype, fresh, keys)
+            for i, a in zip(fresh, addrs):
+                refs[i * 8:(i + 1) * 8] = a.to_bytes(8, "big")
+        for i, j in later:
+            refs[i * 8:(i + 1) * 8] = refs[j * 8:(j + 1) * 8]
+        return bytes(refs)
+
+    def _match(self, block, btype, candidates):
+        """The first candidate address whose block equals `block`, compared byte for byte."""
+        for a in candidates:
+            try:
+                t, data = self._read_addr(a)
+            except DataCorrupt as e:
+                log.warning("skipping damaged dedup candidate: %s", e)
+                continue
+            if t == btype and native.equal(data, block):
+                return a
+        return None
+
+    def _match_disk(self, block, btype, w):
+        for t in self._recent:
+            a = self._match(block, btype, t.find(w))
+            if a is not None:
+                return a
+        if self.bloom is not None and w not in self.bloom:
+            return None
+        for a in self._index_lookup(w):
+            if self._match(block, btype, [a]) is not None:
+                if not self.venti:
+                    self._recent = [self._load_summary(F.split(a)[0])] + self._recent[:3]
+                else:
+                    self._venti_cache(w, [a])
+                return a
+        return None
+
+    def _count(self, zeros, dups):
+        self.counters["zero_blocks"] += zeros
+        self.counters["dup_blocks"] += dups
+
+    def _append(self, buf, bs, btype, fresh, fkeys):
+        """Append the fresh blocks (fkeys: their 32-byte key fields) to the log
+        and index them; returns their addresses."""
+        if len(fresh) * bs == len(buf) or len(fresh) == 1 and bs == len(buf):
+            data = buf
+        else:
+            mv = memoryview(buf)
+            data = b"".join(mv[i * bs:(i + 1) * bs] for i in fresh)
+        addrs = self.log.append(btype, data, bs, fkeys, self.tuning.threads)
+        kl = self.keylen
+        ks = bytes(fkeys[:len(addrs) * 32]) if kl == 32 else b"".join(
+            fkeys[i * 32:i * 32 + kl] for i in range(len(addrs)))
+        self.counters["records"] += len(addrs)
+        self.counters["raw_bytes"] += len(data)
+        if self.venti:
+            # Venti: every new entry goes straight into its on-disk bucket.
+            self.index.insert(b"".join(ks[i * kl:(i + 1) * kl] + a.to_bytes(8, "little")
+                                       for i, a in enumerate(addrs)))
+            self._venti_cache(ks, addrs)
+            return addrs
+        self.wbuf.add(ks, addrs)
+        # Records sealed into an earlier arena by this append are already in
+        # the index cache (_sealed); the rest belong to the open arena.
+        first = bisect.bisect_left(addrs, self.log.open.n << 32)  # addresses ascend
+        if first < len(addrs):
+            self.open_table.add(ks[first * kl:], addrs[first:])
+        self.pkeys += ks
+        self.paddrs.extend(addrs)
+        if self.bloom is not None:
+            self.bloom.update(ks[i * kl:(i + 1) * kl] for i in range(len(addrs)))
+        if len(self.paddrs) * (kl + 8) >= self.tuning.write_buffer_bytes:
+            self.flush()
+        return addrs

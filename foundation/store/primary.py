@@ -1,0 +1,342 @@
+"""The store's primary files, opened in one place: config, head, arenas, key files and locks.
+
+A store directory holds two kinds of file: primary ones, which nothing
+else can give back (foundation.json, head, arenas/, the key file kept
+elsewhere), and derived ones (summaries, index, Bloom filter), which the
+next writable open rebuilds. `Store` reaches the primary files through
+this module, and so do the tools that need them without the caches —
+replicate and audit while an archive writes, repair when the store cannot
+open at all, recover while the store does not exist yet — through
+`Primary`. What each file means, how it is locked, and what a new store's
+empty derived files look like is therefore written once (docs/design.md,
+"Who owns which file").
+"""
+
+import fcntl
+import json
+import mmap
+import os
+from dataclasses import dataclass
+
+import pybloomfilter
+
+from foundation import native
+from foundation.crypto.keys import Keys, load_key_file
+from foundation.errors import DataCorrupt, KeyMissing, StoreBusy, StoreLocked, StoreMissing, WrongKey
+from foundation.store import format as F
+from foundation.store import layout as L
+from foundation.store import switch
+from foundation.store.arena import Log, read_head
+from foundation.store.disk import Disk, atomic_write, flock, fsync_dir
+from foundation.store.index import Index, plan
+
+BLOOM_ERROR = 0.001  # the Bloom filter's false-positive rate: one index seek per 1000 fresh blocks
+
+
+# ---- config and keys -------------------------------------------------------------------------
+
+def read_config(path, config=None, recovering=False):
+    """(config dict, its bytes) of the store at path; `config` (bytes) stands in for its
+    foundation.json (a store being recovered). A store whose recovery has not finished opens only
+    for recover (`recovering`)."""
+    where = f"of {path}"
+    if config is None:
+        if not os.path.isdir(path):
+            raise StoreMissing(path)
+        where = os.path.join(path, F.CONFIG)
+        try:
+            with open(where, "rb") as f:
+                config = f.read()
+        except FileNotFoundError:
+            raise StoreMissing(f"{path} (no {F.CONFIG}: not a Foundation store, or the backup disk "
+                               "is not mounted)") from None
+        if not recovering and os.path.exists(os.path.join(path, F.RECOVERING)):
+            raise StoreMissing(f"{path} (its recovery from a replica has not finished: run the same "
+                               "`foundation recover` again)")
+    try:
+        return F.unpack_config(config), bytes(config)
+    except (ValueError, KeyError) as e:
+        raise DataCorrupt(f"store config {where} is unreadable ({e})") from None
+
+
+def write_config(path, config):
+    """The config goes last when a store is made: a directory without it is not yet a store."""
+    atomic_write(os.path.join(path, F.CONFIG), config)
+
+
+def default_key_path(store_uuid):
+    base = "/etc/foundation/keys" if os.geteuid() == 0 else os.path.expanduser("~/.config/foundation/keys")
+    return os.path.join(base, f"{store_uuid}.key")
+
+
+def load_keys(conf, where, key_file=None, master=None, passphrase=None):
+    """(keys, master key or None) of the store whose config is conf. `passphrase`: a string, or a
+    callable asked only if the key file is wrapped (the CLI's prompt); without one a wrapped key
+    file raises KeyMissing. WrongKey if the key is not this store's."""
+    if not conf["encrypted"]:
+        keys = Keys.unkeyed()
+    else:
+        if master is None:
+            if not key_file:
+                key_file = default_key_path(conf["uuid"])
+                if not os.path.exists(key_file):
+                    raise KeyMissing(f"store {where} is encrypted: pass --key-file (or set FOUNDATION_KEY_FILE) "
+                                     "to the key file made by `foundation init`")
+            master = load_key_file(key_file, conf["uuid"], passphrase)
+        keys = Keys.derive(master, conf["uuid"])
+    if keys.check_value() != conf["key_check"]:
+        raise WrongKey(f"wrong key for store {where}: the key does not match the store's key check")
+    return keys, master
+
+
+def codec(keys, zlevel):
+    return native.Codec(keys.enc, keys.mac, zlevel)
+
+
+# ---- locks (docs/format.md §1) -----------------------------------------------------------------
+
+def lock_writer(path):
+    """The one-writer lock, with our pid in it for the message of the next one -> fd."""
+    return flock(os.path.join(path, F.LOCK), fcntl.LOCK_EX, lambda pid: StoreLocked(path, pid), write_pid=True)
+
+
+def lock_readers(path, exclusive, busy):
+    """The readers' lock: shared by every reader, exclusive for whoever moves arenas (gc, repair), so
+    neither runs under the other -> fd, or None on a read-only store disk (nothing moves arenas there).
+    `busy()` makes the error when the other side holds it."""
+    return flock(os.path.join(path, F.READERS), fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH,
+                 lambda _: busy(), optional=True)
+
+
+def lock_config(path, busy):
+    """One replicate at a time: an flock on the config file itself -> fd."""
+    return flock(os.path.join(path, F.CONFIG), fcntl.LOCK_EX, lambda _: busy(), optional=True)
+
+
+# ---- a new store's derived files -------------------------------------------------------------------
+
+def capacity(max_log_size, block_size):
+    """Records a full log holds at most (one per block): what index and Bloom filter are sized for."""
+    return max_log_size // block_size
+
+
+def bloom_capacity(conf):
+    return max(1024, capacity(conf["max_log_size"], conf["block_size"]))
+
+
+def index_plan(conf, keylen):
+    """(home buckets, buckets in the file) of an index sized for the store's max_log_size."""
+    return plan(capacity(conf["max_log_size"], conf["block_size"]), keylen)
+
+
+def make_derived(path, disk, conf, keylen, log_uuid):
+    """An empty index and Bloom filter, as `init` makes them: the first writable open takes every
+    record in from the summaries (or scans) and merges them at its first flush."""
+    home, nfile = index_plan(conf, keylen)
+    Index.create(os.path.join(path, F.INDEX), disk, keylen, home, nfile, log_uuid).install(
+        os.path.join(path, F.INDEX))
+    pybloomfilter.BloomFilter(bloom_capacity(conf), BLOOM_ERROR, os.path.join(path, F.BLOOM)).close()
+    atomic_write(os.path.join(path, F.BLOOM_STATE), json.dumps({"covered": 0}).encode())
+
+
+# ---- the files without the caches ----------------------------------------------------------------
+
+@dataclass
+class ArenaFile:
+    """One arena file the head names. Under the readers' lock nothing rewrites it: a writer only
+    appends past the head's end and seals in place, so the bytes a reader sees stay as they were."""
+
+    n: int
+    path: str
+    size: int                    # 0: the file is missing
+    trailer: F.Trailer | None = None
+    ident: bytes = b""           # open arena: the first bytes of its header tag (b"" if unreadable)
+
+    def view(self, start=0, end=None):
+        """Bytes [start, end) through mmap: a large arena is not copied."""
+        end = self.size if end is None else end
+        with open(self.path, "rb") as f:
+            m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        return memoryview(m)[start:end]
+
+
+class Primary:
+    """A store's primary files (config, head, arenas) with its keys, but none of its caches.
+
+    Enough to copy, check and replace arenas: while an archive writes (a
+    reader trusts only what the head commits), or when the store cannot
+    open at all (repair). `config` (bytes of a foundation.json) stands in for
+    the store's own, for a store still being recovered. It also checks
+    arena files that are not in the store: foundation.store.verify.verify_arena
+    needs only .log, .codec, .keys and .mode.
+    """
+
+    def __init__(self, path, key_file=None, config=None, master=None, passphrase=None):
+        self.path = path
+        self.conf, self.config = read_config(path, config)
+        self.uuid = self.conf["uuid"]
+        self.mode = self.conf["mode"]
+        self.keys, self.master = load_keys(self.conf, path, key_file, master, passphrase)
+        self.codec = codec(self.keys, 1)
+        self.disk = Disk(path)
+        self.log = Log(path, self.disk, self.codec, self.keys, self.conf, False)
+        self._locks = []
+
+    # -- the head
+
+    def read_head(self):
+        """(bytes, Head) of the store's commit point."""
+        got = read_head(self.path, self.keys.mac)
+        if got is None:
+            raise DataCorrupt(f"the head file {os.path.join(self.path, F.HEAD)} is missing: open the store for "
+                              "writing once (it is rebuilt from the arenas)")
+        return got
+
+    def write_head(self, head_bytes):
+        atomic_write(os.path.join(self.path, F.HEAD), head_bytes)
+
+    # -- arenas
+
+    def arena_path(self, n):
+        return self.log.path(n)
+
+    def arena_files(self, head, ident_size=L.TAG_SIZE):
+        """[ArenaFile] of the arenas the head names: sealed ones with their trailers (None if
+        unreadable), the open one with the first ident_size bytes of its header tag."""
+        out = []
+        for n in range(head.arena + 1):
+            p = ArenaFile(n, self.arena_path(n), 0)
+            try:
+                fd = os.open(p.path, os.O_RDONLY)
+            except FileNotFoundError:
+                out.append(p)
+                continue
+            try:
+                p.size = os.fstat(fd).st_size
+                if n < head.arena:
+                    k = min(p.size, F.MAX_TRAILER)
+                    try:
+                        p.trailer = F.Trailer.from_tail(os.pread(fd, k, p.size - k), self.keys.mac, n)
+                    except ValueError:
+                        pass
+                else:
+                    try:
+                        F.ArenaHeader.unpack(os.pread(fd, F.ARENA_HEADER_SIZE, 0), self.keys.mac)
+                        p.ident = os.pread(fd, ident_size, L.A_TAG)
+                    except ValueError as e:
+                        if head.end > F.ARENA_HEADER_SIZE:
+                            raise DataCorrupt(f"arena {n} offset 0: the open arena's header is damaged ({e}); "
+                                              "run `foundation repair`") from None
+            finally:
+                os.close(fd)
+            out.append(p)
+        return out
+
+    def read_arena(self, n):
+        """The bytes of arena n's file, or None if there is none."""
+        try:
+            with open(self.arena_path(n), "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+
+    def trailer(self, n):
+        """The trailer of sealed arena n, or None if its file has no valid one."""
+        try:
+            with open(self.arena_path(n), "rb") as f:
+                f.seek(max(0, f.seek(0, os.SEEK_END) - F.MAX_TRAILER))
+                tail = f.read()
+        except FileNotFoundError:
+            return None
+        try:
+            return F.Trailer.from_tail(tail, self.keys.mac, n)
+        except ValueError:
+            return None
+
+    def install_arena(self, n, data):
+        """Put new bytes of arena n in place atomically (a crash leaves the old or the new file). Its
+        summary and the index go: one rebuilt around a damaged record does not list it, and a mended
+        record must be found again (the next writable open rebuilds them)."""
+        atomic_write(self.arena_path(n), data, tmp=self.arena_path(n) + ".repair")
+        self.forget_derived(n)
+
+    def install_arena_file(self, n, tmp):
+        """Rename a checked download (beside the arena) into place as arena n."""
+        os.rename(tmp, self.arena_path(n))
+
+    def make_dirs(self):
+        os.makedirs(os.path.join(self.path, F.ARENAS), exist_ok=True)
+        os.makedirs(os.path.join(self.path, F.SUMMARIES), exist_ok=True)
+
+    def sync_arenas(self):
+        fsync_dir(os.path.join(self.path, F.ARENAS))
+
+    # -- derived files
+
+    def summary(self, n, amac):
+        """(keys, addrs, types) from a summary of this very arena n (same arena MAC), or None."""
+        try:
+            with open(os.path.join(self.path, F.SUMMARIES, F.summary_name(n)), "rb") as f:
+                arena, keylen, sum_amac, keys, addrs, types = F.unpack_summary(f.read())
+        except (OSError, ValueError):
+            return None
+        if arena != n or sum_amac != amac or keylen != self.log.keylen:
+            return None
+        return keys, addrs, types
+
+    def forget_derived(self, n):
+        """Arena n's records moved: its summary, the index and the Bloom filter state are rebuilt at the
+        next writable open."""
+        for name in (os.path.join(F.SUMMARIES, F.summary_name(n)), F.INDEX, F.BLOOM_STATE):
+            try:
+                os.unlink(os.path.join(self.path, name))
+            except FileNotFoundError:
+                pass
+
+    def record_damaged(self, records):
+        """damaged.json as verify writes it ([(arena, offset)]), so deduplication skips what is still damaged."""
+        p = os.path.join(self.path, F.DAMAGED)
+        if records or os.path.exists(p):
+            atomic_write(p, json.dumps({"records": records}).encode())
+
+    def make_derived(self):
+        make_derived(self.path, self.disk, self.conf, self.log.keylen, self.log.uuid)
+
+    # -- locks
+
+    def share(self, busy_one=None):
+        """Hold the readers' lock (gc waits for us) and the one-replicate-at-a-time lock; release()
+        lets both go. `busy_one()`: the error if another holder of the second lock is running."""
+        self._hold(lock_readers(self.path, False, lambda: StoreBusy(
+            f"garbage collection is running on store {self.path}; replicate when it has finished")))
+        if switch.pending(self.path):
+            raise StoreBusy(f"a garbage collection of store {self.path} was interrupted; run `foundation gc` "
+                            "(or any archive) to finish it, then replicate")
+        self._hold(lock_config(self.path, busy_one or (lambda: StoreBusy(
+            f"another replicate or audit of store {self.path} is running; wait for it to finish"))))
+
+    def exclusive(self):
+        """Hold the writer lock and the readers' lock exclusively, as gc does (repair)."""
+        self._hold(lock_writer(self.path))
+        self._hold(lock_readers(self.path, True, lambda: StoreBusy(
+            f"store {self.path} is open for reading (the /snapshot tree is mounted, or a restore, audit or "
+            "replicate is running); stop it and run again")))
+
+    def _hold(self, fd):
+        if fd is not None:
+            self._locks.append(fd)
+
+    def release(self):
+        for fd in self._locks:
+            os.close(fd)
+        self._locks = []
+
+    def close(self):
+        self.log.close()
+        self.release()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,160 @@
+"""Reading blocks: by score through the index cache, or by address, always sorted by log address.
+
+A batch of refs is answered from the block cache where it can, the rest is
+located (compare-by-hash: index cache, then the on-disk index) and read in
+one pass sorted by log address, merged into spans; every record is
+verified by the C core, so a read returns exactly the bytes written or
+raises DataCorrupt naming arena and offset. `Reads` is the part of Store
+that does this.
+"""
+
+
+from foundation import native
+from foundation.errors import BadInput, DataCorrupt, DerivedCorrupt, NotFound
+from foundation.store import format as F
+from foundation.store.arena import Log, read_head
+
+
+class Reads:
+    """Store's read path (mixed into foundation.store.store.Store)."""
+
+    def _read_addr(self, a):
+        """(btype, data) of the record at log address a, through the block cache."""
+        r = a.to_bytes(8, "big")
+        v = self.blocks.get(r)
+        if v is not None:
+            return v
+        btype, _key, data = self.log.read(a)
+        v = (btype, data)
+        self.blocks.put(r, v, len(data) + 64)
+        return v
+
+    def _read_addrs(self, addrs):
+        """{address: (btype, data)} for many addresses; damaged ones are left out."""
+        out, need = {}, []
+        for a in addrs:
+            v = self.blocks.get(a.to_bytes(8, "big"))
+            if v is not None:
+                out[a] = v
+            else:
+                need.append(a)
+        if need:
+            got = self.log.read_many(need, tolerant=True)  # the slow path skips damage
+            for a, (btype, _key, data) in got.items():
+                out[a] = (btype, data)
+                self.blocks.put(a.to_bytes(8, "big"), out[a], len(data) + 64)
+        return out
+
+    def read(self, ref):
+        """The block named by ref; exactly what was written, or DataCorrupt."""
+        if ref == self.null_ref:
+            return self.zero_block
+        return self.read_blocks(ref)[0]
+
+    def read_blocks(self, refs):
+        """The blocks named by the concatenated refs, read sorted by log address."""
+        rs = self.ref_size
+        n = len(refs) // rs
+        if len(refs) != n * rs:
+            raise BadInput(f"refs must be a multiple of {rs} bytes")
+        refs = bytes(refs)
+        out = [None] * n
+        todo = []
+        self._recent = []
+        for i in range(n):
+            r = refs[i * rs:(i + 1) * rs]
+            if r == self.null_ref:
+                out[i] = self.zero_block
+                continue
+            v = self.blocks.get(r)
+            if v is not None:
+                out[i] = v[1]
+            else:
+                todo.append(i)
+        if not todo:
+            return out
+        need = {}  # address -> positions
+        if self.mode == "hash":
+            keys = b"".join(refs[i * 32:(i + 1) * 32] for i in todo)
+            addrs, which = native.tables_lookup(self._tables(), keys, None)
+            for j, i in enumerate(todo):
+                a = addrs[j] if which[j] >= 0 else self._locate(keys[j * 32:(j + 1) * 32])
+                if a is None:
+                    self._missing(keys[j * 32:(j + 1) * 32])
+                need.setdefault(a, []).append(i)
+        else:
+            for i in todo:
+                need.setdefault(int.from_bytes(refs[i * 8:(i + 1) * 8], "big"), []).append(i)
+        if len(need) == 1:
+            a = next(iter(need))
+            got = {a: self.log.read(a)}
+        else:
+            got = self.log.read_many(need)
+        cache = len(need) <= 64  # a streaming batch would only flush the cache
+        for a, pos in need.items():
+            btype, key, data = got[a]
+            r = refs[pos[0] * rs:(pos[0] + 1) * rs]
+            if self.mode == "hash" and key != r:
+                raise DerivedCorrupt(f"the index names arena {a >> 32} offset {a & 0xFFFFFFFF} for a block it does not hold")
+            if cache:
+                self.blocks.put(r, (btype, data), len(data) + 64)
+            for i in pos:
+                out[i] = data
+        return out
+
+    def latest(self, btype):
+        """The ref of the newest record of this type in the log, or None."""
+        oa = self.log.open
+        for i in range(oa.count - 1, -1, -1):
+            if oa.types[i] == btype:
+                return self._ref(oa.keys, i, oa.addrs[i])
+        for n in range(oa.n - 1, -1, -1):
+            keys, addrs, types = self._summary_arrays(n)
+            for i in range(len(addrs) - 1, -1, -1):
+                if types[i] == btype:
+                    return self._ref(keys, i, addrs[i])
+        return None
+
+    def _ref(self, keys, i, a):
+        if self.mode == "hash":
+            return bytes(keys[i * 32:(i + 1) * 32])
+        return a.to_bytes(8, "big")
+
+    def _missing(self, score):
+        """Raise the right error for a score nothing readable holds."""
+        for n in sorted({F.split(a)[0] for a in self.bad}):
+            if n < self.log.open.n:
+                keys, addrs, _ = self.summary_records(n)
+                for i, a in enumerate(addrs):
+                    if a in self.bad and keys[i * 32:(i + 1) * 32] == score:
+                        raise DataCorrupt(f"arena {n} offset {a & 0xFFFFFFFF}: the only copy of block "
+                                          f"{score.hex()[:16]}… is damaged")
+        known = self.log.damaged or sorted(F.split(a) for a in self.bad)
+        if known:   # a record left out of its summary or index because it is damaged
+            n, o = known[0]
+            raise DataCorrupt(f"arena {n} offset {o}: block {score.hex()[:16]}… is missing, "
+                              "most likely in this damaged record")
+        raise NotFound(f"block {score.hex()} is not in the store")
+
+    def refresh(self):
+        """For a reader: see what a writer committed since we opened. True if anything changed."""
+        if self.writable:
+            return False
+        try:
+            got = read_head(self.path, self.keys.mac)
+        except OSError:
+            return False
+        if got is None:
+            return False
+        old = self.log.head
+        h = got[1]
+        if (h.arena, h.end) == (old.arena, old.end):
+            return False
+        self.log.close()
+        self.log = Log(self.path, self.disk, self.codec, self.keys, self.conf, False)
+        self.log.threads = self.tuning.threads
+        self.log.load()
+        self.index.reread_header()
+        self._reset_buffer()
+        self._catch_up(self.index.h.covered)
+        return True

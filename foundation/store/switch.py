@@ -1,0 +1,109 @@
+"""Putting arenas rewritten by gc in place of the old ones.
+
+gc decides what to keep (foundation.gc); the store owns the files, so the
+switch is here: a rewritten arena is written beside its arena
+(`NNNNNNNN.arena.gc`) and swapped in by rename, one arena at a time in
+compare-by-hash mode, or all at once through one journal, `gc.json`, in
+compare-by-value mode. Once the journal is on disk the switch is rolled
+forward by whoever opens the store next for writing (finish()); before it,
+nothing old has changed. docs/format.md §12 gives the write order.
+"""
+
+import json
+import os
+
+from foundation.store import format as F
+from foundation.store.disk import atomic_write, fsync_dir
+
+JOURNAL = "gc.json"
+TEMP = ".gc"  # suffix of a rewritten arena before its swap
+
+
+def write_arena(store, n, data):
+    """Write the new bytes of arena n beside the old file, durably -> its path."""
+    path = store.log.path(n) + TEMP
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        store.disk.pwrite(fd, "arena", 0, bytes(data))
+        store.disk.fsync(fd, "arena")
+    finally:
+        os.close(fd)
+    return path
+
+
+def swap(store, n, path, summary):
+    """Put the rewritten arena n (at path, from write_arena) in place of the old one, with its
+    summary bytes: the old summary goes first, so a crash before the new one is written rebuilds
+    it from the new arena."""
+    sp = os.path.join(store.path, F.SUMMARIES, F.summary_name(n))
+    if os.path.exists(sp):
+        os.unlink(sp)
+    store.log.forget(n)
+    os.rename(path, store.log.path(n))
+    fsync_dir(store.log.dir)
+    atomic_write(sp, summary, sync=False)
+    store.forget_summary(n)
+
+
+def save_damaged(store, old=None):
+    """damaged.json from store.bad (if verify wrote one); `old` = (arena, generation) about to be
+    swapped out: its entries carry that generation, so they stop naming records once the arena
+    has another (foundation.gc's docstring)."""
+    p = os.path.join(store.path, F.DAMAGED)
+    if os.path.exists(p):
+        recs = [list(F.split(a)) for a in sorted(store.bad)]
+        for r in recs:
+            if old and r[0] == old[0]:
+                r.append(old[1])
+        atomic_write(p, json.dumps({"records": recs}).encode())
+
+
+def drop_leftovers(path):
+    """Rewritten arenas gc never swapped in (it stopped first): the old arenas stand."""
+    adir = os.path.join(path, F.ARENAS)
+    for name in os.listdir(adir):
+        if name.endswith(".arena" + TEMP):
+            os.unlink(os.path.join(adir, name))
+
+
+def commit(store, first, files, old_last, head):
+    """Write the journal: from here on the switch happens, now or at the next open."""
+    j = {"first": first, "files": files, "old_last": old_last, "head": head.pack(store.keys.mac).hex()}
+    atomic_write(os.path.join(store.path, JOURNAL), json.dumps(j).encode())
+
+
+def pending(path):
+    return os.path.exists(os.path.join(path, JOURNAL))
+
+
+def finish(path):
+    """Roll an interrupted switch forward (idempotent): new arenas in, old tail out, new head."""
+    jp = os.path.join(path, JOURNAL)
+    with open(jp) as f:
+        j = json.load(f)
+    adir = os.path.join(path, F.ARENAS)
+    sdir = os.path.join(path, F.SUMMARIES)
+
+    def drop(p):
+        try:
+            os.unlink(p)
+        except FileNotFoundError:
+            pass
+
+    # Every derived structure names old addresses: drop them, the next open rebuilds.
+    drop(os.path.join(path, F.INDEX))
+    drop(os.path.join(path, F.BLOOM_STATE))
+    drop(os.path.join(path, F.DAMAGED))
+    for n in range(j["first"], j["old_last"] + 1):
+        drop(os.path.join(sdir, F.summary_name(n)))
+    for n in j["files"]:
+        tmp = os.path.join(adir, F.arena_name(n)) + TEMP
+        if os.path.exists(tmp):
+            os.rename(tmp, os.path.join(adir, F.arena_name(n)))
+    last = max(j["files"])
+    for n in range(last + 1, j["old_last"] + 1):
+        drop(os.path.join(adir, F.arena_name(n)))
+    fsync_dir(adir)
+    atomic_write(os.path.join(path, F.HEAD), bytes.fromhex(j["head"]))
+    os.unlink(jp)
+    fsync_dir(path)
