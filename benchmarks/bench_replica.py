@@ -3,16 +3,22 @@
 
 For each store size (an encrypted compare-by-hash store, 16 MiB arenas,
 one image of mixed random, text-like and zero blocks imported as day 1)
-and each server (a directory, FTP and FTPS by pyftpdlib, S3 by MinIO,
-all started here on loopback as the tests start them):
+and each server (a directory, FTP and FTPS by pyftpdlib, FTPS by vsftpd,
+S3 by MinIO, all started here on loopback as the tests start them; S3
+also behind benchmarks/delayproxy.py for each --delays, "s3+20ms" being a
+link of 20 ms each way):
   - the first `replicate` (everything goes up): MB/s of bytes sent;
   - a second day changing ~3 % of the blocks, then `replicate` again
     (new arenas and the open arena's new part only);
   - `recover` into an empty directory: download, checks, rebuilding the
     summaries, index and Bloom filter, and the final verify.
-Results go to stdout and benchmarks/results/replica-<time>.json.
+Results go to stdout and benchmarks/results/replica-<time>.json. `--code
+DIR` measures the foundation package of another tree (e.g. the main
+branch, for a before/after) with this tree's servers and proxy; a server
+that tree cannot use gets its error in the row instead of numbers.
 
-    python benchmarks/bench_replica.py [--sizes 64,256,1024] [--servers file,ftp,ftps,s3]
+    python benchmarks/bench_replica.py [--sizes 64,256,1024] [--servers file,ftp,ftps,vsftpd,s3]
+                                       [--delays 0,20] [--parallel N] [--code DIR] [--label NAME]
 """
 
 import argparse
@@ -25,8 +31,12 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+CODE = ROOT
+if "--code" in sys.argv:     # before anything imports foundation
+    CODE = os.path.abspath(sys.argv[sys.argv.index("--code") + 1])
 sys.path.insert(0, os.path.join(ROOT, "tests"))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+sys.path.insert(0, CODE)
 
 from foundation.cli import main  # noqa: E402
 from foundation.replica.recover import recover  # noqa: E402
@@ -78,19 +88,40 @@ def start(kind, d):
         return servers.Server("file", f"file://{root}/", {}, root=root)
     if kind in ("ftp", "ftps"):
         return servers.start_ftpd(d, tls=kind == "ftps")
+    if kind == "vsftpd":
+        return servers.start_vsftpd(d)
     return servers.start_minio(d)
+
+
+def delayed(srv, delay_ms, proxies):
+    """srv (MinIO) reached through a DelayProxy of delay_ms each way."""
+    import servers
+    from delayproxy import DelayProxy
+    from urllib.parse import urlsplit
+    proxy = DelayProxy(urlsplit(srv.options["endpoint"]).port, delay_ms / 1000).__enter__()
+    proxies.append(proxy)
+    return servers.Server("s3", srv.url, dict(srv.options, endpoint=f"http://127.0.0.1:{proxy.port}"),
+                          client=srv.client)
 
 
 def main_(a):
     tmp = tempfile.mkdtemp(prefix="bench-replica-", dir=a.tmp)
-    srvs = {}
+    srvs, proxies = {}, []
     rows = []
     try:
         for kind in a.servers:
             try:
-                srvs[kind] = start(kind, os.path.join(tmp, f"server-{kind}"))
+                srv = start(kind, os.path.join(tmp, f"server-{kind}"))
             except Exception as e:  # noqa: BLE001 - a missing server program skips its column
                 print(f"{kind}: not measured ({e})", flush=True)
+                continue
+            if kind != "s3":
+                srvs[kind] = srv
+                continue
+            if a.parallel:
+                srv.options["parallel"] = a.parallel
+            for ms in a.delays:
+                srvs[f"s3+{ms}ms" if ms else "s3"] = delayed(srv, ms, proxies) if ms else srv
         for mb in a.sizes:
             d = os.path.join(tmp, f"{mb}M")
             os.makedirs(d)
@@ -103,11 +134,17 @@ def main_(a):
             log_bytes = sum(os.path.getsize(os.path.join(store, "arenas", x))
                             for x in os.listdir(os.path.join(store, "arenas")))
             change(img, 0.03)
-            subs = {kind: srv.sub(f"s{mb}") for kind, srv in srvs.items()}
+            subs = {kind: srv.sub(f"s{mb}-{kind.replace('+', '-')}") for kind, srv in srvs.items()}
             got = {kind: {"size_mb": mb, "server": kind, "log_bytes": log_bytes} for kind in subs}
-            for kind, sub in subs.items():          # day 1 everywhere, then day 2 everywhere
-                with Local(store, key) as loc, sub.backend() as b:
-                    r = replicate(loc, b)
+            for kind, sub in list(subs.items()):    # day 1 everywhere, then day 2 everywhere
+                try:
+                    with Local(store, key) as loc, sub.backend() as b:
+                        r = replicate(loc, b)
+                except Exception as e:  # noqa: BLE001 - e.g. the code measured cannot use this server
+                    print(f"{mb:6d} MiB image  {kind:9s}  FAILED: {e}", flush=True)
+                    rows.append(dict(got[kind], error=str(e)))
+                    del subs[kind]
+                    continue
                 got[kind].update(first_s=r.seconds, first_sent=r.bytes_sent, first_mb_s=r.bytes_sent / r.seconds / 1e6)
             run(g + ["import-image", "vm", img, "--at", "2024-05-02"])
             for kind, sub in subs.items():
@@ -124,30 +161,47 @@ def main_(a):
                 row.update(recover_s=rec.seconds, recover_mb_s=rec.downloaded / rec.seconds / 1e6,
                            recovered_bytes=rec.downloaded)
                 rows.append(row)
-                print(f"{mb:6d} MiB image ({log_bytes / 1e6:7.1f} MB of arenas)  {kind:5s}  "
+                print(f"{mb:6d} MiB image ({log_bytes / 1e6:7.1f} MB of arenas)  {kind:9s}  "
                       f"replicate {row['first_sent'] / 1e6:7.1f} MB in {row['first_s']:6.2f} s = "
                       f"{row['first_mb_s']:6.1f} MB/s  next day {row['next_sent'] / 1e6:6.1f} MB in "
                       f"{row['next_s']:5.2f} s  recover {rec.seconds:6.2f} s = {row['recover_mb_s']:6.1f} MB/s",
                       flush=True)
             shutil.rmtree(d)
     finally:
+        for p in proxies:
+            p.stop()
         for s in srvs.values():
             s.stop()
         shutil.rmtree(tmp, ignore_errors=True)
-    out = os.path.join(ROOT, "benchmarks", "results", time.strftime("replica-%Y%m%d-%H%M%S.json"))
+    label = f"-{a.label}" if a.label else ""
+    out = os.path.join(ROOT, "benchmarks", "results", time.strftime(f"replica{label}-%Y%m%d-%H%M%S.json"))
     os.makedirs(os.path.dirname(out), exist_ok=True)
     with open(out, "w") as f:
         json.dump({"benchmark": "bench_replica", "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                   "cpus": os.cpu_count(), "args": {"sizes": a.sizes, "servers": a.servers},
+                   "cpus": os.cpu_count(), "code": _describe(CODE),
+                   "args": {"sizes": a.sizes, "servers": a.servers, "delays_ms": a.delays,
+                            "parallel": a.parallel},
                    "units": {"*_s": "seconds", "*_mb_s": "MB/s (10^6 bytes)", "*_sent": "bytes"},
                    "rows": rows}, f, indent=1)
     print(f"results: {out}")
+
+
+def _describe(tree):
+    """The tree measured: its path and git commit."""
+    import subprocess
+    head = subprocess.run(["git", "-C", tree, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return {"tree": tree, "commit": head.stdout.strip()}
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")], default=[64, 256, 1024],
                     help="store sizes: MiB of image imported (default 64,256,1024)")
-    ap.add_argument("--servers", type=lambda s: s.split(","), default=["file", "ftp", "ftps", "s3"])
+    ap.add_argument("--servers", type=lambda s: s.split(","), default=["file", "ftp", "ftps", "vsftpd", "s3"])
+    ap.add_argument("--delays", type=lambda s: [int(x) for x in s.split(",")], default=[0, 20],
+                    help="S3 through a proxy delaying this many ms each way (0: direct; default 0,20)")
+    ap.add_argument("--parallel", type=int, help="S3: the replica's `parallel` setting (default: its default)")
+    ap.add_argument("--code", help="the tree whose foundation package is measured (default: this one)")
+    ap.add_argument("--label", help="added to the result file's name")
     ap.add_argument("--tmp", help="directory for stores and servers (default: the system's temp directory)")
     main_(ap.parse_args())

@@ -28,14 +28,11 @@ import random
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from foundation.config import parse_size  # noqa: E402  (the one size grammar)
+
 BS = 4096
 POOL = 16 << 20
-
-
-def parse_size(text):
-    t = text.strip().upper().removesuffix("IB").removesuffix("B")
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-    return int(float(t[:-1]) * mult[t[-1]]) if t[-1] in mult else int(t)
 
 
 def _text_pool(rng, n):

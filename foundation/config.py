@@ -22,6 +22,7 @@ Relative paths are relative to the config file's directory.
 """
 
 import os
+import re
 import tomllib
 from dataclasses import dataclass, field
 
@@ -128,3 +129,31 @@ def quiesce_mode(value):
 
 def _names(v):
     return isinstance(v, list) and bool(v) and all(isinstance(x, str) and x for x in v)
+
+
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*(?:([KMGT])(?:i?B)?|B)?", re.I)
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text):
+    """Bytes from a size: the one grammar of every size Foundation reads (docs/operation.md §2).
+
+    A non-negative int, or a string: a number (digits, optionally a fraction) then optionally a unit
+    K, M, G or T, each a power of 1024 and optionally followed by "B" or "iB", or a bare "B":
+    4096, "16M", "16 MiB", "1.5G", "512KB", "100B". Case does not matter. The result must be a
+    whole number of bytes ("1.5" and "0.3K" are refused). ValueError (naming the text) otherwise.
+    """
+    if isinstance(text, int) and not isinstance(text, bool):
+        if text < 0:
+            raise ValueError(f"not a size: {text!r} (a size is never negative)")
+        return text
+    m = _SIZE.fullmatch(text.strip()) if isinstance(text, str) else None
+    if not m:
+        raise ValueError(f"not a size: {text!r} (use e.g. 4096, 512K, 16M, 2G or 1T; K/M/G/T are powers of 1024)")
+    number, unit = m.group(1), (m.group(2) or "").upper()
+    whole, _, frac = number.partition(".")
+    scaled = int(whole) * _UNITS[unit] + (int(frac) * _UNITS[unit] // 10 ** len(frac) if frac else 0)
+    if frac and int(frac) * _UNITS[unit] % 10 ** len(frac):
+        raise ValueError(f"not a size: {text!r} (it is not a whole number of bytes)")
+    return scaled
+

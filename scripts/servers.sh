@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # The servers the replica tests and benchmarks run against, on loopback:
-# FTP and FTPS (pyftpdlib, tests/ftpd.py) and S3 (MinIO, built from source
-# with `go install`: there is no Debian package, and CI reaches only the
-# package registries, the Go module proxy among them).
+# FTP and FTPS (pyftpdlib, tests/ftpd.py), FTPS as most Linux hosts serve it
+# (vsftpd, the Debian package, with its defaults: it demands TLS session reuse
+# on data connections) and S3 (MinIO, built from source with `go install`:
+# there is no Debian package, and CI reaches only the package registries,
+# the Go module proxy among them).
 #
-#   scripts/servers.sh install      pyftpdlib + pyopenssl + boto3, and MinIO (about 6 min and 1.2 GB
+#   scripts/servers.sh install      pyftpdlib + pyopenssl + boto3, vsftpd (not started: the tests
+#                                   start their own on loopback), and MinIO (about 6 min and 1.2 GB
 #                                   of Go modules the first time; the binary is cached)
-#   scripts/servers.sh start DIR    start all three in DIR and print a config file using them
+#   scripts/servers.sh start DIR    start all four in DIR and print a config file using them
 #   scripts/servers.sh stop DIR     stop what `start DIR` started
 #
 # MinIO goes to ${FOUNDATION_CACHE:-/var/cache/foundation}/bin/minio; MINIO_BIN names an
@@ -55,6 +58,20 @@ install_minio() {
     say "MinIO: $CACHE/bin/minio"
 }
 
+install_vsftpd() {
+    if [ ! -x /usr/sbin/vsftpd ]; then
+        say "installing vsftpd (Debian package; its own service is left stopped)"
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq
+        apt-get install -y -qq --no-install-recommends vsftpd >/dev/null
+    fi
+    # Debian starts the package's own vsftpd on port 21 where it can: the tests need none of it.
+    if command -v systemctl >/dev/null && systemctl is-active --quiet vsftpd 2>/dev/null; then
+        systemctl disable --now vsftpd >/dev/null 2>&1 || true
+    fi
+    say "vsftpd: /usr/sbin/vsftpd"
+}
+
 case "${1:-}" in
 install)
     if ! $PY -c "import pyftpdlib, OpenSSL, boto3" 2>/dev/null; then
@@ -62,6 +79,7 @@ install)
         PIP_ROOT_USER_ACTION=ignore $PY -m pip install -q --disable-pip-version-check \
             "pyftpdlib>=1.5" "pyopenssl>=23" "boto3>=1.36"
     fi
+    install_vsftpd
     install_minio
     ;;
 start)

@@ -3,7 +3,7 @@
 # the Debian packages (compiler headers for the C core, QEMU, libvirt, FUSE,
 # file-system tools for the tests, mmdebstrap and OVMF for the Debian guest
 # lab of tests/lab/), the Python package with its C core
-# built by cffi, the replica test servers (scripts/servers.sh install: pyftpdlib,
+# built by cffi, the replica test servers (scripts/servers.sh install: pyftpdlib, vsftpd,
 # and MinIO built with Go once into /var/cache/foundation) and a running
 # libvirtd. Idempotent; safe to run again.
 set -euo pipefail

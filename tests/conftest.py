@@ -5,7 +5,7 @@ import pytest
 
 from foundation.store import Store, Tuning
 try:  # the replica test servers, as fixtures
-    from servers import ftp_server, ftps_server, local_server, s3_server  # noqa: F401
+    from servers import ftp_server, ftps_server, local_server, s3_server, vsftpd_server  # noqa: F401
 except ImportError:  # imported as tests.conftest by a test's helper script: no fixtures needed
     pass
 

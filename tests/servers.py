@@ -1,7 +1,10 @@
-"""Real replica servers on loopback for the tests: FTP, FTPS (tests/ftpd.py) and S3 (MinIO).
+"""Real replica servers on loopback for the tests: FTP, FTPS (tests/ftpd.py), vsftpd (FTPS) and S3 (MinIO).
 
-Session fixtures `ftp_server`, `ftps_server`, `s3_server` start one each
-as a subprocess on free ports; `local_server` is a directory (file://).
+Session fixtures `ftp_server`, `ftps_server`, `vsftpd_server`, `s3_server`
+start one each as a subprocess on free ports; `local_server` is a
+directory (file://). vsftpd is the Debian package with its defaults
+(notably require_ssl_reuse=YES: every data connection must resume the
+control connection's TLS session) and TLS forced on both channels.
 Each yields a Server: `.url` and `.options` (what a [replicas.NAME] table
 would hold), `.sub(name)` for a fresh replica inside it, `.backend()`, and
 direct access to what the server stores (`stored()`, `read`, `write`,
@@ -9,7 +12,7 @@ direct access to what the server stores (`stored()`, `read`, `write`,
 backend's back. A fixture skips only when its server program cannot be
 found (`scripts/servers.sh install` installs them).
 
-    python tests/servers.py start DIR   # all three in DIR, detached; prints a config file using them
+    python tests/servers.py start DIR   # all four in DIR, detached; prints a config file using them
     python tests/servers.py stop DIR
 """
 
@@ -23,6 +26,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 
@@ -42,8 +46,9 @@ class NotAvailable(Exception):
 class Server:
     """A running (or, for file://, a local) replica server and a way at what it stores."""
 
-    def __init__(self, kind, url, options, root=None, client=None, prefix="", procs=()):
+    def __init__(self, kind, url, options, root=None, client=None, prefix="", procs=(), owner=None):
         self.kind, self.url, self.options = kind, url, dict(options)
+        self.owner = owner        # (uid, gid) the server writes as: what tests write behind it gets it too
         self.root = root          # file/ftp/ftps: the directory on disk the URL's path is in
         self.client = client      # s3: a boto3 client with the root credentials
         self.bucket = BUCKET if kind == "s3" else None
@@ -53,7 +58,7 @@ class Server:
     def sub(self, name):
         """A fresh replica in a subdirectory (or under a key prefix) of this one."""
         srv = Server(self.kind, f"{self.url.rstrip('/')}/{name}", self.options, self.root, self.client,
-                     f"{self.prefix}/{name}".lstrip("/"))
+                     f"{self.prefix}/{name}".lstrip("/"), owner=self.owner)
         if self.kind == "file":      # a file:// replica must exist (it stands for a mounted share)
             os.makedirs(srv._file(""), exist_ok=True)
         return srv
@@ -102,9 +107,18 @@ class Server:
         if self.kind == "s3":
             self.client.put_object(Bucket=BUCKET, Key=self._key(name), Body=data)
             return
-        os.makedirs(os.path.dirname(self._file(name)), exist_ok=True)
-        with open(self._file(name), "wb") as f:
+        path = self._file(name)
+        made = []
+        d = os.path.dirname(path)
+        while not os.path.isdir(d):
+            made.append(d)
+            d = os.path.dirname(d)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
             f.write(data)
+        if self.owner:            # the server (a local user) must be able to replace and delete it
+            for p in [path, *made]:
+                os.chown(p, *self.owner)
 
     def remove(self, name):
         if self.kind == "s3":
@@ -115,6 +129,8 @@ class Server:
     def stop(self):
         for p in self.procs:
             stop_process(p)
+        if self.owner and self.root:     # vsftpd's root is outside the test's tmp_path (see start_vsftpd)
+            shutil.rmtree(os.path.dirname(self.root), ignore_errors=True)
 
 
 # ---- starting servers ---------------------------------------------------------------------------
@@ -188,6 +204,85 @@ def start_ftpd(d, tls=False, quota=None, detach=False):
     port = int(line.split()[1])
     scheme = "ftps" if tls else "ftp"
     return Server(scheme, f"{scheme}://{USER}@127.0.0.1:{port}/", options, root=root, procs=[p])
+
+
+VSFTPD_USER = "foundation-ftp"
+VSFTPD_PORTS = (50500, 50599)    # passive ports: apart from tests/ftpd.py's 50100-50499
+
+
+def vsftpd_binary():
+    for b in ("/usr/sbin/vsftpd", shutil.which("vsftpd")):
+        if b and os.access(b, os.X_OK):
+            return b
+    raise NotAvailable("vsftpd is not installed (scripts/servers.sh install)")
+
+
+def vsftpd_user():
+    """(uid, gid) of the local user vsftpd logs the tests in as, made (with PASSWORD) if missing."""
+    import pwd
+    try:
+        pw = pwd.getpwnam(VSFTPD_USER)
+    except KeyError:
+        if os.getuid() != 0:
+            raise NotAvailable(f"making the local user {VSFTPD_USER} for vsftpd needs root") from None
+        subprocess.run(["useradd", "--system", "--no-create-home", "--home-dir", "/",
+                        "--shell", "/bin/sh", VSFTPD_USER], check=True)   # PAM wants a shell of /etc/shells
+        pw = pwd.getpwnam(VSFTPD_USER)
+    subprocess.run(["chpasswd"], input=f"{VSFTPD_USER}:{PASSWORD}".encode(), check=True)
+    return pw.pw_uid, pw.pw_gid
+
+
+def start_vsftpd(d, detach=False):
+    """vsftpd serving a fresh directory as the local user VSFTPD_USER: a Server for ftps:// (CA file d/cert.pem).
+
+    The served directory is made under /tmp (pytest's own directories are closed to other users)
+    and removed by stop(); everything else (config, certificate, log) is in d.
+    """
+    binary = vsftpd_binary()
+    if os.getuid() != 0:
+        raise NotAvailable("vsftpd must be started as root")
+    owner = vsftpd_user()
+    top = tempfile.mkdtemp(prefix="foundation-vsftpd-")
+    os.chmod(top, 0o755)
+    root = os.path.join(top, "root")
+    os.mkdir(root)
+    os.chown(root, *owner)
+    empty = os.path.join(d, "empty")                 # secure_chroot_dir: an empty directory root owns
+    os.makedirs(empty, exist_ok=True)
+    cert = make_cert(os.path.join(d, "cert.pem"))
+    for _ in range(3):      # a free port may be taken between our look and vsftpd's bind
+        port = free_port()
+        conf = os.path.join(d, "vsftpd.conf")
+        with open(conf, "w") as f:
+            f.write("\n".join([
+                "listen=YES", "listen_ipv6=NO", "listen_address=127.0.0.1", f"listen_port={port}",
+                "background=NO", "anonymous_enable=NO", "local_enable=YES", "write_enable=YES",
+                "local_umask=022", f"local_root={root}",
+                "chroot_local_user=YES", "allow_writeable_chroot=YES",   # "/" is root, as at a hosting "pam_service_name=vsftpd", "seccomp_sandbox=NO",
+                f"secure_chroot_dir={empty}", "connect_from_port_20=NO",
+                "ssl_enable=YES", f"rsa_cert_file={cert}", f"rsa_private_key_file={cert}",
+                "force_local_logins_ssl=YES", "force_local_data_ssl=YES", "ssl_ciphers=HIGH",
+                f"pasv_min_port={VSFTPD_PORTS[0]}", f"pasv_max_port={VSFTPD_PORTS[1]}",
+                "xferlog_enable=YES", f"vsftpd_log_file={d}/vsftpd.log", "dual_log_enable=NO",
+                ""]))                                 # require_ssl_reuse: left at its default, YES
+        with open(os.path.join(d, "vsftpd.out"), "ab") as log:
+            p = subprocess.Popen([binary, conf], stdout=log, stderr=log, start_new_session=detach)
+        deadline = time.monotonic() + 10
+        while p.poll() is None and time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+                    if s.recv(3) == b"220":
+                        break
+            except OSError:
+                time.sleep(0.05)
+        else:
+            stop_process(p)
+            continue
+        options = {"password": PASSWORD, "timeout": 10, "ca_file": cert}
+        return Server("ftps", f"ftps://{VSFTPD_USER}@127.0.0.1:{port}/", options, root=root, procs=[p],
+                      owner=owner)
+    shutil.rmtree(top, ignore_errors=True)
+    raise RuntimeError(f"vsftpd did not start; see {d}/vsftpd.out")
 
 
 @contextlib.contextmanager
@@ -266,8 +361,15 @@ def ftps_server(request, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def vsftpd_server(request, tmp_path_factory):
+    return _fixture(request, tmp_path_factory, start_vsftpd)
+
+
+@pytest.fixture(scope="session")
 def s3_server(request, tmp_path_factory):
-    return _fixture(request, tmp_path_factory, start_minio)
+    srv = _fixture(request, tmp_path_factory, start_minio)
+    srv.options["multipart_threshold"] = "8M"   # the tests' 16-20 MiB objects go up in parts (resumable)
+    return srv
 
 
 @pytest.fixture
@@ -292,13 +394,21 @@ def main(argv):
                 except ProcessLookupError:
                     pass
         os.unlink(pids)
+        with contextlib.suppress(FileNotFoundError):      # vsftpd's served directory, outside DIR
+            with open(os.path.join(d, "dirs.json")) as f:
+                for top in json.load(f):
+                    shutil.rmtree(top, ignore_errors=True)
+            os.unlink(os.path.join(d, "dirs.json"))
         return
     servers = {}
-    for name, start, kw in (("ftp", start_ftpd, {}), ("ftps", start_ftpd, {"tls": True}), ("s3", start_minio, {})):
+    for name, start, kw in (("ftp", start_ftpd, {}), ("ftps", start_ftpd, {"tls": True}),
+                            ("vsftpd", start_vsftpd, {}), ("s3", start_minio, {})):
         os.makedirs(os.path.join(d, name), exist_ok=True)
         servers[name] = start(os.path.join(d, name), detach=True, **kw)
     with open(pids, "w") as f:
         json.dump([p.pid for s in servers.values() for p in s.procs], f)
+    with open(os.path.join(d, "dirs.json"), "w") as f:
+        json.dump([os.path.dirname(s.root) for s in servers.values() if s.owner], f)
     conf = []
     for name, s in servers.items():
         conf.append(f"[replicas.{name}]\nurl = {json.dumps(s.url + 'foundation')}")

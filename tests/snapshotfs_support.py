@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 import uuid as uuidlib
+import xml.etree.ElementTree as ET
 
 from foundation.snapshotfs.server import is_tree
 
@@ -93,18 +94,34 @@ def _run(cmd):
 
 
 def domain_xml(name, uid, disks, mac="52:54:00:12:34:56"):
-    """A small bootable-but-OS-less libvirt domain (TCG) with the given {dev: image path}."""
-    ds = "".join(
-        f"<disk type='file' device='disk'><driver name='qemu' type='raw'/>"
-        f"<source file='{p}'/><target dev='{d}' bus='virtio'/></disk>"
-        for d, p in sorted(disks.items()))
-    return (f"<domain type='qemu'><name>{name}</name><uuid>{uid}</uuid>"
-            f"<memory unit='MiB'>64</memory><vcpu>1</vcpu>"
-            f"<os><type arch='x86_64' machine='pc'>hvm</type></os>"
-            f"<devices>{ds}"
-            f"<interface type='user'><mac address='{mac}'/><model type='virtio'/></interface>"
-            f"<serial type='pty'/><console type='pty'/>"
-            f"<memballoon model='none'/></devices></domain>")
+    """A small bootable-but-OS-less libvirt domain (TCG) with the given {dev: image path}.
+
+    Built with ElementTree like every other libvirt XML of Foundation: names and paths are escaped.
+    """
+    def sub(parent, tag, text=None, **attrs):
+        el = ET.SubElement(parent, tag, attrs)
+        el.text = text
+        return el
+
+    dom = ET.Element("domain", type="qemu")
+    sub(dom, "name", name)
+    sub(dom, "uuid", str(uid))
+    sub(dom, "memory", "64", unit="MiB")
+    sub(dom, "vcpu", "1")
+    sub(sub(dom, "os"), "type", "hvm", arch="x86_64", machine="pc")
+    devices = sub(dom, "devices")
+    for dev, path in sorted(disks.items()):
+        disk = sub(devices, "disk", type="file", device="disk")
+        sub(disk, "driver", name="qemu", type="raw")
+        sub(disk, "source", file=str(path))
+        sub(disk, "target", dev=dev, bus="virtio")
+    nic = sub(devices, "interface", type="user")
+    sub(nic, "mac", address=mac)
+    sub(nic, "model", type="virtio")
+    sub(devices, "serial", type="pty")
+    sub(devices, "console", type="pty")
+    sub(devices, "memballoon", model="none")
+    return ET.tostring(dom, encoding="unicode")
 
 
 class ImagesArchiver:

@@ -120,6 +120,18 @@ def test_unreadable_images_get_clear_errors(tmp_path):
         open_image(str(top))
 
 
+def test_one_qemu_img_runner(tmp_path):
+    """Every qemu-img call goes through foundation.image.qemuimg.run: its last error line, or its JSON."""
+    from foundation.image import qemuimg
+    img = tmp_path / "a.qcow2"
+    qemuimg.run(["create", "-q", "-f", "qcow2", str(img), "1M"], f"create {img}")
+    assert qemuimg.info(str(img))["virtual-size"] == 1 << 20
+    with pytest.raises(qemuimg.QemuImgFailed, match=r"qemu-img info .*none.qcow2 failed: .*No such file"):
+        qemuimg.info(str(tmp_path / "none.qcow2"))
+    with pytest.raises(qemuimg.QemuImgFailed, match="not JSON"):
+        qemuimg.run_json(["info", str(img)], f"info {img}")      # (human output, not --output=json)
+
+
 def test_changed_file_validation(tmp_path):
     def load(text, size=1 << 20):
         p = tmp_path / "ranges.json"

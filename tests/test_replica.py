@@ -1,7 +1,8 @@
 """Replicas end to end: replicate, audit, recover and repair against real servers on loopback.
 
 The servers are tests/servers.py's: a directory (file://), pyftpdlib for
-FTP and FTPS, MinIO for S3; each test gets a fresh replica inside one. The
+FTP and FTPS, vsftpd (Debian's, TLS session reuse demanded) for FTPS, MinIO for S3;
+each test gets a fresh replica inside one. The
 stores are real and encrypted unless a test says otherwise, and are driven
 through the `foundation` command as a user would.
 """
@@ -19,7 +20,7 @@ import time
 
 import pytest
 from servers import (NotAvailable, free_port, ftp_server, ftps_server, local_server, s3_server,  # noqa: F401
-                     small_disk, start_ftpd, start_minio)
+                     small_disk, start_ftpd, start_minio, vsftpd_server)
 from conftest import damage
 from test_image_support import BS, content, make_store, seeded
 
@@ -36,7 +37,7 @@ from foundation.store.verify import Damage, Kind
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MARKER = b"FOUNDATION-PLAINTEXT-MARKER-5c1e"   # written into every image: must never reach a server
 VM = "secret-vm-name"
-SERVERS = ("file", "ftp", "ftps", "s3")
+SERVERS = ("file", "ftp", "ftps", "vsftpd", "s3")
 _count = [0]
 
 
@@ -232,13 +233,16 @@ def test_audit_sample_and_presence_only(request, site):
 
 # ---- an upload killed midway resumes ------------------------------------------------------------
 
-@pytest.mark.parametrize("kind", ["file", "ftp", "s3"])
+@pytest.mark.parametrize("kind", ["file", "ftp", "vsftpd", "s3"])
 def test_killed_upload_resumes(request, tmp_path, capsys, kind):
+    """kill -9 midway; S3 sends two objects and two parts of each at once, and keeps the parts that
+    were up (a 32 MiB arena: four parts, so that two are up while two are in flight)."""
     srv = fresh(request, kind)
-    site = Site(tmp_path, capsys, size=4 << 20, arena_size=16 << 20)
-    site.img = bytearray(site.rng.randbytes(20 << 20))   # incompressible: arena 0 seals at ~16 MiB
+    mib = 32 if kind == "s3" else 16
+    site = Site(tmp_path, capsys, size=4 << 20, arena_size=mib << 20)
+    site.img = bytearray(site.rng.randbytes((mib + 4) << 20))   # incompressible: arena 0 seals
     site.day(1)
-    site.use(srv, bandwidth="8M")
+    site.use(srv, bandwidth="8M", **({"parallel": 2} if kind == "s3" else {}))
     env = dict(os.environ, PYTHONPATH=ROOT)
     p = subprocess.Popen([sys.executable, "-m", "foundation", "--store", site.store, "--key-file", site.key,
                           "--config", str(site.config), "replicate"], env=env, stdout=subprocess.DEVNULL,
@@ -259,6 +263,72 @@ def test_killed_upload_resumes(request, tmp_path, capsys, kind):
     total = sum(srv.stored().values())
     assert res.bytes_sent <= total - (8 << 20), (res.bytes_sent, total)
     assert not [n for n in srv.stored() if ".tmp-" in n or n.endswith(".multipart")]
+    rc, out, _ = site.cli("audit")
+    assert rc == 0, out
+
+
+def test_parallel_replicate_commits_the_manifest_last(request, tmp_path, capsys):
+    """S3 puts several objects at once; the manifest goes up only after every one of them, and not at
+    all when one of them fails; the next replicate then sends only what is missing."""
+    import threading
+
+    from foundation.replica.backend import Permanent, Wrapper
+
+    srv = fresh(request, "s3")
+    site = Site(tmp_path, capsys, size=4 << 20, arena_size=512 << 10)
+    site.img = bytearray(site.rng.randbytes(4 << 20))     # incompressible: eight sealed arenas
+    site.day(1)
+    log, lock = [], threading.Lock()
+
+    class Recorder(Wrapper):
+        fail = None
+
+        def put(self, name, *args, **kw):
+            with lock:
+                log.append(("start", name))
+            time.sleep(0.05)                               # long enough for the others to start
+            if name == self.fail:
+                raise Permanent(self.url, "injected refusal")
+            self.inner.put(name, *args, **kw)
+            with lock:
+                log.append(("end", name))
+
+    names = []
+
+    class Names(Recorder):
+        def put(self, name, *args, **kw):
+            names.append(name)
+            return super().put(name, *args, **kw)
+    with site.local() as loc, srv.backend() as b:
+        rec = Names(b)
+        res = replicate(loc, rec)
+    assert rec.concurrent == 4 and res.arenas_sent >= 8
+    inflight = top = 0
+    for what, _ in log:
+        inflight += 1 if what == "start" else -1
+        top = max(top, inflight)
+    assert top >= 2, "the objects went up one at a time"
+    manifest_at = [i for i, (what, name) in enumerate(log) if name == "manifest" and what == "start"]
+    last_object_end = max(i for i, (what, name) in enumerate(log) if what == "end" and name.startswith(("arenas/", "open/")))
+    assert manifest_at and manifest_at[0] > last_object_end
+
+    # Day 2 on a fresh replica, with one arena refused while the others are in flight: no manifest.
+    srv2 = fresh(request, "s3")
+    victim = sorted(n for n in names if n.startswith("arenas/"))[3]
+    log.clear()
+    with site.local() as loc, srv2.backend() as b:
+        rec = Recorder(b)
+        rec.fail = victim
+        with pytest.raises(Permanent, match="injected refusal"):
+            replicate(loc, rec)
+    assert "manifest" not in srv2.stored() and victim not in srv2.stored()
+    objects = [n for n in names if n.startswith(("arenas/", "open/"))]
+    done = [n for what, n in log if what == "end" and n in objects]
+    assert done, "no other object was in flight"
+    with site.local() as loc, srv2.backend() as b:
+        res = replicate(loc, b)
+    assert res.arenas_sent + res.parts_sent == len(objects) - len(done)     # the rest were kept
+    site.use(srv2)
     rc, out, _ = site.cli("audit")
     assert rc == 0, out
 
@@ -285,7 +355,7 @@ def test_replicate_sends_only_committed_bytes(request, site, tmp_path):
 
 # ---- repair -----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kind", ["file", "ftps", "s3"])
+@pytest.mark.parametrize("kind", ["file", "ftps", "vsftpd", "s3"])
 def test_repair_from_replica(request, site, kind):
     srv = fresh(request, kind)
     site.use(srv)

@@ -1,4 +1,4 @@
-"""The replica backends against real servers: a directory, FTP, FTPS (pyftpdlib) and S3 (MinIO).
+"""The replica backends against real servers: a directory, FTP, FTPS (pyftpdlib, vsftpd) and S3 (MinIO).
 
 One set of tests runs on every backend (restic's way): round trips,
 atomic and resumable puts (a failure injected in the chunk loop, and a
@@ -24,7 +24,7 @@ from foundation.replica.config import find_replica, parse_bandwidth, replicas_fr
 from servers import PASSWORD, S3_SECRET, free_port, small_disk, start_ftpd
 
 MiB = 1 << 20
-KINDS = ["local", "ftp", "ftps", "s3"]
+KINDS = ["local", "ftp", "ftps", "vsftpd", "s3"]
 
 
 @pytest.fixture(params=KINDS)
@@ -251,6 +251,80 @@ def test_limiter_accounting():
     assert lim.chunk(1 << 20) == (1 << 20) // 10
 
 
+def test_limiter_shared_by_threads():
+    """Four threads through one limit: every byte is counted, and together they keep to the rate."""
+    import threading
+    lim = Limiter(1 << 20)
+    t = time.monotonic()
+    threads = [threading.Thread(target=lambda: [lim.take(10_000) for _ in range(30)]) for _ in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    elapsed = time.monotonic() - t
+    assert lim.total == 1_200_000
+    # 1.2 MB at 1 MiB/s, less the 0.1 s burst: not before about 1.04 s (a sleep never ends early)
+    assert elapsed >= (1_200_000 - lim.burst) / lim.rate - 0.01, elapsed
+
+
+def s3_calls(backend):
+    """[(operation, "start"|"end")] of the S3 requests `backend` (Retrying(S3Backend)) makes from now on."""
+    import threading
+    events, lock = [], threading.Lock()
+    client = backend.inner._client()
+
+    def hook(what):
+        def record(model, **_):
+            with lock:
+                events.append((model.name, what))
+        return record
+    client.meta.events.register("before-call.s3", hook("start"))
+    client.meta.events.register("after-call.s3", hook("end"))
+    return events
+
+
+def most_at_once(events, op):
+    now = top = 0
+    for name, what in events:
+        if name == op:
+            now += 1 if what == "start" else -1
+            top = max(top, now)
+    return top
+
+
+def test_s3_one_put_then_parallel_parts(s3_server, big, tmp_path):
+    srv = s3_server.sub("shapes")
+    opts = {k: v for k, v in srv.options.items() if k != "multipart_threshold"}
+    srv.options = opts
+    with srv.backend() as b:                          # the defaults: 64 MiB in one PUT, 4 at a time
+        assert b.concurrent == 4
+        calls = s3_calls(b)
+        b.put("one", big)
+        assert [c for c in calls if c[1] == "start"] == [("PutObject", "start")]
+    with srv.backend(multipart_threshold="8M", parallel=3) as b:
+        calls = s3_calls(b)
+        b.put("parts", big, token="t")
+        started = [n for n, what in calls if what == "start"]
+        assert started[:2] == ["ListMultipartUploads", "CreateMultipartUpload"]   # (nothing to resume)
+        assert started[-1] == "CompleteMultipartUpload"
+        assert started.count("UploadPart") == 3
+        assert most_at_once(calls, "UploadPart") >= 2, calls
+        assert b.get("parts") == b.get("one") == content(big)
+    assert temporaries(srv) == {}
+
+
+def test_s3_paced_parts_keep_the_limit(s3_server, big):
+    """Parts in flight at once under one bandwidth limit: each byte is paced once, however botocore reads."""
+    srv = s3_server.sub("paced")
+    with srv.backend(bandwidth="16M", parallel=4) as b:
+        t = time.monotonic()
+        b.put("x", big, token="t")
+        elapsed = time.monotonic() - t
+        assert b.limiter.total == 20 * MiB
+        assert b.get("x") == content(big)
+    assert elapsed >= (20 * MiB - 1.6 * MiB) / (16 * MiB), elapsed
+
+
 # ---- failures ------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kind", ["ftp", "ftps", "s3"])
@@ -281,7 +355,8 @@ def test_unreachable(request, kind):
     t = time.monotonic()
     with pytest.raises(Unreachable) as e:
         b.list()
-    assert time.monotonic() - t < 5
+    # S3: botocore also tries each request 3 times, with its own backoff of up to 2 + 4 s
+    assert time.monotonic() - t < (25 if kind == "s3" else 5)
     assert b.retries == 2 and f"127.0.0.1:{port}" in str(e.value) and "3 attempts" in str(e.value)
     assert PASSWORD not in str(e.value)
 
@@ -355,7 +430,7 @@ def test_s3_bucket_encrypted_with_kms(tmp_path, big, monkeypatch):
     try:
         srv.client.put_bucket_encryption(Bucket=srv.bucket, ServerSideEncryptionConfiguration={"Rules": [
             {"ApplyServerSideEncryptionByDefault": {"SSEAlgorithm": "aws:kms", "KMSMasterKeyID": "foundation-test"}}]})
-        with srv.backend() as b:
+        with srv.backend(multipart_threshold="8M") as b:
             b.put("arenas/00000000.arena", big, token="t")       # three parts
             assert b.get("arenas/00000000.arena") == content(big)
             head = srv.client.head_object(Bucket=srv.bucket, Key="arenas/00000000.arena")
@@ -445,7 +520,10 @@ def test_retrying_backoff():
     r = Retrying(Flaky(), attempts=6, backoff=0.5, max_backoff=3, sleep=waits.append)
     with pytest.raises(Unreachable, match="connection reset"):
         r.list()
-    assert waits == [0.5, 1, 2, 3, 3]
+    # doubling up to max_backoff, each wait jittered down to half of it
+    assert len(waits) == 5
+    assert all(w / 2 <= got <= w for got, w in zip(waits, [0.5, 1, 2, 3, 3])), waits
+    assert len({round(got / w, 9) for got, w in zip(waits, [0.5, 1, 2, 3, 3])}) > 1, "no jitter"
 
 
 # ---- configuration -------------------------------------------------------------------------------
@@ -486,6 +564,10 @@ def test_config_tables(tmp_path, monkeypatch):
     ({"url": "ftps://h/", "insecure": "yes"}, "insecure must be true or false"),
     ({"url": "ftp://h/", "timeout": -1}, "timeout must be a positive number"),
     ({"url": "ftp://h/", "bandwidth": "fast"}, "bandwidth must be bytes per second"),
+    ({"url": "s3://bucket/p", "parallel": 0}, "parallel must be a number of transfers from 1 to 64"),
+    ({"url": "s3://bucket/p", "parallel": "4"}, "parallel must be a number"),
+    ({"url": "s3://bucket/p", "multipart_threshold": "1M"}, "multipart_threshold must be at least 5M"),
+    ({"url": "ftp://h/", "parallel": 4}, "unknown setting 'parallel' for a ftp:// replica"),
     ({"endpoint": "http://x"}, r"\[replicas.r\] has no url"),
     ({"url": "sftp://h/x"}, "url must start with ftp://, ftps://, s3:// or file:///"),
     ({"url": "ftp:///x"}, "url has no host name"),
@@ -552,6 +634,10 @@ def test_bandwidth_and_find():
     assert parse_bandwidth(1000) == 1000
     assert parse_bandwidth("1G") == 1 << 30
     assert parse_bandwidth("0") is None
+    assert parse_bandwidth("") is None
+    for bad in ("fast", "1.5", "-2M", "2 M/s/s", True):
+        with pytest.raises(ValueError, match="not a size"):
+            parse_bandwidth(bad)
     c = conf({"nas": {"url": "file:///mnt/nas"}})
     assert find_replica(c, "nas").path == "/mnt/nas"
     assert find_replica(c, "ftp://h/x").host == "h"

@@ -89,7 +89,7 @@ def test_base_is_last_archived_state(make_vm, dir_archive):
     base = os.path.join(vm.dir, "vda.raw")
     with open(base, "rb") as f:
         assert f.read() == archived
-    from foundation.vm import qemuimg
+    from foundation.image import qemuimg
 
     assert [(s, n) for s, n, _, _ in qemuimg.layer_map(vm.top("vda"), share=True)] == [(2 * MiB, 64 << 10)]
 

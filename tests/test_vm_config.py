@@ -2,7 +2,7 @@
 
 import pytest
 
-from foundation.config import ConfigError, load_config
+from foundation.config import ConfigError, load_config, parse_size
 
 
 def test_defaults_when_the_default_file_is_missing(monkeypatch, tmp_path):
@@ -61,3 +61,42 @@ def test_mistakes_are_named(tmp_path, text, msg):
 def test_named_file_must_exist(tmp_path):
     with pytest.raises(ConfigError, match="no such file"):
         load_config(str(tmp_path / "nope.toml"))
+
+
+# ---- the one size grammar (docs/operation.md "Sizes") ----------------------------------------------
+
+@pytest.mark.parametrize("text, n", [
+    (4096, 4096), ("4096", 4096), (" 4096 ", 4096), ("0", 0), ("100B", 100), ("100 b", 100),
+    ("512K", 512 << 10), ("512k", 512 << 10), ("512KB", 512 << 10), ("512KiB", 512 << 10),
+    ("16M", 16 << 20), ("16 MiB", 16 << 20), ("16mb", 16 << 20), ("1.5G", 3 << 29), ("0.5K", 512),
+    ("2T", 2 << 40), ("1.25M", 1310720),
+])
+def test_size_grammar_accepts(text, n):
+    assert parse_size(text) == n
+
+
+@pytest.mark.parametrize("text", [
+    "", " ", "M", "1.5", "0.3K", "-1", -1, "1e3", "1,5M", "16 M B", "16MBB", "16Mi", "2P", "1.5.2K",
+    "0x10", "16M/s", "sixteen", True, 1.5, None,
+])
+def test_size_grammar_refuses(text):
+    with pytest.raises(ValueError, match="not a size"):
+        parse_size(text)
+
+
+def test_every_size_reader_uses_the_grammar(tmp_path, capsys):
+    from foundation.cli import main
+    from foundation.replica.config import spec_from_url
+
+    with pytest.raises(SystemExit) as e:
+        main(["init", str(tmp_path / "s"), "--arena-size", "1.5"])
+    assert e.value.code == 2
+    assert "argument --arena-size: not a size: '1.5' (it is not a whole number of bytes)" in capsys.readouterr().err
+    assert not (tmp_path / "s").exists()
+    with pytest.raises(SystemExit) as e:
+        main(["gc", "--target-free", "20Q"])
+    assert e.value.code == 2 and "argument --target-free: not a size: '20Q'" in capsys.readouterr().err
+    assert spec_from_url("ftp://h/", bandwidth="1.5 MiB/s").bandwidth == 3 << 19
+    assert spec_from_url("s3://bucket/p", multipart_threshold="16 MiB").multipart_threshold == 16 << 20
+    with pytest.raises(Exception, match=r"multipart_threshold: not a size: '16 Mo'"):
+        spec_from_url("s3://bucket/p", multipart_threshold="16 Mo")

@@ -9,12 +9,14 @@ FOUNDATION_PASSPHRASE or a terminal prompt, never from the command line
 (it would show in `ps`).
 """
 
+import argparse
 import functools
 import logging
 import os
 import sys
 import time
 
+from foundation.config import parse_size
 from foundation.errors import Error, UsageError
 
 log = logging.getLogger(__name__)
@@ -136,15 +138,12 @@ def open_primary(args):
 # ---- sizes ---------------------------------------------------------------------------------
 
 def size(text):
-    """Parse 4096, 16M, 16MiB, 2G, 1T."""
-    t = text.strip().upper().removesuffix("IB").removesuffix("B")
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    """A command-line size: 4096, 16M, 16MiB, 2G, 1T (foundation.config.parse_size); argparse
+    reports a bad one as a usage error (status 2)."""
     try:
-        if t and t[-1] in mult:
-            return int(float(t[:-1]) * mult[t[-1]])
-        return int(t)
-    except ValueError:
-        raise UsageError(f"not a size: {text!r} (use e.g. 4096, 16M, 512G)") from None
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 # ---- replicas ------------------------------------------------------------------------------

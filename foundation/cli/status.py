@@ -212,7 +212,7 @@ def _when(t):
 
 
 def _chains(name, rec, conn):
-    from foundation.vm import qemuimg
+    from foundation.image import qemuimg
     from foundation.vm.domain import Domain
 
     if conn is None:

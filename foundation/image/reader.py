@@ -14,11 +14,11 @@ grows a read-ahead window up to 8 MiB.
 import concurrent.futures
 import os
 import stat
-import subprocess
 import threading
 from collections import OrderedDict
 
 from foundation.errors import DataCorrupt, Error
+from foundation.image import qemuimg
 from foundation.image.shape import Shape, split_refs
 
 BATCH = 8192  # leaves per read_blocks call
@@ -302,10 +302,10 @@ def restore_image(store, root, path, fmt="raw", progress=None):
         finally:
             os.close(fd)
         if fmt == "qcow2":
-            p = subprocess.run(["qemu-img", "convert", "-q", "-f", "raw", "-O", "qcow2", tmp, tmpq],
-                               capture_output=True, text=True)
-            if p.returncode != 0:
-                raise RestoreFailed(path, f"qemu-img convert failed: {p.stderr.strip()}")
+            try:
+                qemuimg.run(["convert", "-q", "-f", "raw", "-O", "qcow2", tmp, tmpq], f"convert to {tmpq}")
+            except qemuimg.QemuImgFailed as e:
+                raise RestoreFailed(path, f"qemu-img convert failed: {e.args[1]}") from None
             os.replace(tmpq, path)
         else:
             os.chmod(tmp, 0o644 & ~_umask())

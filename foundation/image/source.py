@@ -20,9 +20,9 @@ import errno
 import json
 import os
 import stat
-import subprocess
 
 from foundation.errors import BadInput
+from foundation.image import qemuimg
 from foundation.image import ranges as R
 
 
@@ -33,17 +33,11 @@ class ImageUnreadable(BadInput):
 
 
 def _qemu_img(args, path):
+    """qemu-img's JSON answer about the image at path; its failure said as ImageUnreadable."""
     try:
-        p = subprocess.run(["qemu-img", *args], capture_output=True, text=True, stdin=subprocess.DEVNULL)
-    except FileNotFoundError:
-        raise ImageUnreadable(path, "qemu-img is not installed (apt-get install qemu-utils)") from None
-    if p.returncode != 0:
-        msg = p.stderr.strip().splitlines()
-        raise ImageUnreadable(path, msg[-1] if msg else f"qemu-img exited with status {p.returncode}")
-    try:
-        return json.loads(p.stdout)
-    except json.JSONDecodeError:
-        raise ImageUnreadable(path, "qemu-img printed something that is not JSON") from None
+        return qemuimg.run_json(args, path)
+    except qemuimg.QemuImgFailed as e:
+        raise ImageUnreadable(path, e.args[1]) from None
 
 
 def probe(path, fmt=None):
@@ -76,15 +70,15 @@ def check(path, fmt):
 
 
 def _check_layer(layer, fmt, path):
-    args = ["check", "--output=json", "-U", "-f", fmt, layer]
     try:
-        p = subprocess.run(["qemu-img", *args], capture_output=True, text=True, stdin=subprocess.DEVNULL)
-    except FileNotFoundError:
-        raise ImageUnreadable(path, "qemu-img is not installed (apt-get install qemu-utils)") from None
-    if p.returncode in _CHECK_OK:
+        qemuimg.run(["check", "--output=json", "-U", "-f", fmt, layer], f"check {layer}", ok=_CHECK_OK)
         return
+    except qemuimg.QemuImgFailed as e:
+        if e.status is None:
+            raise ImageUnreadable(path, e.args[1]) from None
+        failure = e
     try:
-        report = json.loads(p.stdout)
+        report = json.loads(failure.stdout)
     except json.JSONDecodeError:
         report = {}
     bad = report.get("corruptions", 0)
@@ -95,8 +89,7 @@ def _check_layer(layer, fmt, path):
     elif failed:
         why = f"qemu-img check could not read {failed} metadata cluster(s) (truncated or damaged {fmt} file)"
     else:
-        lines = p.stderr.strip().splitlines()
-        why = f"qemu-img check failed: {lines[-1] if lines else f'exit status {p.returncode}'}"
+        why = f"qemu-img check failed: {failure.args[1]}"
     raise ImageUnreadable(path, why + where + "; nothing was archived. Repair a copy with `qemu-img check -r all` "
                                       "or archive an intact image")
 

@@ -34,12 +34,15 @@ Rules every backend keeps:
   at its next call.
 - Messages name the replica by its URL without any password or secret key
   and say what to do.
-- A backend object is used by one thread at a time; open one per thread.
+- A backend object is used by one thread at a time, unless its
+  `concurrent` says how many calls may run on it at once (S3: its
+  `parallel` setting); replicate then puts that many objects at once.
 """
 
 import contextlib
 import hashlib
 import os
+import random
 import re
 import threading
 import time
@@ -60,6 +63,7 @@ class Backend:
     url = ""                 # for messages: the URL without any password or secret
     limiter = None           # a Limiter pacing put/get data, set by Throttled
     chunk = CHUNK
+    concurrent = 1           # calls that may run on this object at once, from different threads
 
     def __init__(self):
         self.sent = 0        # bytes of object data sent to the server, all calls together
@@ -277,6 +281,10 @@ class Wrapper(Backend):
     def limiter(self):
         return self.inner.limiter
 
+    @property
+    def concurrent(self):
+        return self.inner.concurrent
+
     def _call(self, method, *args, **kw):
         return getattr(self.inner, method)(*args, **kw)
 
@@ -306,8 +314,10 @@ class Wrapper(Backend):
 
 
 class Retrying(Wrapper):
-    """Call again on a Transient error, waiting backoff, 2*backoff, ... (at most max_backoff) between attempts.
+    """Call again on a Transient error, waiting about backoff, 2*backoff, ... (at most max_backoff) between attempts.
 
+    Each wait is jittered (between half and all of it), so that transfers cut
+    together (a dropped link, a throttling server) do not all come back together.
     A put that was cut resumes at the next attempt (same name and token).
     When `attempts` calls all failed, raises Unreachable with the last error.
     """
@@ -317,6 +327,7 @@ class Retrying(Wrapper):
         self.attempts, self.backoff, self.max_backoff = attempts, backoff, max_backoff
         self.sleep = sleep
         self.retries = 0     # calls made again, all together
+        self._lock = threading.Lock()
 
     def _call(self, method, *args, **kw):
         wait = self.backoff
@@ -326,8 +337,9 @@ class Retrying(Wrapper):
             except Transient as e:
                 last = e
             if attempt + 1 < self.attempts:
-                self.retries += 1
-                self.sleep(wait)
+                with self._lock:
+                    self.retries += 1
+                self.sleep(wait * random.uniform(0.5, 1.0))
                 wait = min(wait * 2, self.max_backoff)
         raise Unreachable(self.url, f"{last.args[-1]} ({self.attempts} attempts)") from last
 

@@ -6,7 +6,9 @@
     region = "us-east-1"                  # env AWS_REGION / AWS_DEFAULT_REGION
     access_key = "..."                    # env AWS_ACCESS_KEY_ID (else boto3's own search)
     secret_key = "..."                    # env AWS_SECRET_ACCESS_KEY
-    bandwidth = "2M"                      # bytes/s, suffixes K M G (powers of 1024); optional
+    parallel = 4                          # objects (and parts of one large object) in flight at once
+    multipart_threshold = "64M"           # larger objects go up in parallel parts, smaller in one PUT
+    bandwidth = "2M"                      # bytes/s, a size (foundation.config.parse_size); optional
     [replicas.hosting]
     url = "ftps://user@ftp.example.com:2121/backups/foundation"
     password = "..."                      # or in the URL, or FOUNDATION_FTP_PASSWORD, or ~/.netrc
@@ -30,13 +32,16 @@ import re
 from dataclasses import dataclass, field
 from urllib.parse import quote, unquote, urlsplit
 
-from foundation.config import ConfigError
+from foundation.config import ConfigError, parse_size
 from foundation.replica.backend import BadReplicaURL
 
 log = logging.getLogger(__name__)
 
 SCHEMES = ("file", "ftp", "ftps", "s3")
 DEFAULT_TIMEOUT = 60.0
+DEFAULT_PARALLEL = 4
+DEFAULT_MULTIPART_THRESHOLD = 64 << 20
+MIN_PART = 5 << 20                 # S3's smallest part (but the last)
 PASSWORD_ENV = "FOUNDATION_FTP_PASSWORD"
 
 _COMMON = {"url": str, "bandwidth": (str, int), "timeout": (int, float), "allow_plaintext": bool}
@@ -45,10 +50,9 @@ _KEYS = {
     "ftp": {"password": str},
     "ftps": {"password": str, "ca_file": str, "insecure": bool},
     "s3": {"endpoint": str, "region": str, "access_key": str, "secret_key": str,
-           "ca_file": str, "insecure": bool},
+           "ca_file": str, "insecure": bool, "parallel": int, "multipart_threshold": (str, int)},
 }
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
-_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMG]?)i?B?(?:/s)?", re.I)
 
 
 @dataclass
@@ -71,6 +75,8 @@ class ReplicaSpec:
     bandwidth: int | None = None     # bytes per second
     timeout: float = DEFAULT_TIMEOUT
     allow_plaintext: bool = False    # may an unencrypted store be replicated here (foundation.replica.sync)
+    parallel: int = 1                # transfers one backend runs at once (s3: DEFAULT_PARALLEL)
+    multipart_threshold: int = DEFAULT_MULTIPART_THRESHOLD   # s3: larger objects go up in parts
 
 
 def replicas_from_config(conf):
@@ -114,21 +120,13 @@ def find_replica(conf, name_or_url):
 
 
 def parse_bandwidth(value):
-    """Bytes per second from 2097152, "2M", "500K", "1.5 MiB/s"; None for 0 or ""."""
-    if isinstance(value, bool):
-        raise ValueError(value)
-    if isinstance(value, int):
-        n = value
-    else:
-        m = _SIZE.fullmatch(value.strip())
-        if not m:
-            if value.strip() in ("", "0"):
-                return None
-            raise ValueError(value)
-        n = int(float(m.group(1)) * 1024 ** " KMG".index(m.group(2).upper() or " "))
-    if n < 0:
-        raise ValueError(value)
-    return n or None
+    """Bytes per second: a size (foundation.config.parse_size), optionally followed by "/s":
+    2097152, "2M", "500K", "1.5 MiB/s"; None for 0 or "" (no limit)."""
+    if isinstance(value, str):
+        value = value.strip().removesuffix("/s")
+        if value.strip() == "":
+            return None
+    return parse_size(value) or None
 
 
 def _build(url, options, name, where):
@@ -213,6 +211,17 @@ def _build(url, options, name, where):
         spec.region = options.get("region") or env("AWS_REGION") or env("AWS_DEFAULT_REGION") or "us-east-1"
         spec.access_key = options.get("access_key") or env("AWS_ACCESS_KEY_ID")
         spec.secret_key = options.get("secret_key") or env("AWS_SECRET_ACCESS_KEY")
+        spec.parallel = options.get("parallel", DEFAULT_PARALLEL)
+        if not 1 <= spec.parallel <= 64:
+            bad(f"parallel must be a number of transfers from 1 to 64, not {spec.parallel!r}")
+        if "multipart_threshold" in options:
+            try:
+                spec.multipart_threshold = parse_size(options["multipart_threshold"])
+            except ValueError as e:
+                bad(f"multipart_threshold: {e}")
+            if spec.multipart_threshold < MIN_PART:
+                bad(f"multipart_threshold must be at least 5M (S3's smallest part), "
+                    f"not {options['multipart_threshold']!r}")
         if bool(spec.access_key) != bool(spec.secret_key):
             bad("give both access_key and secret_key (or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY), or neither")
     return spec

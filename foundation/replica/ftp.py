@@ -5,6 +5,10 @@ FTP has no atomic upload, only an atomic rename: a put stores
 put was cut) and renames it over `name` with RNFR/RNTO. One control
 connection, opened at the first call and again after a failure, in
 passive binary mode, TLS on both channels for ftps:// (AUTH TLS + PROT P).
+Every data connection resumes the control connection's TLS session, as
+vsftpd (require_ssl_reuse, its default), ProFTPD and FileZilla Server
+demand: ftplib's FTP_TLS does not (CPython bpo-19500), so `_SessionReuse`
+does.
 """
 
 import contextlib
@@ -32,6 +36,16 @@ def _full(e):
     return _code(e) in _FULL or "no space left" in text or "disk full" in text or "quota" in text
 
 
+class _SessionReuse(ftplib.FTP_TLS):
+    """FTP_TLS whose data connections resume the control connection's TLS session."""
+
+    def ntransfercmd(self, cmd, rest=None):
+        conn, size = ftplib.FTP.ntransfercmd(self, cmd, rest)
+        if self._prot_p:
+            conn = self.context.wrap_socket(conn, server_hostname=self.host, session=self.sock.session)
+        return conn, size
+
+
 class FTPBackend(Backend):
     def __init__(self, spec):
         super().__init__()
@@ -54,7 +68,7 @@ class FTPBackend(Backend):
                 ctx = ssl._create_unverified_context()
             else:
                 ctx = ssl.create_default_context(cafile=s.ca_file)
-            ftp = ftplib.FTP_TLS(context=ctx, timeout=s.timeout)
+            ftp = _SessionReuse(context=ctx, timeout=s.timeout)
         else:
             ftp = ftplib.FTP(timeout=s.timeout)
         self.ftp = ftp

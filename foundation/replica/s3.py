@@ -1,25 +1,34 @@
 """A replica in an S3-compatible object store (boto3): AWS, MinIO, and the many others.
 
-S3 objects appear whole or not at all, so a small object is one
-put_object. A large one is a multipart upload of PART-byte parts
-completed into place; when a put was cut, the newest unfinished upload of
-the key is found again (list_multipart_uploads, list_parts) and each part
-whose MD5 matches the local bytes is kept (on an SSE-KMS bucket the ETag
-is no MD5: every part is sent again). Path-style addressing (the
-form every S3 clone accepts) and no retries inside botocore: `Retrying`
-does them.
+Over a real link a request costs a round trip or more, so throughput comes
+from having several in flight: an object up to `multipart_threshold` goes
+up in one put_object, a larger one as a multipart upload whose parts go up
+`parallel` at a time, and replicate puts `parallel` objects at once on the
+one thread-safe client (S3Backend.concurrent). botocore retries a request
+that was throttled or hit a 5xx ("standard" retry mode); what is still
+failing after that becomes Transient and `Retrying` retries the whole
+object, with jittered backoff. When a put was cut, the newest unfinished
+upload of the key is found again (list_multipart_uploads, list_parts) and
+each part whose MD5 matches the local bytes is kept (on an SSE-KMS bucket
+the ETag is no MD5: every part is sent again); a single put cut midway
+starts again. Path-style addressing (the form every S3 clone accepts).
 """
 
 import base64
 import contextlib
 import hashlib
+import io
+import threading
 
 from foundation.replica import registry
 from foundation.replica.backend import (
     AuthFailed, Backend, Permanent, RemoteError, RemoteFull, RemoteMissing, Transient,
     check_name, download, md5_of, span)
+from foundation.replica.pool import run_all
 
-PART = 8 << 20           # multipart part size; objects smaller than this go in one put_object
+PART = 8 << 20           # multipart part size (grown for an object of more than MAX_PARTS of them)
+MAX_PARTS = 10000        # S3's limit
+BOTO_ATTEMPTS = 3        # botocore's own tries of one request (standard mode: throttling, 5xx, resets)
 
 _AUTH = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "InvalidToken", "ExpiredToken",
          "InvalidClientTokenId", "AuthorizationHeaderMalformed", "403"}
@@ -39,15 +48,23 @@ class S3Backend(Backend):
         self.url = spec.url
         self.bucket = spec.bucket
         self.base = spec.path
+        self.concurrent = spec.parallel
         self._s3 = None
+        self._lock = threading.Lock()      # the client's making, and the byte counts
 
     def _client(self):
-        """The boto3 client, made (and the bucket checked) at the first call."""
+        """The boto3 client, made (and the bucket checked) at the first call; shared by every thread."""
+        with self._lock:
+            return self._s3 or self._make_client()
+
+    def _make_client(self):
         if self._s3 is None:
             import boto3
             from botocore.config import Config
             s = self.spec
-            config = Config(s3={"addressing_style": "path"}, retries={"total_max_attempts": 1},
+            config = Config(s3={"addressing_style": "path"},
+                            retries={"mode": "standard", "total_max_attempts": BOTO_ATTEMPTS},
+                            max_pool_connections=s.parallel * (s.parallel + 1),   # objects x their parts
                             connect_timeout=s.timeout, read_timeout=s.timeout, signature_version="s3v4",
                             request_checksum_calculation="when_required",
                             response_checksum_validation="when_required")
@@ -110,10 +127,10 @@ class S3Backend(Backend):
             s3 = self._client()
             if progress:
                 progress(0)
-            if length < PART:
+            if length <= self.spec.multipart_threshold:
                 data = self._read(path, offset, length)
-                s3.put_object(Bucket=self.bucket, Key=key, Body=data, ContentMD5=_md5(data)[1])
-                self.sent += length
+                s3.put_object(Bucket=self.bucket, Key=key, Body=self._body(data), ContentMD5=_md5(data)[1])
+                self._count(length)
                 if progress:
                     progress(length)
                 return
@@ -124,28 +141,38 @@ class S3Backend(Backend):
                 parts = self._parts(key, upload)
             if upload is None:
                 upload = s3.create_multipart_upload(Bucket=self.bucket, Key=key)["UploadId"]
-            done, etags = 0, []
-            for number, start in enumerate(range(0, length, PART), 1):
-                n = min(PART, length - start)
+            size = max(PART, -(-length // MAX_PARTS))
+            etags, todo, done = {}, [], 0
+            for number, start in enumerate(range(0, length, size), 1):
+                n = min(size, length - start)
                 old = parts.get(number)
                 if old and old["Size"] == n and old["ETag"].strip('"') == md5_of(path, offset + start, n):
-                    etag = old["ETag"]
+                    etags[number] = old["ETag"]
+                    done += n
                 else:
-                    data = self._read(path, offset + start, n)
-                    # Content-MD5 makes the server refuse a damaged part (BadDigest); the ETag it
-                    # answers is not an MD5 on an SSE-KMS bucket, so it is not compared.
-                    etag = s3.upload_part(Bucket=self.bucket, Key=key, UploadId=upload, PartNumber=number,
-                                          Body=data, ContentMD5=_md5(data)[1])["ETag"]
-                    self.sent += n
-                etags.append({"PartNumber": number, "ETag": etag})
+                    todo.append((key, upload, number, path, offset + start, n))
+            if progress and done:
+                progress(done)
+            for number, etag, n in run_all(self._put_part, todo, self.concurrent):
+                etags[number] = etag
                 done += n
                 if progress:
                     progress(done)
-            s3.complete_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload,
-                                         MultipartUpload={"Parts": etags})
+            s3.complete_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload, MultipartUpload={
+                "Parts": [{"PartNumber": k, "ETag": etags[k]} for k in sorted(etags)]})
             for u in uploads:          # older attempts that cannot be resumed any more
                 if u["UploadId"] != upload:
                     self._abort(key, u["UploadId"])
+
+    def _put_part(self, key, upload, number, path, offset, n):
+        """Upload one part -> (number, ETag, n); run in a worker thread."""
+        data = self._read(path, offset, n)
+        # Content-MD5 makes the server refuse a damaged part (BadDigest); the ETag it answers is
+        # not an MD5 on an SSE-KMS bucket, so it is not compared.
+        etag = self._client().upload_part(Bucket=self.bucket, Key=key, UploadId=upload, PartNumber=number,
+                                          Body=self._body(data), ContentMD5=_md5(data)[1])["ETag"]
+        self._count(n)
+        return number, etag, n
 
     def _read(self, path, offset, n):
         with open(path, "rb") as f:
@@ -153,8 +180,15 @@ class S3Backend(Backend):
             data = f.read(n)
         if len(data) != n:
             raise ValueError(f"{path} shrank while it was uploaded")
-        self._pace(n)
         return data
+
+    def _body(self, data):
+        """What botocore sends: the bytes, or under a bandwidth limit a reader paced as it is read."""
+        return data if self.limiter is None else _Paced(data, self._pace)
+
+    def _count(self, n):
+        with self._lock:
+            self.sent += n
 
     def _uploads(self, key):
         """The unfinished multipart uploads of exactly `key`, newest first."""
@@ -205,7 +239,8 @@ class S3Backend(Backend):
                 data = body.read(n)
                 if not data:
                     return
-                self.received += len(data)
+                with self._lock:
+                    self.received += len(data)
                 write(data)
 
     def get(self, name, offset=0, length=None):
@@ -273,5 +308,22 @@ def _md5(data):
     d = hashlib.md5(data, usedforsecurity=False).digest()
     return d.hex(), base64.b64encode(d).decode()
 
+
+class _Paced(io.BytesIO):
+    """Bytes read through the bandwidth limit: each byte is paced the first time it is read, so
+    botocore's rewinds (a retry, or the payload hash it takes before sending over plain http) cost
+    no second wait."""
+
+    def __init__(self, data, pace):
+        super().__init__(data)
+        self.pace, self.high = pace, 0
+
+    def read(self, n=-1):
+        data = super().read(n)
+        end = self.tell()
+        if end > self.high:
+            self.pace(end - self.high)
+            self.high = end
+        return data
 
 registry.register(S3Backend, "s3")

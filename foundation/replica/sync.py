@@ -8,9 +8,12 @@ and byte range), so an upload never replaces an object the committed
 manifest names: the new objects go up first, then the manifest
 (atomically), and only then are objects it no longer names deleted. An
 interrupted replicate, or a gc that rewrote arenas meanwhile, therefore
-never leaves a replica without an arena a snapshot it lists needs. The
-manifest is MACed with the store's key: a replica of another store, or
-one someone changed, is recognised. docs/format.md §13 has every byte.
+never leaves a replica without an arena a snapshot it lists needs.
+Objects go up several at a time where the backend allows it (S3), and the
+manifest only once every one of them is up (the first failure stops the
+rest and commits nothing). The manifest is MACed with the store's key: a
+replica of another store, or one someone changed, is recognised.
+docs/format.md §13 has every byte.
 
 Replicate reads the store as a reader does, trusting only what the head
 commits, so it runs beside an archive or the /snapshot tree; it holds the
@@ -23,6 +26,7 @@ import json
 import logging
 import re
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -31,6 +35,7 @@ from foundation import native
 from foundation.errors import DataCorrupt
 from foundation.replica.errors import (ForeignReplica, NotAReplica, PlaintextRefused, RemoteMissing, ReplicaAhead,
                                        ReplicaBusy, ReplicaTampered)
+from foundation.replica.pool import Pipeline
 from foundation.store import format as F
 from foundation.store import layout as L
 from foundation.store.primary import Primary
@@ -281,19 +286,25 @@ def read_remote(local, backend):
 
 
 class ByteProgress:
-    """Turns the backends' per-object `done` counts into a running total for Progress."""
+    """Turns one put's `done` counts into byte counts for a running total (Progress)."""
 
     def __init__(self, sink):
         self.sink, self.last = sink, 0
-
-    def start(self):
-        self.last = 0
-        return self
 
     def __call__(self, done):
         if self.sink and done > self.last:
             self.sink(done - self.last)
         self.last = done  # a retried transfer starts again from 0
+
+
+def _locked(sink):
+    """sink, callable from several upload threads at once."""
+    lock = threading.Lock()
+
+    def call(n):
+        with lock:
+            sink(n)
+    return call
 
 
 def put_bytes(backend, name, data):
@@ -351,17 +362,25 @@ def replicate(local, backend, allow_plaintext=False, progress=None, resend=(), f
         if old and not force and _ahead(backend, old, head, files):
             raise ReplicaAhead(backend.url, old.head.arena, old.head.end, head.arena, head.end)
         have = {k: v for k, v in existing.items() if k not in set(resend)}
-        plan = _plan(local, backend, head, files, old, have, res, trust_names=old is None and not why)
         if conf_b != local.config:
             put_bytes(backend, STORE_JSON, local.config)   # claims the prefix before any arena goes up
-        total = sum(p.size for _, p in plan.sealed_up) + sum(e - s for _, s, e, _ in plan.parts_up)
-        sink = ByteProgress(progress(total) if progress else None)
-        for entry, p in plan.sealed_up:
-            backend.put(entry.name, p.path, 0, p.size, token=entry.amac.hex(), progress=sink.start())
-            res.arenas_sent += 1
-        for name, s, e, _ in plan.parts_up:
-            backend.put(name, files[-1].path, s, e - s, token=_part_token(name), progress=sink.start())
-            res.parts_sent += 1
+        sink = _locked(progress(_to_send(files, old, have, head))) if progress else None
+
+        def put(name, path, offset, length, token):
+            backend.put(name, path, offset, length, token=token, progress=ByteProgress(sink))
+            return name
+        # Each arena goes up as soon as it is checked, several at once where the backend allows
+        # it; every one is up before the manifest.
+        with Pipeline(put, backend.concurrent) as up:
+            plan = _plan(local, backend, head, files, old, have, res, trust_names=old is None and not why,
+                         send=lambda entry, p: up.add(entry.name, p.path, 0, p.size, entry.amac.hex()))
+            for name, s, e, _ in plan.parts_up:
+                up.add(name, files[-1].path, s, e - s, _part_token(name))
+            for name in up.results():
+                if _PART_OBJ.fullmatch(name):
+                    res.parts_sent += 1
+                else:
+                    res.arenas_sent += 1
         new = Manifest(local.uuid, head_b, head, plan.entries, plan.open, digest(local.config),
                        datetime.now(timezone.utc).isoformat(timespec="seconds"))
         if old is None or (old.head_bytes, old.arenas, old.open, old.config) != \
@@ -414,8 +433,25 @@ class _Plan:
     parts_up: list = field(default_factory=list)    # [(name, start, end, digest)] to upload
 
 
-def _plan(local, backend, head, files, old, existing, res, trust_names=False):
+def _to_send(files, old, existing, head):
+    """About how many bytes replicate sends (for the progress bar, before the plan is made): the
+    sealed arenas the replica lacks under their own names, and the open arena past its segments."""
+    have = {a.n: a for a in old.arenas} if old else {}
+    total = 0
+    for p in files[:-1]:
+        mine = have.get(p.n)
+        if p.trailer is None or not mine or existing.get(mine.name) != mine.size \
+                or (mine.generation, mine.amac) != (p.trailer.generation, p.trailer.amac):
+            total += p.size
+    start = old.open.end if old and (old.open.n, old.open.ident) == (head.arena, files[-1].ident) else 0
+    return total + max(0, head.end - start)
+
+
+def _plan(local, backend, head, files, old, existing, res, trust_names=False, send=None):
     """Which copy of each arena the new manifest names, and what must go up for it.
+
+    send(Sealed, ArenaFile) is called for each sealed arena to upload as soon as it is decided
+    (replicate starts its upload while the next arenas are checked).
 
     With `trust_names` (no manifest yet: a first replicate was cut), an arena object already complete
     under the very name the local arena would get is kept, so the first upload resumes too.
@@ -442,6 +478,8 @@ def _plan(local, backend, head, files, old, existing, res, trust_names=False):
             else:
                 plan.entries.append(ours)
                 plan.sealed_up.append((ours, p))
+                if send:
+                    send(ours, p)
         elif there:
             _warn(res, f"local arena {n} is damaged (missing, no valid trailer, or off the chain); "
                        "the replica keeps its copy: run `foundation repair`")
@@ -471,7 +509,8 @@ def _damaged(local, backend, p, chain, res, keeps, old, existing):
                                                                damage):
         raise DataCorrupt(f"arena {p.n} offset {damage[0].offset}: the local arena is damaged, and the replica "
                           f"holds its first {segs.end} bytes as open-arena segments: run `foundation "
-                          "repair` (it mends the arena from them), then replicate; nothing was sent")
+                          "repair` (it mends the arena from them), then replicate; the replica keeps its "
+                          "last state (its manifest is unchanged)")
     if damage:
         where = "the replica keeps its copy" if keeps else "it is replicated as it is (no better copy exists)"
         _warn(res, f"local arena {p.n} is damaged ({damage[0]}{' …' if len(damage) > 1 else ''}); "

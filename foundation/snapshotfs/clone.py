@@ -25,11 +25,11 @@ import pwd
 import grp
 import re
 import shutil
-import subprocess
 import uuid
 import xml.etree.ElementTree as ET
 
 from foundation.errors import BadInput, NotFound, UsageError
+from foundation.image import qemuimg
 from foundation.snapshotfs import timeindex as ti
 from foundation.snapshotfs import MARKER
 
@@ -313,10 +313,10 @@ def create_overlays(snap, name, clones_dir):
         for dev in sorted(snap.disks):
             backing = os.path.join(snap.canonical_dir, f"{dev}.raw")
             ov = os.path.join(cdir, f"{dev}.qcow2")
-            r = subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-b", backing, "-F", "raw", ov],
-                               capture_output=True, text=True)
-            if r.returncode != 0:
-                raise UsageError(f"qemu-img create of the overlay for {dev} failed: {r.stderr.strip()}")
+            try:
+                qemuimg.create_overlay(ov, backing, "raw")
+            except qemuimg.QemuImgFailed as e:
+                raise UsageError(f"qemu-img create of the overlay for {dev} failed: {e.args[1]}") from None
             if owner:
                 os.chown(ov, *owner)
             os.chmod(ov, 0o660)

@@ -1,8 +1,8 @@
 """The nightly VM archiver: libvirt external snapshots, changed clusters, block-commit, journal.
 
 Paper §2.2 and Figure 2, on libvirt/QEMU. `archiver.py` holds the run and
-its crash-repair table; `domain.py` the libvirt side; `qemuimg.py` the
-image tool; `source.py` reads a frozen disk; `swap.py` finds swap areas;
+its crash-repair table; `domain.py` the libvirt side
+(`foundation.image.qemuimg` runs the image tool); `source.py` reads a frozen disk; `swap.py` finds swap areas;
 `journal.py` the per-VM journal and lock; `sink.py` where snapshots go.
 """
 

@@ -60,7 +60,8 @@ import uuid as uuidlib
 from foundation.config import quiesce_mode
 from foundation.errors import BadInput, DataCorrupt, DerivedCorrupt, Error, StoreFull, StoreMissing
 from foundation.faults import crash_point
-from foundation.vm import journal, qemuimg, swap
+from foundation.image import qemuimg
+from foundation.vm import journal, swap
 from foundation.vm.domain import AgentFailed, Domain, FreezeFailed, LibvirtFailed, UnsupportedDisk
 from foundation.vm.journal import VMBusy
 from foundation.vm.source import SnapshotSource

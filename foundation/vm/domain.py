@@ -262,13 +262,7 @@ class Domain:
         the guest frozen (the tests' kill point).
         """
         lv = self.libvirt
-        disks = "".join(
-            f"<disk name='{t}' snapshot='external'><driver type='qcow2'/>"
-            f"<source file='{_xml_attr(p)}'/></disk>" for t, p in news.items())
-        disks += "".join(f"<disk name='{t}' snapshot='no'/>" for t in others)
-        xml = (f"<domainsnapshot><name>foundation-{int(time.time() * 1000)}</name>"
-               f"<description>Foundation nightly archive</description>"
-               f"<disks>{disks}</disks></domainsnapshot>")
+        xml = snapshot_xml(f"foundation-{int(time.time() * 1000)}", news, others)
         flags = (lv.VIR_DOMAIN_SNAPSHOT_CREATE_DISK_ONLY | lv.VIR_DOMAIN_SNAPSHOT_CREATE_ATOMIC
                  | lv.VIR_DOMAIN_SNAPSHOT_CREATE_NO_METADATA)
         if not freeze:
@@ -357,6 +351,16 @@ def _set_source(disk_el, path, fmt):
         disk_el.remove(b)
 
 
-def _xml_attr(s):
-    return (s.replace("&", "&amp;").replace("<", "&lt;").replace("'", "&apos;")
-            .replace('"', "&quot;"))
+def snapshot_xml(name, news, others):
+    """The <domainsnapshot> of Domain.snapshot: `news` {target: new overlay path} external, `others` left."""
+    root = ET.Element("domainsnapshot")
+    ET.SubElement(root, "name").text = name
+    ET.SubElement(root, "description").text = "Foundation nightly archive"
+    disks = ET.SubElement(root, "disks")
+    for target, path in news.items():
+        disk = ET.SubElement(disks, "disk", {"name": target, "snapshot": "external"})
+        ET.SubElement(disk, "driver", {"type": "qcow2"})
+        ET.SubElement(disk, "source", {"file": path})
+    for target in others:
+        ET.SubElement(disks, "disk", {"name": target, "snapshot": "no"})
+    return ET.tostring(root, encoding="unicode")

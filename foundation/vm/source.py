@@ -14,7 +14,7 @@ base, its own backing chain, an odd cluster without an offset) by
 import bisect
 import os
 
-from foundation.vm import qemuimg
+from foundation.image import qemuimg
 
 
 class SnapshotSource:

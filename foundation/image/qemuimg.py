@@ -1,4 +1,7 @@
-"""QEMU's image tool, for what libvirt does not do: maps, offline overlays, offline commits.
+"""QEMU's image tool, for what libvirt does not do: probes, maps, overlays, offline commits, conversions.
+
+Every `qemu-img` Foundation runs goes through `run` here (one way to call
+it, one error, QemuImgFailed, that callers may name in their own terms).
 
 Foundation never parses qcow2 itself. `qemu-img map` of one layer opened
 with `"backing": null` lists exactly the clusters that layer holds (the
@@ -22,15 +25,31 @@ class QemuImgFailed(Error):
     code = 60
 
 
-def _run(args, what):
+def run(args, what, ok=(0,)):
+    """stdout of `qemu-img ARGS`; QemuImgFailed("what", its last error line) if its exit status is not
+    in `ok`, with .status (None: qemu-img is missing) and .stdout for a caller that reads its report."""
     try:
         p = subprocess.run(["qemu-img", *args], capture_output=True, text=True,
                            stdin=subprocess.DEVNULL)
     except FileNotFoundError:
-        raise QemuImgFailed(what, "qemu-img is not installed (apt-get install qemu-utils)") from None
-    if p.returncode != 0:
-        raise QemuImgFailed(what, (p.stderr or p.stdout).strip() or f"exit status {p.returncode}")
+        e = QemuImgFailed(what, "qemu-img is not installed (apt-get install qemu-utils)")
+        e.status, e.stdout = None, ""
+        raise e from None
+    if p.returncode not in ok:
+        lines = (p.stderr or p.stdout).strip().splitlines()
+        e = QemuImgFailed(what, lines[-1] if lines else f"exit status {p.returncode}")
+        e.status, e.stdout = p.returncode, p.stdout
+        raise e
     return p.stdout
+
+
+def run_json(args, what):
+    """`qemu-img ARGS --output=json`'s answer, parsed."""
+    out = run(args, what)
+    try:
+        return json.loads(out)
+    except json.JSONDecodeError:
+        raise QemuImgFailed(what, "qemu-img printed something that is not JSON") from None
 
 
 def info(path, fmt=None, share=True):
@@ -40,7 +59,7 @@ def info(path, fmt=None, share=True):
         args.append("-U")
     if fmt:
         args += ["-f", fmt]
-    return json.loads(_run(args + [path], f"info {path}"))
+    return run_json(args + [path], f"info {path}")
 
 
 def chain(path, share=True):
@@ -48,7 +67,7 @@ def chain(path, share=True):
     args = ["info", "--backing-chain", "--output=json"]
     if share:
         args.append("-U")
-    return json.loads(_run(args + [path], f"info --backing-chain {path}"))
+    return run_json(args + [path], f"info --backing-chain {path}")
 
 
 def backing_of(path):
@@ -68,7 +87,7 @@ def layer_map(path, share=False):
     spec = json.dumps({"driver": "qcow2", "backing": None,
                        "file": {"driver": "file", "filename": os.path.abspath(path)}})
     args = ["map", "--output=json"] + (["-U"] if share else [])
-    out = json.loads(_run(args + [f"json:{spec}"], f"map {path}"))
+    out = run_json(args + [f"json:{spec}"], f"map {path}")
     ext = []
     for e in out:
         if not e.get("present"):
@@ -81,13 +100,13 @@ def layer_map(path, share=False):
 
 def zero_runs(path, fmt):
     """(offset, length) runs that read as zeros through the whole chain of a frozen image."""
-    out = json.loads(_run(["map", "--output=json", "-f", fmt, path], f"map {path}"))
+    out = run_json(["map", "--output=json", "-f", fmt, path], f"map {path}")
     return [(e["start"], e["length"]) for e in out if e.get("zero") and not e.get("data")]
 
 
 def create_overlay(path, backing, backing_fmt):
     """A new, empty qcow2 image over `backing` (offline snapshot of a shut-off VM)."""
-    _run(["create", "-q", "-f", "qcow2", "-b", backing, "-F", backing_fmt, path],
+    run(["create", "-q", "-f", "qcow2", "-b", backing, "-F", backing_fmt, path],
          f"create {path}")
 
 
@@ -97,10 +116,10 @@ def commit(path):
     Idempotent: the layer keeps every cluster until it is deleted, so an
     interrupted commit is simply run again.
     """
-    _run(["commit", "-q", "-d", "-f", "qcow2", path], f"commit {path}")
+    run(["commit", "-q", "-d", "-f", "qcow2", path], f"commit {path}")
 
 
 def rebase_unsafe(path, backing, backing_fmt):
     """Point a qcow2 header at another backing file without touching data (after a commit)."""
-    _run(["rebase", "-u", "-f", "qcow2", "-b", backing, "-F", backing_fmt, path],
+    run(["rebase", "-u", "-f", "qcow2", "-b", backing, "-F", backing_fmt, path],
          f"rebase {path}")
