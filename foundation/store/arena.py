@@ -95,12 +95,13 @@ class Log:
         self.dirty = set()  # arenas written since the last sync
         self.avg_record = RH + self.block_size  # bytes per record in the last pack
         self.threads = 1
+        self.moved = {}  # arena -> the file a reader reads instead (a pending gc switch's new arena)
 
     # ---- opening and recovery ------------------------------------------------
 
-    def load(self):
-        """Read the head and the open arena; cut a torn tail; finish a crashed seal."""
-        self.head = self._read_head()
+    def load(self, head=None):
+        """Read the head (or take `head`) and the open arena; cut a torn tail; finish a crashed seal."""
+        self.head = head or self._read_head()
         for n in range(self.head.arena):
             if not os.path.exists(self.path(n)):
                 raise DataCorrupt(f"arena {n} is missing ({self.path(n)})")
@@ -242,6 +243,9 @@ class Log:
     # ---- files -----------------------------------------------------------------
 
     def path(self, n):
+        p = self.moved.get(n)
+        if p is not None and os.path.exists(p):
+            return p
         return os.path.join(self.dir, F.arena_name(n))
 
     def fd(self, n):
@@ -252,7 +256,10 @@ class Log:
         try:
             fd = os.open(self.path(n), os.O_RDWR if self.writable else os.O_RDONLY)
         except FileNotFoundError:
-            raise DataCorrupt(f"arena {n} is missing ({self.path(n)})") from None
+            try:  # a moved file renamed into place since path() looked (a writer finishing a gc)
+                fd = os.open(os.path.join(self.dir, F.arena_name(n)), os.O_RDONLY)
+            except FileNotFoundError:
+                raise DataCorrupt(f"arena {n} is missing ({self.path(n)})") from None
         self.fds[n] = fd
         while len(self.fds) > MAX_FDS:
             old, ofd = self.fds.popitem(last=False)
