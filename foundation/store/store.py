@@ -79,6 +79,7 @@ class Store(Writes, Reads, IndexCache):
                     arena_size=arena_size, max_log_size=max_log_size, encrypted=bool(encrypt),
                     key_check=keys.check_value(), index_buckets=home, bucket_size=4096,
                     created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+        conf["check"] = F.config_check(keys.mac, conf)
         os.makedirs(os.path.join(path, F.ARENAS))
         os.makedirs(os.path.join(path, F.SUMMARIES))
         disk = Disk(path)
@@ -158,6 +159,7 @@ class Store(Writes, Reads, IndexCache):
         self.log.on_seal = self._sealed
         switching = self._interrupted_gc()
         self.log.load(switching)
+        primary.check_arena_size(self.conf, self.log.open.header, os.path.join(self.path, F.CONFIG))
         self.repaired += self.log.repaired
         self.bad = self._load_damaged() if not switching else set()
         if self.log.damaged:
@@ -300,6 +302,8 @@ class Store(Writes, Reads, IndexCache):
         except IndexFull:
             from foundation.store.rebuild import grow_index
             grow_index(self, bytes(entries), covered)
+        except DerivedCorrupt as e:  # the log is synced: the rebuilt index covers these entries too
+            self.replace_index(e)
         if self.bloom is not None:
             self._save_bloom()
         self.wbuf = native.Table(self.keylen, 1024)
