@@ -328,10 +328,8 @@ def gc_left_something(store):
                 or [x for x in os.listdir(adir) if x.endswith(".gc")])
 
 
-def read_only_commands_serve(capsys, store, history):
-    """list, restore and verify work on what an interrupted gc left, return the exact bytes of every
-    kept day, and change nothing on disk."""
-    before = files(store)
+def serves(capsys, store, history):
+    """`list` and `restore` of the CLI return every day of history ({day: bytes}), byte for byte."""
     rc, out, err = cli(capsys, store, "list", "vm", "--json")
     assert rc == 0, err
     assert sorted(int(x["time"][8:10]) for x in json.loads(out)) == sorted(history)
@@ -341,6 +339,13 @@ def read_only_commands_serve(capsys, store, history):
         assert rc == 0, err
         with open(out_path, "rb") as f:
             assert f.read() == want, d
+
+
+def read_only_commands_serve(capsys, store, history):
+    """list, restore and verify work on what an interrupted gc left, return the exact bytes of every
+    kept day, and change nothing on disk."""
+    before = files(store)
+    serves(capsys, store, history)
     rc, out, err = cli(capsys, store, "verify")
     assert rc == 0 and out.startswith("ok:"), (out, err)
     assert files(store) == before

@@ -17,7 +17,7 @@ import time
 
 import pytest
 from test_cli_images import ROOT, cli, day, write
-from test_gc import files
+from test_gc import files, serves
 from test_image_support import content, make_store, seeded
 
 from foundation.errors import StoreConfigBad, StoreDiskFailed, StoreReadOnly
@@ -37,19 +37,6 @@ def two_days(tmp_path, capsys, mode="hash"):
         assert cli(capsys, store, "import-image", "vm", image, "--at", day(d))[0] == 0
         history[d] = bytes(img)
     return store, history, image
-
-
-def serves(capsys, store, history):
-    """`list` and `restore` return every day, byte for byte."""
-    rc, out, err = cli(capsys, store, "list", "vm", "--json")
-    assert rc == 0, err
-    assert sorted(int(x["time"][8:10]) for x in json.loads(out)) == sorted(history)
-    for d, want in history.items():
-        out_path = os.path.join(os.path.dirname(store), "out.raw")
-        rc, _, err = cli(capsys, store, "restore", f"vm@{day(d)}", out_path, "--force")
-        assert rc == 0, err
-        with open(out_path, "rb") as f:
-            assert f.read() == want, d
 
 
 def one_line(err):

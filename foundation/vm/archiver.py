@@ -58,7 +58,8 @@ import time
 import uuid as uuidlib
 
 from foundation.config import quiesce_mode
-from foundation.errors import BadInput, DataCorrupt, DerivedCorrupt, Error, StoreFull, StoreMissing
+from foundation.errors import (BadInput, DataCorrupt, DerivedCorrupt, Error, StoreDiskFailed, StoreFull,
+                               StoreMissing)
 from foundation.faults import crash_point
 from foundation.vm import journal, qemuimg, swap
 from foundation.vm.domain import AgentFailed, Domain, FreezeFailed, LibvirtFailed, UnsupportedDisk
@@ -490,7 +491,7 @@ class Archiver:
         """Call the sink; a failing store (full, unplugged, damaged) becomes StoreFailed."""
         try:
             return fn(*args, **kw)
-        except (StoreFull, StoreMissing, DataCorrupt, DerivedCorrupt) as e:
+        except (StoreFull, StoreMissing, StoreDiskFailed, DataCorrupt, DerivedCorrupt) as e:
             raise StoreFailed(name, f"{what}: {str(e).rstrip('.')}") from e
         except OSError as e:
             raise StoreFailed(name, f"{what}: {e.strerror or e}") from e
