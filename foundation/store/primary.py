@@ -59,7 +59,8 @@ def read_config(path, config=None, recovering=False):
         conf = F.unpack_config(config)
     except (ValueError, KeyError) as e:
         raise DataCorrupt(f"store config {where} is unreadable ({e})") from None
-    check_types(conf, where)
+    if where.endswith(F.CONFIG):  # the store's own file; one that stands in is checked by its caller (recover)
+        check_types(conf, where)
     return conf, bytes(config)
 
 
@@ -120,7 +121,6 @@ def load_keys(conf, where, key_file=None, master=None, passphrase=None):
         keys = Keys.derive(master, conf["uuid"])
     if keys.check_value() != conf["key_check"]:
         raise WrongKey(f"wrong key for store {where}: the key does not match the store's key check")
-    check_config(conf, keys, os.path.join(where, F.CONFIG))
     return keys, master
 
 
@@ -218,6 +218,8 @@ class Primary:
         self.uuid = self.conf["uuid"]
         self.mode = self.conf["mode"]
         self.keys, self.master = load_keys(self.conf, path, key_file, master, passphrase)
+        if config is None:
+            check_config(self.conf, self.keys, os.path.join(path, F.CONFIG))
         self.codec = codec(self.keys, 1)
         self.disk = Disk(path)
         self.log = Log(path, self.disk, self.codec, self.keys, self.conf, False)

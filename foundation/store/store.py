@@ -120,6 +120,7 @@ class Store(Writes, Reads, IndexCache):
         self.null_ref = bytes(self.ref_size)
         self.zero_block = bytes(self.block_size)
         self.keys, _ = primary.load_keys(conf, path, key_file, master, passphrase)
+        primary.check_config(conf, self.keys, os.path.join(path, F.CONFIG))
         if writable:
             self._lock()
         else:
