@@ -107,7 +107,7 @@ class StoreFull(Error):
 
 
 class StoreDiskFailed(Error):
-    """Store {}: the disk was removed or failed ({}); nothing after the last completed snapshot was kept. Reconnect the disk (check `dmesg` for I/O errors), then run again."""
+    """Store {}: the disk was removed or failed; nothing after the last completed snapshot was kept ({}). Reconnect the disk (check `dmesg` for I/O errors), then run again."""
 
     code = 24
 

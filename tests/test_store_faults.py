@@ -224,8 +224,8 @@ def test_eio_on_read_is_one_line_and_changes_nothing(tmp_path, capsys, monkeypat
     rc, _, err = cli(capsys, store, "restore", "vm", tmp_path / "o.raw")
     assert rc == StoreDiskFailed.code
     line = one_line(err)
-    assert f"Store {store}: the disk was removed or failed (arena: Input/output error)" in line
-    assert "nothing after the last completed snapshot was kept" in line
+    assert f"Store {store}: the disk was removed or failed; nothing after the last completed snapshot was kept " \
+           "(arena: Input/output error)" in line
     monkeypatch.undo()
     assert files(store) == before
     serves(capsys, store, history)
@@ -270,11 +270,17 @@ def test_a_disk_unmounted_under_an_import_is_one_line(tmp_path, capsys):
         _, err = p.communicate(timeout=120)
         assert p.returncode == StoreDiskFailed.code, err
         line = one_line(err)
-        assert line.startswith(f"foundation: Store {store}: the disk was removed or failed (")
-        assert "nothing after the last completed snapshot was kept" in line
+        assert line.startswith(f"foundation: Store {store}: the disk was removed or failed; nothing after the "
+                               "last completed snapshot was kept (")
         time.sleep(0.5)                                # the lazy unmount lets go once the import's files closed
         subprocess.run(["mount", "-o", "loop", disk, mnt], check=True)
         with open(small, "rb") as f:
-            serves(capsys, store, {1: f.read()})       # the committed day, byte for byte
+            days = {1: f.read()}
+        serves(capsys, store, days)                    # the committed day, byte for byte
+        assert cli(capsys, store, "import-image", "vm", small, "--at", day(2))[0] == 0   # the next run goes on
+        days[2] = days[1]
+        serves(capsys, store, days)
+        rc, out, err = cli(capsys, store, "verify")
+        assert rc == 0 and out.startswith("ok:"), out + err
     finally:
         subprocess.run(["umount", mnt], capture_output=True)
