@@ -70,6 +70,12 @@ class StoreBusy(Error):
     code = 15
 
 
+class StoreReadOnly(Error):
+    """Store {} cannot be written ({}). Mount the backup disk read-write, or run as a user who may write the store; `list`, `restore` and `verify` work as it is."""
+
+    code = 16
+
+
 class WrongKey(Error):
     """{}"""
 
@@ -98,6 +104,18 @@ class StoreFull(Error):
     """The store disk is full while writing {}. Nothing after the last completed snapshot was kept; free space or use a larger disk, then run again."""
 
     code = 22
+
+
+class StoreDiskFailed(Error):
+    """Store {}: the disk was removed or failed; nothing after the last completed snapshot was kept ({}). Reconnect the disk (check `dmesg` for I/O errors), then run again."""
+
+    code = 24
+
+
+class StoreConfigBad(Error):
+    """Store config {} {}. A store's parameters never change after `foundation init`: put back the original file (a replica holds a copy: `foundation recover` brings the store back from it)."""
+
+    code = 25
 
 
 class NotFound(Error):

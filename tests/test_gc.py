@@ -1,6 +1,7 @@
 """`foundation gc`: space of forgotten snapshots comes back, kept ones restore, crashes resume."""
 
 import hashlib
+import json
 import os
 import random
 import shutil
@@ -315,27 +316,72 @@ def run_gc(store, crash=None, *args):
                           env=env, capture_output=True, text=True, timeout=120)
 
 
+def gc_left_something(store):
+    """An interrupted gc left work for the next writer: a journal, a rewritten arena, a dirty index."""
+    adir = os.path.join(store, "arenas")
+    try:
+        with open(os.path.join(store, "index"), "rb") as f:
+            dirty = F.IndexHeader.unpack(f.read(F.INDEX_HEADER_SIZE)).dirty
+    except FileNotFoundError:  # deleted by a switch cut short: the journal is there
+        dirty = False
+    return bool(os.path.exists(os.path.join(store, "gc.json")) or dirty
+                or [x for x in os.listdir(adir) if x.endswith(".gc")])
+
+
+def serves(capsys, store, history):
+    """`list` and `restore` of the CLI return every day of history ({day: bytes}), byte for byte."""
+    rc, out, err = cli(capsys, store, "list", "vm", "--json")
+    assert rc == 0, err
+    assert sorted(int(x["time"][8:10]) for x in json.loads(out)) == sorted(history)
+    for d, want in history.items():
+        out_path = os.path.join(os.path.dirname(store), "out.raw")
+        rc, _, err = cli(capsys, store, "restore", f"vm@{day(d)}", out_path, "--force")
+        assert rc == 0, err
+        with open(out_path, "rb") as f:
+            assert f.read() == want, d
+
+
+def read_only_commands_serve(capsys, store, history):
+    """list, restore and verify work on what an interrupted gc left, return the exact bytes of every
+    kept day, and change nothing on disk."""
+    before = files(store)
+    serves(capsys, store, history)
+    rc, out, err = cli(capsys, store, "verify")
+    assert rc == 0 and out.startswith("ok:"), (out, err)
+    assert files(store) == before
+
+
+# Every named point of gc: hash mode's per-arena rewrite and swap, value mode's rewrite, journal, and
+# each step of the switch (the store's own points, foundation.store.switch.finish).
+POINTS = {"hash": ["gc.written", "gc.written:3", "gc.swapped", "gc.swapped:2", "gc.swapped:5"],
+          "value": ["gc.written", "gc.journaled", "gc.renamed", "gc.renamed:2", "gc.trimmed", "gc.headed"]}
+
+
 @pytest.mark.parametrize("mode", ["hash", "value"])
-def test_gc_killed_at_any_point_resumes(tmp_path, capsys, mode):
+def test_gc_killed_at_any_point_never_locks_the_user_out(tmp_path, capsys, caplog, mode):
     pristine = make_store(tmp_path / "pristine", mode=mode)
     history = churn_days(tmp_path, capsys, pristine)
     forget(pristine, {2, 4})
+    kept = {d: history[d] for d in (1, 3, 5, 6)}
+    image = tmp_path / "day7.raw"
+    write(image, history[6])
+    after = {**kept, 7: history[6]}
     reference = str(tmp_path / "reference")
     shutil.copytree(pristine, reference)
     garbage = unreachable(reference)
     assert run_gc(reference).returncode == 0
+    assert cli(capsys, reference, "import-image", "vm", image, "--at", day(7))[0] == 0
+    assert run_gc(reference).returncode == 0
     final = log_bytes(reference)
 
-    points = ["gc.written", "gc.journaled"] if mode == "value" else \
-        ["gc.written", "gc.written:3", "gc.swapped", "gc.swapped:2", "gc.swapped:5"]
     rng = random.Random(5)
-    kills = [(p, None) for p in points] + [(None, rng.uniform(0.2, 0.9)) for _ in range(6)]
+    kills = [(p, None) for p in POINTS[mode]] + [(None, rng.uniform(0.2, 0.9)) for _ in range(6)]
     for k, (point, delay) in enumerate(kills):
         trial = str(tmp_path / f"trial-{k}")
         shutil.copytree(pristine, trial)
         if point:
             p = run_gc(trial, point)
-            assert p.returncode == 137 and "test crash" in p.stderr, p.stderr
+            assert p.returncode == 137 and "test crash" in p.stderr, (point, p.stderr)
         else:
             p = subprocess.Popen([sys.executable, "-c", CRASHER, "--store", trial, "gc", "--min-garbage", "0"],
                                  env=dict(os.environ, PYTHONPATH=ROOT), stdout=subprocess.DEVNULL,
@@ -343,18 +389,20 @@ def test_gc_killed_at_any_point_resumes(tmp_path, capsys, mode):
             time.sleep(delay)
             p.send_signal(signal.SIGKILL)
             p.wait()
-        if os.path.exists(os.path.join(trial, "gc.json")):
-            # A committed value-mode switch: readers wait until a writer finishes it.
-            with pytest.raises(StoreBusy, match="was interrupted"):
-                open_store(trial, writable=False)
-        else:
-            assert restores(trial, history) == [1, 3, 5, 6]
-        with open_store(trial) as s:  # a writer finishes or discards what gc left
-            assert not [x for x in os.listdir(os.path.join(trial, "arenas")) if x.endswith(".gc")]
+        read_only_commands_serve(capsys, trial, kept)
+        left = gc_left_something(trial)
+        # The next writer finishes or undoes what gc left, and says so.
+        caplog.clear()
+        rc, _, err = cli(capsys, trial, "import-image", "vm", image, "--at", day(7))
+        assert rc == 0, err
+        said = [r.getMessage() for r in caplog.records if "interrupted" in r.getMessage()]
+        assert bool(said) == left, (point, delay, said)
+        assert not gc_left_something(trial)
+        with open_store(trial, writable=False) as s:
             assert verify(s)[0] == []
-        assert restores(trial, history) == [1, 3, 5, 6]
+        assert restores(trial, after) == [1, 3, 5, 6, 7]
         assert run_gc(trial).returncode == 0
-        assert restores(trial, history) == [1, 3, 5, 6]
+        assert restores(trial, after) == [1, 3, 5, 6, 7]
         # The same space as one uninterrupted gc, give or take the records
         # each run's Bloom filter keeps by false positive.
         assert abs(log_bytes(trial) - final) <= 0.01 * garbage + 512, (point, delay, log_bytes(trial), final)

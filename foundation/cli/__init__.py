@@ -61,6 +61,23 @@ def main(argv=None):
     except KeyboardInterrupt:
         logs.error("interrupted")
         return INTERRUPTED
+    except OSError as e:  # one that no layer named: the store's disk failing under us, mostly
+        err = _disk_failure(e, args)
+        if err is None:
+            raise
+        logs.error(err)
+        return err.code
+
+
+def _disk_failure(e, args):
+    from foundation.cli.common import store_path
+    from foundation.store.disk import failure
+
+    try:
+        root = store_path(args)
+    except Error:
+        return None
+    return failure(e, root) if root else None
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ from foundation.store import switch
 
 log = logging.getLogger(__name__)
 
-CRASH_ENV = "FOUNDATION_GC_CRASH"  # tests: "point" or "point:N" exits at the N-th time gc reaches it
+CRASH_ENV = switch.CRASH_ENV  # the store's switch marks its own points under the same variable
 
 
 @dataclass

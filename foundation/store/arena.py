@@ -164,17 +164,19 @@ class Log:
         self.dirty = set()  # arenas written since the last sync
         self.avg_record = RH + self.block_size  # bytes per record in the last pack
         self.threads = 1
+        self.moved = {}  # arena -> the file a reader reads instead (a pending gc switch's new arena)
 
     # ---- opening and recovery ------------------------------------------------
 
-    def load(self):
-        """Find the newest commit (the newest valid head copy, carried forward by the log), cut a
-        torn tail, finish a crashed seal; a writer then rewrites head copies that are missing,
-        damaged or behind the log."""
+    def load(self, head=None):
+        """Find the newest commit (the newest valid head copy, carried forward by the log) or take
+        `head` (a pending gc switch's, for a reader), cut a torn tail, finish a crashed seal; a
+        writer then rewrites head copies that are missing, damaged or behind the log."""
         self.slots = read_slots(self.root, self.keys.mac)
-        best = newest(self.slots)
-        self.head = best if best is not None else self._head_from_arenas()
-        self.head = F.Head(**vars(self.head))  # ours to move; the slots keep what they hold
+        if head is None:
+            best = newest(self.slots)
+            head = best if best is not None else self._head_from_arenas()
+        self.head = F.Head(**vars(head))  # ours to move; the slots keep what they hold
         for n in range(self.head.arena):
             if not os.path.exists(self.path(n)):
                 raise DataCorrupt(f"arena {n} is missing ({self.path(n)})")
@@ -408,6 +410,9 @@ class Log:
     # ---- files -----------------------------------------------------------------
 
     def path(self, n):
+        p = self.moved.get(n)
+        if p is not None and os.path.exists(p):
+            return p
         return os.path.join(self.dir, F.arena_name(n))
 
     def fd(self, n):
@@ -418,7 +423,10 @@ class Log:
         try:
             fd = os.open(self.path(n), os.O_RDWR if self.writable else os.O_RDONLY)
         except FileNotFoundError:
-            raise DataCorrupt(f"arena {n} is missing ({self.path(n)})") from None
+            try:  # a moved file renamed into place since path() looked (a writer finishing a gc)
+                fd = os.open(os.path.join(self.dir, F.arena_name(n)), os.O_RDONLY)
+            except FileNotFoundError:
+                raise DataCorrupt(f"arena {n} is missing ({self.path(n)})") from None
         self.fds[n] = fd
         while len(self.fds) > MAX_FDS:
             old, ofd = self.fds.popitem(last=False)

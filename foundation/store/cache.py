@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import pybloomfilter
 
 from foundation import native
-from foundation.errors import DataCorrupt
+from foundation.errors import DataCorrupt, DerivedCorrupt
 from foundation.store import format as F
 from foundation.store.disk import atomic_write
 
@@ -213,7 +213,11 @@ class IndexCache:
 
     def _index_lookup(self, key):
         """Addresses the on-disk index has for key (Bloom already said maybe)."""
-        addrs = self.index.lookup(key)
+        try:
+            addrs = self.index.lookup(key)
+        except DerivedCorrupt as e:  # found damaged in use: it is derived, so made again and asked again
+            self.replace_index(e)
+            addrs = self.index.lookup(key)
         if not addrs and not self.writable and self.index.h.covered < self.log.end_addr:
             self.index.reread_header()
         return [a for a in addrs if a not in self.bad] if self.bad else addrs
@@ -241,6 +245,18 @@ class IndexCache:
         if t is None or len(t) > self.tuning.index_cache_bytes // (self.keylen + 24):
             t = self.summaries[-1] = native.Table(self.keylen, 1024)
         t.add(keys, addrs)
+
+    def replace_index(self, why):
+        """The index turned out damaged: a writer rebuilds it from the arenas, a reader builds one in
+        memory; either says so."""
+        if not self.writable:
+            self.index.close()
+            self.index = self._memory_index(why)
+            return
+        from foundation.store.rebuild import rebuild_index
+        log.warning("%s; rebuilding it from the arenas", why)
+        self.repaired.append(f"rebuilt the index ({why})")
+        rebuild_index(self)
 
     def _memory_index(self, why):
         """A reader that finds the index unusable (a writer crashed mid-flush,

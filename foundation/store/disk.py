@@ -12,7 +12,11 @@ import fcntl
 import os
 from collections import defaultdict
 
-from foundation.errors import StoreFull, StoreMissing
+from foundation.errors import StoreDiskFailed, StoreFull, StoreReadOnly
+from foundation.store import format as F
+
+# What a file on a disk that was pulled, lazily unmounted or failed answers with.
+DISK_GONE = (errno.EIO, errno.ENODEV, errno.ENXIO, errno.ENOENT, errno.ESTALE)
 
 # The paper's disk (§5.1): Maxtor OneTouch III through the file system.
 SEEK_S = 0.0136
@@ -78,8 +82,8 @@ class Disk:
     def _error(self, e, what):
         if e.errno in (errno.ENOSPC, errno.EDQUOT):
             return StoreFull(what)
-        if e.errno in (errno.EIO, errno.ENODEV, errno.ENXIO, errno.ENOENT, errno.ESTALE):
-            return StoreMissing(f"{self.root} ({what}: {e.strerror})")
+        if e.errno in DISK_GONE:
+            return StoreDiskFailed(self.root, f"{what}: {e.strerror}")
         return e
 
     def fsync(self, fd, what="sync"):
@@ -109,6 +113,23 @@ class Disk:
         d["total"] = self.totals().as_dict()
         d["model_seconds"] = self.model_seconds()
         return d
+
+
+def failure(e, root):
+    """The Error an OSError met anywhere under the store at `root` means for the user (the disk
+    full, read-only, pulled or failing), or None if it is not about the store's disk."""
+    name = os.path.abspath(e.filename) if isinstance(e.filename, str) else None
+    if name is not None and not name.startswith(os.path.abspath(root) + os.sep):
+        return None
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return StoreFull(os.path.basename(name or root))
+    if e.errno == errno.EROFS:
+        return StoreReadOnly(root, f"{name or root}: {e.strerror}")
+    if e.errno == errno.ENOENT and os.path.exists(os.path.join(root, F.CONFIG)):
+        return None  # the store is still there: a file it lacks is not a failed disk
+    if e.errno in DISK_GONE:
+        return StoreDiskFailed(root, f"{name or root}: {e.strerror}")
+    return None
 
 
 def fsync_dir(path):

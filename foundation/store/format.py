@@ -300,7 +300,16 @@ class IndexHeader:
 
 # ---- config: JSON, written once by init -----------------------------------
 CONFIG_KEYS = ("format", "version", "uuid", "mode", "block_size", "arena_size",
-               "max_log_size", "encrypted", "key_check", "index_buckets", "bucket_size", "created")
+               "max_log_size", "encrypted", "key_check", "index_buckets", "bucket_size", "created", "check")
+# The parameters a store is made with and their types; `check` MACs them (§2).
+CONFIG_TYPES = {"uuid": str, "mode": str, "block_size": int, "arena_size": int, "max_log_size": int,
+                "encrypted": bool, "key_check": str, "index_buckets": int, "bucket_size": int}
+
+
+def config_check(mac_key, conf):
+    """The config's `check`: a MAC over its parameters, so an edit is caught at open."""
+    body = json.dumps({k: conf[k] for k in sorted(CONFIG_TYPES)}, sort_keys=True, separators=(",", ":"))
+    return mac(mac_key, b"config", body.encode()).hex()[:32]
 
 
 def pack_config(conf):

@@ -103,7 +103,10 @@ class Index:
         while b < h.nfile:
             n = min(4, h.nfile - b)
             region = self.disk.pread(self.fd, "index", self._off(b), n * h.bucket_size)
-            addrs, more = native.lookup(region, b, n, h.bucket_size, h.keylen, key, h.nbuckets)
+            try:
+                addrs, more = native.lookup(region, b, n, h.bucket_size, h.keylen, key, h.nbuckets)
+            except native.BucketError as e:
+                raise DerivedCorrupt(f"the index is damaged ({e})") from None
             found += addrs
             if not more:
                 break
@@ -174,7 +177,10 @@ class Index:
                 region = bytearray(count * h.bucket_size)
             else:
                 region = bytearray(self.disk.pread(self.fd, "index", self._off(first), count * h.bucket_size))
-            spill = native.merge(region, first, count, h.bucket_size, h.keylen, batch, h.nbuckets)
+            try:
+                spill = native.merge(region, first, count, h.bucket_size, h.keylen, batch, h.nbuckets)
+            except native.BucketError as e:
+                raise DerivedCorrupt(f"the index is damaged ({e})") from None
             self.disk.pwrite(self.fd, "index", self._off(first), region)
             i = j
             nxt = stop

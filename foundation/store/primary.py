@@ -12,6 +12,7 @@ empty derived files look like is therefore written once (docs/design.md,
 "Who owns which file").
 """
 
+import errno
 import fcntl
 import json
 import mmap
@@ -22,7 +23,8 @@ import pybloomfilter
 
 from foundation import native
 from foundation.crypto.keys import Keys, load_key_file
-from foundation.errors import DataCorrupt, KeyMissing, StoreBusy, StoreLocked, StoreMissing, WrongKey
+from foundation.errors import (DataCorrupt, KeyMissing, StoreBusy, StoreConfigBad, StoreLocked, StoreMissing,
+                               StoreReadOnly, WrongKey)
 from foundation.store import format as F
 from foundation.store import layout as L
 from foundation.store import switch
@@ -54,9 +56,42 @@ def read_config(path, config=None, recovering=False):
             raise StoreMissing(f"{path} (its recovery from a replica has not finished: run the same "
                                "`foundation recover` again)")
     try:
-        return F.unpack_config(config), bytes(config)
+        conf = F.unpack_config(config)
     except (ValueError, KeyError) as e:
         raise DataCorrupt(f"store config {where} is unreadable ({e})") from None
+    if where.endswith(F.CONFIG):  # the store's own file; one that stands in is checked by its caller (recover)
+        check_types(conf, where)
+    return conf, bytes(config)
+
+
+def check_types(conf, where):
+    """Every parameter present with its type and a value a store can have: an edited file is named,
+    never met later as a KeyError."""
+    for k, t in F.CONFIG_TYPES.items():
+        if k not in conf:
+            raise StoreConfigBad(where, f"has no {k!r}")
+        v = conf[k]
+        if type(v) is not t:
+            raise StoreConfigBad(where, f"has {k} = {v!r}, which is not {'an' if t is int else 'a'} {t.__name__}")
+    bs = conf["block_size"]
+    if conf["mode"] not in ("hash", "value") or bs < 512 or bs > 65536 or bs & (bs - 1) or \
+            conf["arena_size"] < 64 * bs or conf["arena_size"] >= 1 << 32:
+        raise StoreConfigBad(where, "has a mode, block_size or arena_size no store can have")
+
+
+def check_config(conf, keys, where):
+    """The parameters are those the store was made with: `check` (written by init since format 1
+    §2; absent in older stores) MACs them under the store's key."""
+    if "check" in conf and conf["check"] != F.config_check(keys.mac, conf):
+        raise StoreConfigBad(where, "was edited after the store was made (its check does not match its "
+                             "mode, block_size, arena_size or another parameter)")
+
+
+def check_arena_size(conf, header, where):
+    """Every arena header records the arena size it was made with (also in stores without `check`)."""
+    if header is not None and header.size != conf["arena_size"]:
+        raise StoreConfigBad(where, f"says arena_size {conf['arena_size']}, but the store's arenas were made "
+                             f"with {header.size}")
 
 
 def write_config(path, config):
@@ -96,8 +131,14 @@ def codec(keys, zlevel):
 # ---- locks (docs/format.md §1) -----------------------------------------------------------------
 
 def lock_writer(path):
-    """The one-writer lock, with our pid in it for the message of the next one -> fd."""
-    return flock(os.path.join(path, F.LOCK), fcntl.LOCK_EX, lambda pid: StoreLocked(path, pid), write_pid=True)
+    """The one-writer lock, with our pid in it for the message of the next one -> fd. The first
+    file a writer opens: a store it may not write is refused here, before anything changed."""
+    try:
+        return flock(os.path.join(path, F.LOCK), fcntl.LOCK_EX, lambda pid: StoreLocked(path, pid), write_pid=True)
+    except OSError as e:
+        if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+            raise StoreReadOnly(path, f"{os.path.join(path, F.LOCK)}: {e.strerror}") from None
+        raise
 
 
 def lock_readers(path, exclusive, busy):
@@ -177,6 +218,8 @@ class Primary:
         self.uuid = self.conf["uuid"]
         self.mode = self.conf["mode"]
         self.keys, self.master = load_keys(self.conf, path, key_file, master, passphrase)
+        if config is None:
+            check_config(self.conf, self.keys, os.path.join(path, F.CONFIG))
         self.codec = codec(self.keys, 1)
         self.disk = Disk(path)
         self.log = Log(path, self.disk, self.codec, self.keys, self.conf, False)

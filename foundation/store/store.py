@@ -83,6 +83,7 @@ class Store(Writes, Reads, IndexCache):
                     arena_size=arena_size, max_log_size=max_log_size, encrypted=bool(encrypt),
                     key_check=keys.check_value(), index_buckets=home, bucket_size=4096,
                     created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+        conf["check"] = F.config_check(keys.mac, conf)
         os.makedirs(os.path.join(path, F.ARENAS))
         os.makedirs(os.path.join(path, F.SUMMARIES))
         disk = Disk(path)
@@ -123,6 +124,7 @@ class Store(Writes, Reads, IndexCache):
         self.null_ref = bytes(self.ref_size)
         self.zero_block = bytes(self.block_size)
         self.keys, _ = primary.load_keys(conf, path, key_file, master, passphrase)
+        primary.check_config(conf, self.keys, os.path.join(path, F.CONFIG))
         if writable:
             self._lock()
         else:
@@ -157,22 +159,19 @@ class Store(Writes, Reads, IndexCache):
             "or replicate is running); stop it and run gc again"))
 
     def _open_structures(self):
-        if switch.pending(self.path):
-            if not self.writable:
-                raise StoreBusy(f"a garbage collection of store {self.path} was interrupted; run `foundation gc` "
-                                "(or any archive) to finish it")
-            switch.finish(self.path)
-            self.repaired.append("finished the switch of an interrupted gc")
-        if self.writable:
-            switch.drop_leftovers(self.path)
         self.log = Log(self.path, self.disk, self.codec, self.keys, self.conf, self.writable)
         self.log.threads = self.tuning.threads
         self.log.on_seal = self._sealed
-        self.log.load()
+        switching = self._interrupted_gc()
+        self.log.load(switching)
+        primary.check_arena_size(self.conf, self.log.open.header, os.path.join(self.path, F.CONFIG))
         self.repaired += self.log.repaired
-        self.bad = self._load_damaged()
+        self.bad = self._load_damaged() if not switching else set()
         if self.log.damaged:
             self.remember_damaged(self.log.damaged)
+        if switching:  # the index and damaged.json name the old arenas' addresses
+            self.index = self._memory_index(f"a gc of store {self.path} was interrupted during its switch")
+            return self._finish_open()
         uuidb = self.log.uuid
         ipath = os.path.join(self.path, F.INDEX)
         try:
@@ -191,6 +190,23 @@ class Store(Writes, Reads, IndexCache):
             from foundation.store.rebuild import rebuild_index
             rebuild_index(self)
         self._finish_open()
+
+    def _interrupted_gc(self):
+        """What an interrupted gc left (foundation.store.switch): a writer finishes its switch, or
+        undoes a gc stopped before it, and says so; a reader reads the switch's new arena set under
+        its head, never waiting for a writer -> that head, or None."""
+        if not switch.pending(self.path):
+            if self.writable and switch.drop_leftovers(self.path):
+                self.repaired.append("undid an interrupted gc (deleted the arenas it never swapped in)")
+            return None
+        if self.writable:
+            switch.finish(self.path)
+            log.warning("store %s: finished the switch of an interrupted gc (its new arenas and head are in place)",
+                        self.path)
+            self.repaired.append("finished the switch of an interrupted gc")
+            return None
+        head, self.log.moved = switch.view(self.path)
+        return F.Head.unpack(head, self.keys.mac)
 
     def _finish_open(self):
         self._reset_buffer()
@@ -295,6 +311,8 @@ class Store(Writes, Reads, IndexCache):
         except IndexFull:
             from foundation.store.rebuild import grow_index
             grow_index(self, bytes(entries), covered)
+        except DerivedCorrupt as e:  # the log is synced: the rebuilt index covers these entries too
+            self.replace_index(e)
         if self.bloom is not None:
             self._save_bloom()
         self.wbuf = native.Table(self.keylen, 1024)

@@ -6,18 +6,26 @@ switch is here: a rewritten arena is written beside its arena
 compare-by-hash mode, or all at once through one journal, `gc.json`, in
 compare-by-value mode. Once the journal is on disk the switch is rolled
 forward by whoever opens the store next for writing (finish()); before it,
-nothing old has changed. docs/format.md §12 gives the write order.
+nothing old has changed. A reader never waits for that writer: from the
+journal on, the new arena set is whole on disk (each arena is its `.gc`
+file until renamed, then its own file), so a reader reads that set under
+the journal's head (view()). docs/format.md §12 gives the write order.
 """
 
 import json
+import logging
 import os
 
+from foundation.faults import crash_point
 from foundation.store import format as F
 from foundation.store.arena import write_heads
 from foundation.store.disk import atomic_write, fsync_dir
 
+log = logging.getLogger(__name__)
+
 JOURNAL = "gc.json"
 TEMP = ".gc"  # suffix of a rewritten arena before its swap
+CRASH_ENV = "FOUNDATION_GC_CRASH"  # tests: "point" or "point:N" exits at the N-th time gc reaches it
 
 
 def write_arena(store, n, data):
@@ -60,11 +68,19 @@ def save_damaged(store, old=None):
 
 
 def drop_leftovers(path):
-    """Rewritten arenas gc never swapped in (it stopped first): the old arenas stand."""
+    """Rewritten arenas gc never swapped in (it stopped first): the old arenas stand -> the arena
+    numbers dropped (the writer says it undid the gc)."""
     adir = os.path.join(path, F.ARENAS)
-    for name in os.listdir(adir):
+    dropped = []
+    for name in sorted(os.listdir(adir)):
         if name.endswith(".arena" + TEMP):
             os.unlink(os.path.join(adir, name))
+            dropped.append(int(name.split(".")[0]))
+    if dropped:
+        fsync_dir(adir)
+        log.warning("store %s: an interrupted gc was undone: %d rewritten arena(s) it never swapped in were "
+                    "deleted; the old arenas stand and every kept day is as before", path, len(dropped))
+    return dropped
 
 
 def commit(store, first, files, old_last, head):
@@ -77,11 +93,24 @@ def pending(path):
     return os.path.exists(os.path.join(path, JOURNAL))
 
 
+def _journal(path):
+    with open(os.path.join(path, JOURNAL), "rb") as f:
+        return json.loads(f.read())
+
+
+def view(path):
+    """What a reader reads while a switch is pending -> (head bytes, {arena: path of its `.gc`
+    file}): the new set, which is whole on disk from the journal on. An arena whose `.gc` file is
+    gone was renamed into place already (Log.fd falls back to the arena's own path)."""
+    j = _journal(path)
+    adir = os.path.join(path, F.ARENAS)
+    return bytes.fromhex(j["head"]), {n: os.path.join(adir, F.arena_name(n)) + TEMP for n in j["files"]}
+
+
 def finish(path):
     """Roll an interrupted switch forward (idempotent): new arenas in, old tail out, new head."""
     jp = os.path.join(path, JOURNAL)
-    with open(jp) as f:
-        j = json.load(f)
+    j = _journal(path)
     adir = os.path.join(path, F.ARENAS)
     sdir = os.path.join(path, F.SUMMARIES)
 
@@ -101,10 +130,13 @@ def finish(path):
         tmp = os.path.join(adir, F.arena_name(n)) + TEMP
         if os.path.exists(tmp):
             os.rename(tmp, os.path.join(adir, F.arena_name(n)))
+            crash_point(CRASH_ENV, "gc.renamed")
     last = max(j["files"])
     for n in range(last + 1, j["old_last"] + 1):
         drop(os.path.join(adir, F.arena_name(n)))
     fsync_dir(adir)
+    crash_point(CRASH_ENV, "gc.trimmed")
     write_heads(path, bytes.fromhex(j["head"]))
+    crash_point(CRASH_ENV, "gc.headed")
     os.unlink(jp)
     fsync_dir(path)

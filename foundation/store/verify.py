@@ -65,7 +65,8 @@ def verify(store, progress=None):
     chain = F.ZERO_CHAIN
     last = lg.open.n
     names = sorted(os.listdir(lg.dir))
-    extra = [x for x in names if x.endswith(".arena") and int(x.split(".")[0]) > last]
+    # While a gc switch is pending (lg.moved) the old arenas past the new log are the switch's to delete.
+    extra = [x for x in names if x.endswith(".arena") and int(x.split(".")[0]) > last and not lg.moved]
     for x in extra:
         damage.append(Damage(int(x.split(".")[0]), 0, Kind.EXTRA, "arena file beyond the end of the log (not referenced by the head)"))
     for n in range(last + 1):

@@ -58,7 +58,8 @@ import time
 import uuid as uuidlib
 
 from foundation.config import quiesce_mode
-from foundation.errors import BadInput, DataCorrupt, DerivedCorrupt, Error, StoreFull, StoreMissing
+from foundation.errors import (BadInput, DataCorrupt, DerivedCorrupt, Error, StoreDiskFailed, StoreFull,
+                               StoreMissing)
 from foundation.faults import crash_point
 from foundation.image import qemuimg
 from foundation.vm import journal, swap
@@ -491,7 +492,7 @@ class Archiver:
         """Call the sink; a failing store (full, unplugged, damaged) becomes StoreFailed."""
         try:
             return fn(*args, **kw)
-        except (StoreFull, StoreMissing, DataCorrupt, DerivedCorrupt) as e:
+        except (StoreFull, StoreMissing, StoreDiskFailed, DataCorrupt, DerivedCorrupt) as e:
             raise StoreFailed(name, f"{what}: {str(e).rstrip('.')}") from e
         except OSError as e:
             raise StoreFailed(name, f"{what}: {e.strerror or e}") from e
