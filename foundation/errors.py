@@ -100,6 +100,12 @@ class StoreFull(Error):
     code = 22
 
 
+class RolledBack(Error):
+    """{}. Nothing was written. If you mean to go back to this copy, run `foundation accept-rollback` (the newer commits are then given up on this host)."""
+
+    code = 24
+
+
 class NotFound(Error):
     """{}"""
 

@@ -19,8 +19,8 @@ from datetime import datetime, timezone
 
 from foundation import native
 from foundation.crypto.keys import Keys, create_key_file
-from foundation.errors import (BadInput, DataCorrupt, DerivedCorrupt, StoreBusy, StoreMissing, StoreNotEmpty,
-                               UsageError)
+from foundation.errors import (BadInput, DataCorrupt, DerivedCorrupt, RolledBack, StoreBusy, StoreMissing,
+                               StoreNotEmpty, UsageError)
 from foundation.store import format as F
 from foundation.store import primary, switch
 from foundation.store.arena import Log
@@ -95,13 +95,20 @@ class Store(Writes, Reads, IndexCache):
 
     @classmethod
     def open(cls, path, key_file=None, passphrase=None, writable=False, tuning=None, master=None,
-             recovering=False):
+             recovering=False, watch=None):
         """`passphrase`: for a key file wrapped by one, a string or a callable asked only then (the
         CLI's prompt); the store itself never prompts, and without one such a key file raises
-        KeyMissing. `recovering`: foundation recover's own opens of a store it has not finished."""
+        KeyMissing. `recovering`: foundation recover's own opens of a store it has not finished.
+        `watch`: the host's record of the newest commit it saw (rollback.Watch): a store older than
+        it raises RolledBack for a writer, before anything is written, and sets `rolled_back` (the
+        message) for a reader."""
         s = cls.__new__(cls)
+        s.watch = watch
         s._init(path, key_file, passphrase, writable, tuning or Tuning(), master, recovering)
         return s
+
+    watch = None
+    rolled_back = None
 
     def _init(self, path, key_file, passphrase, writable, tuning, master, recovering=False):
         self.path, self.writable, self.tuning = path, writable, tuning
@@ -133,10 +140,23 @@ class Store(Writes, Reads, IndexCache):
         self.repaired = []
         self._recent = []  # summaries loaded by the current write batch
         try:
+            self._check_rollback()
             self._open_structures()
         except BaseException:
             self.close()
             raise
+        if self.watch and not self.rolled_back:
+            self.watch.record(self.uuid, self.log.head, newer_only=not writable)
+
+    def _check_rollback(self):
+        if self.watch is None:
+            return
+        why = primary.check_rollback(self.path, self.uuid, self.keys.mac, self.watch)
+        if why and self.writable:
+            raise RolledBack(why)
+        if why:
+            log.warning("%s: reading it as it is; `foundation accept-rollback` makes it this host's newest", why)
+        self.rolled_back = why
 
     def _lock(self):
         self.lockfd = primary.lock_writer(self.path)
@@ -247,6 +267,8 @@ class Store(Writes, Reads, IndexCache):
                     self.flush()
                 elif self.bloom is not None:
                     self._save_bloom()
+                if self.watch:
+                    self.watch.record(self.uuid, self.log.head)
         finally:
             self._close_structures()
             for fd in (self.lockfd, self.readfd):

@@ -1,0 +1,123 @@
+"""Catching a store that went back in time: the host remembers the newest commit it saw of each store.
+
+A restored disk image, a copy made with rsync or a cloned USB disk is a
+valid store, only an older one: every MAC verifies, so nothing in the
+store itself can tell. The host can: it keeps, per store uuid, the newest
+commit it has seen, and opening a store whose head lies before it is
+refused to writers (nothing is written, not even a torn tail cut) and
+reported to readers. The commit is compared as a log position, (arena,
+end), and by the chain MAC of the arenas sealed before the recorded one,
+which also catches an older copy that was written on since: a position
+survives redundant head copies and stays meaningful whatever the head
+looks like, and the chain names the log's history up to it.
+
+A writer records the head it leaves behind, whatever it is (a
+compare-by-value gc rewrites the log shorter, and accepting a rollback
+moves the record back on purpose); a reader records only a newer one.
+`<state_dir>/heads.json`: {store uuid: {"arena": int, "end": int,
+"chain": hex, "seen": ISO time}}; best effort, like the replicas' last
+runs (a state directory that cannot be written loses protection, never
+an archive). docs/format.md §6.1.
+"""
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from foundation.errors import Error
+from foundation.store import format as F
+from foundation.store.disk import atomic_write
+
+log = logging.getLogger(__name__)
+
+FILE = "heads.json"
+ACCEPT = "foundation accept-rollback"
+
+
+@dataclass
+class Seen:
+    arena: int
+    end: int
+    chain: bytes     # chain MAC of the arenas sealed before `arena`
+    when: str = ""
+
+
+def position(head):
+    return f"arena {head.arena} offset {head.end}"
+
+
+def older(head, seen, chain_before):
+    """Why the store whose head is `head` is older than the commit `seen`, or None if it is not.
+    chain_before(n): the chain MAC of arenas 0..n-1 in the store (None if it cannot be read)."""
+    if (head.arena, head.end) < (seen.arena, seen.end):
+        return "older"
+    chain = head.chain if head.arena == seen.arena else chain_before(seen.arena)
+    if chain is not None and chain != seen.chain:
+        return "other"
+    return None
+
+
+def explain(path, head, seen, why, who="this host"):
+    """The one-line message of a rollback `why` (from older())."""
+    when = f" on {seen.when[:10]}" if seen.when else ""
+    if why == "older":
+        what = (f"store {path}'s newest commit is {position(head)}, but {who} saw {position(seen)}{when}: "
+                "the disk holds an older copy (a restored image, an rsync copy, a cloned disk)")
+    else:
+        what = (f"store {path} holds another history than the one {who} saw at {position(seen)}{when}: "
+                "the disk holds an older copy that was written to since (a restored image, a cloned disk)")
+    return what
+
+
+class Watch:
+    """The host's record of the newest commit of each store, in state_dir."""
+
+    def __init__(self, state_dir):
+        self.path = os.path.join(state_dir, FILE)
+
+    def seen(self, uuid):
+        e = self._read().get(uuid)
+        try:
+            return Seen(int(e["arena"]), int(e["end"]), bytes.fromhex(e["chain"]), str(e.get("seen", "")))
+        except (TypeError, KeyError, ValueError):
+            return None
+
+    def check(self, path, uuid, head, chain_before):
+        """The message if the store at path (head) is older than what this host saw, else None."""
+        seen = self.seen(uuid)
+        why = older(head, seen, chain_before) if seen else None
+        return explain(path, head, seen, why) if why else None
+
+    def record(self, uuid, head, newer_only=False):
+        """Remember `head` as the newest commit of store uuid (with newer_only, only if it is newer)."""
+        runs = self._read()
+        old = self.seen(uuid)
+        if newer_only and old and (head.arena, head.end) <= (old.arena, old.end):
+            return
+        runs[uuid] = {"arena": head.arena, "end": head.end, "chain": head.chain.hex(),
+                      "seen": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+        try:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            atomic_write(self.path, json.dumps(runs, indent=1, sort_keys=True).encode() + b"\n", sync=False)
+        except (OSError, Error) as e:   # Error: StoreFull from a full host disk
+            log.warning("the store's newest commit was not recorded in %s (%s): rollback goes unnoticed", self.path, e)
+
+    def _read(self):
+        try:
+            with open(self.path, "rb") as f:
+                runs = json.loads(f.read())
+            return runs if isinstance(runs, dict) else {}
+        except (OSError, ValueError):
+            return {}
+
+
+def chain_reader(trailer):
+    """chain_before(n) from trailer(n) (a Trailer or None): the chain a log has before arena n."""
+    def chain_before(n):
+        if n == 0:
+            return F.ZERO_CHAIN
+        tr = trailer(n - 1)
+        return tr.chain if tr is not None else None
+    return chain_before
