@@ -790,6 +790,10 @@ def test_a_replica_ahead_of_a_restored_store_is_kept_unless_forced(request, site
     shutil.rmtree(site.store)
     shutil.copytree(older, site.store)
     rc, _, err = site.cli("replicate")
+    assert rc == 24 and "older copy" in err and "accept-rollback" in err, err   # this host saw day 3
+    assert srv.stored() == stored
+    assert site.cli("accept-rollback")[0] == 0
+    rc, _, err = site.cli("replicate")
     assert rc == 54 and "holds a newer state of this store" in err and "--force" in err, err
     assert srv.stored() == stored
     rc, out, _ = site.cli("status")

@@ -22,7 +22,8 @@ def run(args):
     with open_store(args, writable=False) as s:
         why, head = s.rolled_back, s.log.head
         if why:
-            watch(args).record(s.uuid, head)
+            s.watch = watch(args)
+            s.record_head()
     if not why:
         print(f"store {s.path} is not older than this host saw; nothing to accept")
         return 0

@@ -124,8 +124,12 @@ def open_store(args, writable=False, **kw):
     its newest commit (in the state directory) catches a store rolled back to an older copy."""
     from foundation.store import Store
 
-    return Store.open(store_path(args), key_file=key_file(args), writable=writable, passphrase=passphrase(args),
-                      watch=watch(args), **kw)
+    s = Store.open(store_path(args), key_file=key_file(args), writable=writable, passphrase=passphrase(args),
+                   watch=watch(args), **kw)
+    if s.rolled_back:
+        print(f"WARNING: {s.rolled_back}; reading it as it is (`foundation accept-rollback` takes it as the "
+              "newest)", file=sys.stderr)
+    return s
 
 
 def watch(args):

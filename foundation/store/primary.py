@@ -137,7 +137,14 @@ def check_rollback(path, uuid, mac_key, watch):
         return None
     if got is None:
         return None
-    return watch.check(path, uuid, got[1], rollback.chain_reader(lambda n: trailer(path, mac_key, n)))
+    def tag_at(n, off):
+        try:
+            with open(os.path.join(path, F.ARENAS, F.arena_name(n)), "rb") as f:
+                return os.pread(f.fileno(), L.TAG_SIZE, off + L.H_TAG)
+        except FileNotFoundError:
+            return None
+
+    return watch.check(path, uuid, got[1], rollback.chain_reader(lambda n: trailer(path, mac_key, n)), tag_at)
 
 
 # ---- a new store's derived files -------------------------------------------------------------------

@@ -42,19 +42,25 @@ class Seen:
     end: int
     chain: bytes     # chain MAC of the arenas sealed before `arena`
     when: str = ""
+    last: int = 0    # offset of the last record below `end` in `arena` (0: none)
+    tag: bytes = b""  # and its tag
 
 
 def position(head):
     return f"arena {head.arena} offset {head.end}"
 
 
-def older(head, seen, chain_before):
+def older(head, seen, chain_before, tag_at=lambda n, off: None):
     """Why the store whose head is `head` is older than the commit `seen`, or None if it is not.
-    chain_before(n): the chain MAC of arenas 0..n-1 in the store (None if it cannot be read)."""
+    chain_before(n): the chain MAC of arenas 0..n-1 in the store; tag_at(n, off): the tag of the
+    record at offset off of arena n (either None if it cannot be read). The chain covers the arenas
+    sealed before the one seen open, the tag of its last record the bytes written into it."""
     if (head.arena, head.end) < (seen.arena, seen.end):
         return "older"
     chain = head.chain if head.arena == seen.arena else chain_before(seen.arena)
     if chain is not None and chain != seen.chain:
+        return "other"
+    if seen.last and tag_at(seen.arena, seen.last) not in (None, seen.tag):
         return "other"
     return None
 
@@ -80,23 +86,26 @@ class Watch:
     def seen(self, uuid):
         e = self._read().get(uuid)
         try:
-            return Seen(int(e["arena"]), int(e["end"]), bytes.fromhex(e["chain"]), str(e.get("seen", "")))
+            return Seen(int(e["arena"]), int(e["end"]), bytes.fromhex(e["chain"]), str(e.get("seen", "")),
+                        int(e.get("last", 0)), bytes.fromhex(e.get("tag", "")))
         except (TypeError, KeyError, ValueError):
             return None
 
-    def check(self, path, uuid, head, chain_before):
+    def check(self, path, uuid, head, chain_before, tag_at):
         """The message if the store at path (head) is older than what this host saw, else None."""
         seen = self.seen(uuid)
-        why = older(head, seen, chain_before) if seen else None
+        why = older(head, seen, chain_before, tag_at) if seen else None
         return explain(path, head, seen, why) if why else None
 
-    def record(self, uuid, head, newer_only=False):
-        """Remember `head` as the newest commit of store uuid (with newer_only, only if it is newer)."""
+    def record(self, uuid, head, last=(0, b""), newer_only=False):
+        """Remember `head` as the newest commit of store uuid, with `last` (offset, tag) of the last
+        record below its end (with newer_only, only if it is newer than the one recorded)."""
         runs = self._read()
         old = self.seen(uuid)
         if newer_only and old and (head.arena, head.end) <= (old.arena, old.end):
             return
         runs[uuid] = {"arena": head.arena, "end": head.end, "chain": head.chain.hex(),
+                      "last": last[0], "tag": last[1].hex(),
                       "seen": datetime.now(timezone.utc).isoformat(timespec="seconds")}
         try:
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
@@ -111,6 +120,14 @@ class Watch:
             return runs if isinstance(runs, dict) else {}
         except (OSError, ValueError):
             return {}
+
+
+def last_record(oa, end):
+    """(offset, tag) of the last record of the open arena oa (arena.OpenArena) below end, or (0, b"")."""
+    k = len(oa.addrs)
+    while k and F.split(oa.addrs[k - 1])[1] >= end:
+        k -= 1
+    return (F.split(oa.addrs[k - 1])[1], bytes(oa.tags[(k - 1) * 16:k * 16])) if k else (0, b"")
 
 
 def chain_reader(trailer):

@@ -23,6 +23,7 @@ from foundation.errors import (BadInput, DataCorrupt, DerivedCorrupt, RolledBack
                                StoreNotEmpty, UsageError)
 from foundation.store import format as F
 from foundation.store import primary, switch
+from foundation.store.rollback import last_record
 from foundation.store.arena import Log
 from foundation.store.cache import LRU, IndexCache, Tuning
 from foundation.store.dedup import Writes
@@ -146,7 +147,13 @@ class Store(Writes, Reads, IndexCache):
             self.close()
             raise
         if self.watch and not self.rolled_back:
-            self.watch.record(self.uuid, self.log.head, newer_only=not writable)
+            self.record_head(newer_only=not writable)
+
+    def record_head(self, newer_only=False):
+        """Tell the watch (the host's record) this store's head is the newest it has seen of it."""
+        head, oa = self.log.head, self.log.open
+        last = last_record(oa, head.end) if oa is not None and oa.n == head.arena else (0, b"")
+        self.watch.record(self.uuid, head, last, newer_only)
 
     def _check_rollback(self):
         if self.watch is None:
@@ -154,8 +161,6 @@ class Store(Writes, Reads, IndexCache):
         why = primary.check_rollback(self.path, self.uuid, self.keys.mac, self.watch)
         if why and self.writable:
             raise RolledBack(why)
-        if why:
-            log.warning("%s: reading it as it is; `foundation accept-rollback` makes it this host's newest", why)
         self.rolled_back = why
 
     def _lock(self):
@@ -268,7 +273,7 @@ class Store(Writes, Reads, IndexCache):
                 elif self.bloom is not None:
                     self._save_bloom()
                 if self.watch:
-                    self.watch.record(self.uuid, self.log.head)
+                    self.record_head()
         finally:
             self._close_structures()
             for fd in (self.lockfd, self.readfd):
