@@ -322,6 +322,8 @@ def test_gc_killed_at_any_point_resumes(tmp_path, capsys, mode):
     forget(pristine, {2, 4})
     reference = str(tmp_path / "reference")
     shutil.copytree(pristine, reference)
+    # Copies of one store are older copies of each other to a host that saw them: each has a host.
+    os.environ["FOUNDATION_STATE_DIR"] = str(tmp_path / "host-reference")
     garbage = unreachable(reference)
     assert run_gc(reference).returncode == 0
     final = log_bytes(reference)
@@ -333,6 +335,7 @@ def test_gc_killed_at_any_point_resumes(tmp_path, capsys, mode):
     for k, (point, delay) in enumerate(kills):
         trial = str(tmp_path / f"trial-{k}")
         shutil.copytree(pristine, trial)
+        os.environ["FOUNDATION_STATE_DIR"] = str(tmp_path / f"host-{k}")
         if point:
             p = run_gc(trial, point)
             assert p.returncode == 137 and "test crash" in p.stderr, p.stderr

@@ -130,13 +130,22 @@ def trailer(path, mac_key, n):
 def check_rollback(path, uuid, mac_key, watch):
     """The message if the store at path is older than the newest commit `watch` (rollback.Watch)
     saw of it, else None; read before anything is written. A head that cannot be read is left to
-    the open that follows."""
+    the open that follows. With a gc switch pending, either head will do (the host took the
+    journal's as the newest before the switch began)."""
     try:
         got = read_head(path, mac_key)
     except DataCorrupt:
         return None
     if got is None:
         return None
+    pending = switch.journal_head(path)
+    if pending is not None:
+        try:
+            if not watch.check(path, uuid, F.Head.unpack(pending, mac_key), rollback.chain_reader(
+                    lambda n: None), lambda n, off: None):
+                return None
+        except ValueError:
+            pass
     def tag_at(n, off):
         try:
             with open(os.path.join(path, F.ARENAS, F.arena_name(n)), "rb") as f:
