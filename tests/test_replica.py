@@ -632,9 +632,15 @@ def test_a_store_rolled_back_sends_its_new_bytes(request, site, tmp_path):
         recover(be, str(tmp_path / "rolled-back"), site.key)
     site.store = str(tmp_path / "rolled-back")
     del site.history[2]
+    rc, _, err = site.cli("import-image", VM, site.image, "--at", "2024-05-03T01:00:00Z", config=False)
+    assert rc == 24 and "older copy" in err, err        # this host saw day 2
+    assert site.cli("accept-rollback", config=False)[0] == 0
     site.day(3, changes=10, config=False)
     site.use(a)
+    stored = a.stored()
     rc, out, err = site.cli("replicate")
+    assert rc == 54 and a.stored() == stored, out + err   # A's day 2 is kept unless forced
+    rc, out, err = site.cli("replicate", "--force")
     assert rc == 0, out + err
     rc, out, _ = site.cli("audit", "--sample", "100")
     assert rc == 0, out
@@ -802,6 +808,8 @@ def test_a_replica_ahead_of_a_restored_store_is_kept_unless_forced(request, site
     assert site.cli("recover", "--from", "offsite", "--store", tmp_path / "newer")[0] == 0
     site.restores(store=tmp_path / "newer")
     site.history = {1: newer[1]}
+    assert site.cli("replicate", "--force")[0] == 24      # this host has just read the newer copy
+    assert site.cli("accept-rollback")[0] == 0
     rc, out, err = site.cli("replicate", "--force")
     assert rc == 0, out + err
     assert site.cli("audit", "--sample", "100")[0] == 0
