@@ -7,28 +7,16 @@ and say so; `accept-rollback` takes it deliberately, and even then
 replicate keeps the replica's newer days unless forced (exit 54).
 """
 
-import hashlib
 import os
 import shutil
 
 import pytest
 from servers import local_server  # noqa: F401
+from test_input import store_files
 from test_replica import VM, Site, fresh
 
-from foundation.store import format as F
 
 ROLLED_BACK = 24
-
-
-def hashes(root):
-    """{relative path: SHA-256} of every file under root."""
-    out = {}
-    for d, _, names in os.walk(root):
-        for name in names:
-            p = os.path.join(d, name)
-            with open(p, "rb") as f:
-                out[os.path.relpath(p, root)] = hashlib.sha256(f.read()).hexdigest()
-    return out
 
 
 def restore_image(site, older):
@@ -62,13 +50,13 @@ def test_every_writer_refuses_an_older_copy_and_changes_nothing(request, site, t
     rc, out, err = site.cli("list")
     assert rc == 0 and "older copy" in err and out.count(VM) == 2, out + err
     site.image.write_bytes(newer[4])
-    before = hashes(site.store)                  # the readers above made only their lock file
+    before = store_files(site.store)                  # the readers above made only their lock file
     for args in (["import-image", VM, site.image, "--at", "2024-05-05T01:00:00Z"], ["gc"],
                  ["rebuild"], ["replicate"] if srv else ["prune", "--keep-daily", "1"]):
         rc, out, err = site.cli(*args)
         assert rc == ROLLED_BACK, (args, rc, out + err)
         assert "arena" in err and "this host saw" in err and "accept-rollback" in err, err
-    assert hashes(site.store) == before          # not a byte of the store changed
+    assert store_files(site.store) == before          # not a byte of the store changed
     if srv:
         assert srv.stored() == remote            # nor of the replica
 
