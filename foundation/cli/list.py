@@ -8,7 +8,8 @@ themselves (with tree roots and metadata) for scripts.
 import json
 
 from foundation.catalog import Catalog, UnknownName, format_time
-from foundation.cli.common import human, open_store
+from foundation.catalog import format_size as human
+from foundation.cli.common import open_store
 
 NAME = "list"
 HELP = "list snapshots with time, size and bytes added"
