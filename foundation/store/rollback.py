@@ -6,16 +6,16 @@ store itself can tell. The host can: it keeps, per store uuid, the newest
 commit it has seen, and opening a store whose head lies before it is
 refused to writers (nothing is written, not even a torn tail cut) and
 reported to readers. The commit is compared as a log position, (arena,
-end), and by the chain MAC of the arenas sealed before the recorded one,
-which also catches an older copy that was written on since: a position
-survives redundant head copies and stays meaningful whatever the head
-looks like, and the chain names the log's history up to it.
+end), and by the chain MAC of the arenas sealed before the recorded one
+and the tag of the last record below it, which also catch an older copy
+that was written on since: a position stays meaningful whatever form the
+head file takes, and chain and tag name the log's history up to it.
 
 A writer records the head it leaves behind, whatever it is (a
 compare-by-value gc rewrites the log shorter, and accepting a rollback
 moves the record back on purpose); a reader records only a newer one.
-`<state_dir>/heads.json`: {store uuid: {"arena": int, "end": int,
-"chain": hex, "seen": ISO time}}; best effort, like the replicas' last
+`<state_dir>/heads.json`: {store uuid: {"arena", "end", "chain", "last",
+"tag", "seen"}}; best effort, like the replicas' last
 runs (a state directory that cannot be written loses protection, never
 an archive). docs/format.md §6.1.
 """
@@ -33,7 +33,6 @@ from foundation.store.disk import atomic_write
 log = logging.getLogger(__name__)
 
 FILE = "heads.json"
-ACCEPT = "foundation accept-rollback"
 
 
 @dataclass
@@ -65,16 +64,14 @@ def older(head, seen, chain_before, tag_at=lambda n, off: None):
     return None
 
 
-def explain(path, head, seen, why, who="this host"):
+def explain(path, head, seen, why):
     """The one-line message of a rollback `why` (from older())."""
     when = f" on {seen.when[:10]}" if seen.when else ""
     if why == "older":
-        what = (f"store {path}'s newest commit is {position(head)}, but {who} saw {position(seen)}{when}: "
+        return (f"store {path}'s newest commit is {position(head)}, but this host saw {position(seen)}{when}: "
                 "the disk holds an older copy (a restored image, an rsync copy, a cloned disk)")
-    else:
-        what = (f"store {path} holds another history than the one {who} saw at {position(seen)}{when}: "
-                "the disk holds an older copy that was written to since (a restored image, a cloned disk)")
-    return what
+    return (f"store {path} holds another history than the one this host saw at {position(seen)}{when}: "
+            "the disk holds an older copy that was written to since (a restored image, a cloned disk)")
 
 
 class Watch:
