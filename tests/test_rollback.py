@@ -52,7 +52,7 @@ def test_every_writer_refuses_an_older_copy_and_changes_nothing(request, site, t
     site.image.write_bytes(newer[4])
     before = store_files(site.store)                  # the readers above made only their lock file
     for args in (["import-image", VM, site.image, "--at", "2024-05-05T01:00:00Z"], ["gc"],
-                 ["rebuild"], ["replicate"] if srv else ["prune", "--keep-daily", "1"]):
+                 ["archive", "--all"], ["rebuild"], ["replicate"] if srv else ["prune", "--keep-daily", "1"]):
         rc, out, err = site.cli(*args)
         assert rc == ROLLED_BACK, (args, rc, out + err)
         assert "arena" in err and "this host saw" in err and "accept-rollback" in err, err
