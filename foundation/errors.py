@@ -118,6 +118,12 @@ class StoreConfigBad(Error):
     code = 25
 
 
+class RolledBack(Error):
+    """{}. Nothing was written. If you mean to go back to this copy, run `foundation accept-rollback` (the newer commits are then given up on this host)."""
+
+    code = 26
+
+
 class NotFound(Error):
     """{}"""
 

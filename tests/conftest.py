@@ -20,6 +20,12 @@ def host_state(tmp_path, monkeypatch):
     return d
 
 
+def own_host(tmp_path, store):
+    """Copies of one store are older copies of each other to a host that saw them all (exit 24):
+    each copy gets a host, a state directory, of its own (the host_state fixture restores it)."""
+    os.environ["FOUNDATION_STATE_DIR"] = str(tmp_path / f"host-{os.path.basename(store)}")
+
+
 def blocks(n, seed=0, compressible=0.5, bs=BS):
     """n deterministic blocks: a mix of text-like (compressible) and random bytes."""
     rnd = random.Random(seed)

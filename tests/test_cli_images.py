@@ -10,6 +10,7 @@ import sys
 import textwrap
 
 import pytest
+from conftest import own_host
 from test_image_support import BS, content, make_store, mutate, open_store, seeded
 
 from foundation.catalog import Catalog
@@ -299,6 +300,7 @@ def test_crash_at_any_point_of_an_import(tmp_path, capsys, mode):
     for kind in ("store", "os"):
         trial = str(tmp_path / f"trial-{kind}")
         shutil.copytree(pristine, trial)
+        own_host(tmp_path, trial)
         p = run_crasher(trial, kind, 10**9, "import-image", "vm", image, "--at", day(4), "--changed", rj)
         assert p.returncode == 0, p.stderr
         totals[kind] = int(p.stdout.split()[-1])
@@ -311,6 +313,7 @@ def test_crash_at_any_point_of_an_import(tmp_path, capsys, mode):
     for kind, at in points:
         work = str(tmp_path / f"w-{kind}-{at}")
         shutil.copytree(pristine, work)
+        own_host(tmp_path, work)
         p = run_crasher(work, kind, at, "import-image", "vm", image, "--at", day(4), "--changed", rj)
         assert p.returncode == -signal.SIGKILL, (kind, at, p.returncode, p.stderr)
         # first a reader (restore, mount) before any writer recovered the store; a reader

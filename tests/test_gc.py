@@ -368,6 +368,8 @@ def test_gc_killed_at_any_point_never_locks_the_user_out(tmp_path, capsys, caplo
     after = {**kept, 7: history[6]}
     reference = str(tmp_path / "reference")
     shutil.copytree(pristine, reference)
+    # Copies of one store are older copies of each other to a host that saw them: each has a host.
+    os.environ["FOUNDATION_STATE_DIR"] = str(tmp_path / "host-reference")
     garbage = unreachable(reference)
     assert run_gc(reference).returncode == 0
     assert cli(capsys, reference, "import-image", "vm", image, "--at", day(7))[0] == 0
@@ -379,6 +381,7 @@ def test_gc_killed_at_any_point_never_locks_the_user_out(tmp_path, capsys, caplo
     for k, (point, delay) in enumerate(kills):
         trial = str(tmp_path / f"trial-{k}")
         shutil.copytree(pristine, trial)
+        os.environ["FOUNDATION_STATE_DIR"] = str(tmp_path / f"host-{k}")
         if point:
             p = run_gc(trial, point)
             assert p.returncode == 137 and "test crash" in p.stderr, (point, p.stderr)

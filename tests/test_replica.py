@@ -702,9 +702,15 @@ def test_a_store_rolled_back_sends_its_new_bytes(request, site, tmp_path):
         recover(be, str(tmp_path / "rolled-back"), site.key)
     site.store = str(tmp_path / "rolled-back")
     del site.history[2]
+    rc, _, err = site.cli("import-image", VM, site.image, "--at", "2024-05-03T01:00:00Z", config=False)
+    assert rc == 26 and "older copy" in err, err        # this host saw day 2
+    assert site.cli("accept-rollback", config=False)[0] == 0
     site.day(3, changes=10, config=False)
     site.use(a)
+    stored = a.stored()
     rc, out, err = site.cli("replicate")
+    assert rc == 54 and a.stored() == stored, out + err   # A's day 2 is kept unless forced
+    rc, out, err = site.cli("replicate", "--force")
     assert rc == 0, out + err
     rc, out, _ = site.cli("audit", "--sample", "100")
     assert rc == 0, out
@@ -860,6 +866,10 @@ def test_a_replica_ahead_of_a_restored_store_is_kept_unless_forced(request, site
     shutil.rmtree(site.store)
     shutil.copytree(older, site.store)
     rc, _, err = site.cli("replicate")
+    assert rc == 26 and "older copy" in err and "accept-rollback" in err, err   # this host saw day 3
+    assert srv.stored() == stored
+    assert site.cli("accept-rollback")[0] == 0
+    rc, _, err = site.cli("replicate")
     assert rc == 54 and "holds a newer state of this store" in err and "--force" in err, err
     assert srv.stored() == stored
     rc, out, _ = site.cli("status")
@@ -868,6 +878,8 @@ def test_a_replica_ahead_of_a_restored_store_is_kept_unless_forced(request, site
     assert site.cli("recover", "--from", "offsite", "--store", tmp_path / "newer")[0] == 0
     site.restores(store=tmp_path / "newer")
     site.history = {1: newer[1]}
+    assert site.cli("replicate", "--force")[0] == 26      # this host has just read the newer copy
+    assert site.cli("accept-rollback")[0] == 0
     rc, out, err = site.cli("replicate", "--force")
     assert rc == 0, out + err
     assert site.cli("audit", "--sample", "100")[0] == 0
@@ -937,6 +949,7 @@ def test_repair_never_takes_another_timelines_record(request, tmp_path, capsys):
     shutil.rmtree(site.store)
     shutil.copytree(older, site.store)
     del site.history[2]
+    assert site.cli("accept-rollback", config=False)[0] == 0    # going on from the older copy, deliberately
     site.day(3, config=False)
     path = os.path.join(site.store, "arenas", F.arena_name(h0.arena))
     with open(path, "rb") as f:

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 from zoneinfo import ZoneInfo
 
 import pytest
+from conftest import own_host
 from test_cli_images import cli, day, run_crasher, write
 from test_image_support import BS, content, make_store, mutate, open_store, seeded
 from test_vm_support import libvirt_conn, make_vm, vm_dir  # noqa: F401 (fixtures)
@@ -484,6 +485,7 @@ def test_crash_at_any_point_of_a_forget(tmp_path, capsys, mode):
     for kind in ("store", "os"):
         trial = str(tmp_path / f"trial-{kind}")
         shutil.copytree(pristine, trial)
+        own_host(tmp_path, trial)
         p = run_crasher(trial, kind, 10**9, *args)
         assert p.returncode == 0, p.stderr
         totals[kind] = int(p.stdout.split()[-1])
@@ -494,6 +496,7 @@ def test_crash_at_any_point_of_a_forget(tmp_path, capsys, mode):
     for kind, at in points:
         work = str(tmp_path / f"w-{kind}-{at}")
         shutil.copytree(pristine, work)
+        own_host(tmp_path, work)
         p = run_crasher(work, kind, at, *args)
         assert p.returncode == -signal.SIGKILL, (kind, at, p.returncode, p.stderr)
         for writable in (False, True):  # a reader first (it trusts only what was synced), then the next writer

@@ -122,10 +122,23 @@ def passphrase(args):
 
 
 def open_store(args, writable=False, **kw):
-    """Open the store named by the arguments, with its key if it is encrypted."""
+    """Open the store named by the arguments, with its key if it is encrypted; the host's record of
+    its newest commit (in the state directory) catches a store rolled back to an older copy."""
     from foundation.store import Store
 
-    return Store.open(store_path(args), key_file=key_file(args), writable=writable, passphrase=passphrase(args), **kw)
+    s = Store.open(store_path(args), key_file=key_file(args), writable=writable, passphrase=passphrase(args),
+                   watch=watch(args), **kw)
+    if s.rolled_back:
+        print(f"WARNING: {s.rolled_back}; reading it as it is (`foundation accept-rollback` takes it as the "
+              "newest)", file=sys.stderr)
+    return s
+
+
+def watch(args):
+    """The host's record of the newest commit of each store (foundation.store.rollback)."""
+    from foundation.store.rollback import Watch
+
+    return Watch(settings(args).state_dir)
 
 
 def open_primary(args):
@@ -175,6 +188,7 @@ def replicate_one(args, spec, allow=False, progress=True, resend=(), force=False
 
     state_dir = settings(args).state_dir
     with open_primary(args) as local:
+        _refuse_rollback(args, local)
         try:
             with open_backend(spec) as backend:
                 res = replicate(local, backend, allow_plaintext=allow or spec.allow_plaintext,
@@ -187,6 +201,16 @@ def replicate_one(args, spec, allow=False, progress=True, resend=(), force=False
                 b.finish()
         lastrun.record(state_dir, local.uuid, spec, res)
         return res
+
+
+def _refuse_rollback(args, local):
+    """A store older than this host saw sends nothing: the replica keeps the newer days."""
+    from foundation.errors import RolledBack
+    from foundation.store.primary import check_rollback
+
+    why = check_rollback(local.path, local.uuid, local.keys.mac, watch(args))
+    if why:
+        raise RolledBack(why)
 
 
 def after_write(args):

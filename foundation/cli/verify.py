@@ -3,6 +3,7 @@
 import json
 
 from foundation.cli.common import open_store
+from foundation.errors import RolledBack
 
 NAME = "verify"
 HELP = "check every record, arena MAC and the arena chain; exit 1 if anything is damaged"
@@ -18,11 +19,17 @@ def run(args):
     with open_store(args) as s:
         damage, checked = verify(s)
         arenas = s.log.open.n + 1
+        rolled_back = s.rolled_back
+    if rolled_back:
+        # Every MAC of an older copy verifies: only the host's record tells.
+        print(f"ROLLED BACK {RolledBack(rolled_back)}")
+    failed = RolledBack.code if rolled_back else 1
     if args.json:
-        print(json.dumps({"version": 1, "ok": not damage, "records": checked, "arenas": arenas,
+        print(json.dumps({"version": 1, "ok": not damage and not rolled_back, "records": checked, "arenas": arenas,
+                          "rolled_back": rolled_back or "",
                           "damaged": [{"arena": d.arena, "offset": d.offset, "what": d.what, "record": d.record}
                                       for d in damage]}, indent=2, sort_keys=True))
-        return 1 if damage else 0
+        return failed if damage or rolled_back else 0
     for d in damage:
         print(f"DAMAGED {d}")
     if damage and all(d.kind is Kind.HEAD_COPY for d in damage):
@@ -32,6 +39,6 @@ def run(args):
     if damage:
         print(f"{len(damage)} damaged place(s) in {arenas} arenas ({checked:,} records checked). "
               "Blocks in damaged records cannot be read; restore the arenas from a replica if you have one.")
-        return 1
-    print(f"ok: {checked:,} records in {arenas} arenas verified")
-    return 0
+        return failed
+    print(f"{'records intact' if rolled_back else 'ok'}: {checked:,} records in {arenas} arenas verified")
+    return failed if rolled_back else 0

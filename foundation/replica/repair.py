@@ -303,12 +303,13 @@ def _from_images(local, head, damage, images, res):
 
 
 def _reencode(local, w, iv, block):
-    """The record for block at w's place, if some zstd level gives back exactly its length (and, where
-    the score does not prove the block, its tag)."""
+    """The record for block at w's place, if some zstd level gives back exactly its bytes: same
+    length and tag. Another encoding of the same length would put other ciphertext under the same
+    counter blocks (docs/format.md §5.2); in hash mode such a block is stored again instead."""
     for level in ZLEVELS:
         codec = native.Codec(local.keys.enc, local.keys.mac, level)
         rec, _ = native.pack(codec, w.arena, iv, w.offset, w.btype, block, len(block), w.key)
-        if len(rec) == w.length and (local.mode == "hash" or L.tag(rec, 0) == w.tag):
+        if len(rec) == w.length and L.tag(rec, 0) == w.tag:
             return rec
     return None
 

@@ -359,9 +359,14 @@ def replicate(local, backend, allow_plaintext=False, progress=None, resend=(), f
         head_b, head = local.read_head()
         res.head = head
         files = local.arena_files(head, ID_BYTES)
-        if old and not force and _ahead(backend, old, head, files):
-            raise ReplicaAhead(backend.url, old.head.arena, old.head.end, head.arena, head.end)
         have = {k: v for k, v in existing.items() if k not in set(resend)}
+        plan = None
+        if old and not force:
+            # The guard needs the whole plan before any byte goes up: a nightly run checks only
+            # the few new arenas, so it loses little by not overlapping checks and uploads.
+            plan = _plan(local, backend, head, files, old, have, res, trust_names=old is None and not why)
+            if _loses(local, backend, old, plan, files):
+                raise ReplicaAhead(backend.url, old.head.arena, old.head.end, head.arena, head.end)
         if conf_b != local.config:
             put_bytes(backend, STORE_JSON, local.config)   # claims the prefix before any arena goes up
         sink = _locked(progress(_to_send(files, old, have, head))) if progress else None
@@ -372,8 +377,12 @@ def replicate(local, backend, allow_plaintext=False, progress=None, resend=(), f
         # Each arena goes up as soon as it is checked, several at once where the backend allows
         # it; every one is up before the manifest.
         with Pipeline(put, backend.concurrent) as up:
-            plan = _plan(local, backend, head, files, old, have, res, trust_names=old is None and not why,
-                         send=lambda entry, p: up.add(entry.name, p.path, 0, p.size, entry.amac.hex()))
+            if plan is None:
+                plan = _plan(local, backend, head, files, old, have, res, trust_names=old is None and not why,
+                             send=lambda entry, p: up.add(entry.name, p.path, 0, p.size, entry.amac.hex()))
+            else:
+                for entry, p in plan.sealed_up:
+                    up.add(entry.name, p.path, 0, p.size, entry.amac.hex())
             for name, s, e, _ in plan.parts_up:
                 up.add(name, files[-1].path, s, e - s, _part_token(name))
             for name in up.results():
@@ -400,25 +409,43 @@ def replicate(local, backend, allow_plaintext=False, progress=None, resend=(), f
     return res
 
 
-def _ahead(backend, old, head, files):
-    """Is the replica further along this very log than the local store (the local store restored
-    from an older copy)? Its sealed arenas below the local open one are the local ones, and it is
-    past the local head in the same open arena, or has sealed the arena that is open here (same
-    header tag). A log rewritten by gc has other generations or a fresh open arena: not ahead."""
-    r = old.head
-    if (r.arena, r.end) <= (head.arena, head.end) or not files[-1].ident:
-        return False
-    for a in old.arenas[:min(r.arena, head.arena)]:
-        tr = files[a.n].trailer
-        if tr is None or (tr.generation, tr.amac) != (a.generation, a.amac):
+def _loses(local, backend, old, plan, files):
+    """Would the new manifest (plan) give up data the replica holds and the local store lacks (the
+    local store restored from an older copy, and perhaps written on since)? The manifest is the
+    newest commit the replica has held, and it only ever moves on or to a log gc rewrote: an arena
+    of a higher generation (compare-by-value gc rewrites every arena after it), or a fresh open
+    arena where the replica has a sealed or open one. Anything else the replica holds must be
+    in the new manifest or be the local store's own bytes."""
+    value = local.mode == "value"
+    ra, la = old.head.arena, len(plan.entries)
+    for k in range(min(ra, la)):
+        a, e = old.arenas[k], plan.entries[k]
+        if (a.generation, a.amac) == (e.generation, e.amac):
+            continue
+        if e.generation > a.generation:
+            if value:
+                return False    # gc rewrote the log from here on
+            continue
+        return True
+    if la < ra:     # the replica sealed the arena that is open here
+        if plan.open.ident != files[-1].ident or not files[-1].ident:
+            return True
+        try:
+            hb = backend.get(old.arenas[la].name, 0, F.ARENA_HEADER_SIZE)
+        except RemoteMissing:
             return False
-    if r.arena == head.arena:
-        return old.open.ident == files[-1].ident
-    try:
-        hb = backend.get(old.arenas[head.arena].name, 0, F.ARENA_HEADER_SIZE)
-    except RemoteMissing:
-        return False
-    return L.arena_tag(hb, ID_BYTES) == files[-1].ident
+        same = L.arena_tag(hb, ID_BYTES) == plan.open.ident
+        return same or not value
+    p = files[ra]
+    ident = p.ident if ra == la else (L.arena_tag(p.view(0, F.ARENA_HEADER_SIZE), ID_BYTES) if p.size else b"")
+    if ident != old.open.ident:
+        return not value and old.open.end > F.ARENA_HEADER_SIZE
+    limit = plan.open.end if ra == la else p.size
+    kept = set(plan.open.parts) if ra == la else set()
+    for s, e, d in old.open.parts:
+        if (s, e, d) not in kept and (e > limit or digest(p.view(s, e)) != d):
+            return True
+    return False
 
 
 def _part_token(name):

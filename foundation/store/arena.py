@@ -163,6 +163,7 @@ class Log:
         self.damaged = []
         self.dirty = set()  # arenas written since the last sync
         self.avg_record = RH + self.block_size  # bytes per record in the last pack
+        self.torn = None  # the open arena, if it held bytes past its end: sealed before the next write
         self.threads = 1
         self.moved = {}  # arena -> the file a reader reads instead (a pending gc switch's new arena)
 
@@ -374,10 +375,14 @@ class Log:
                     self.repaired.append(f"finished sealing arena {n}")
                 return None
             if self.writable:
-                log.warning("arena %d: cutting torn tail at offset %d (%d bytes, %s)", n, end, size - end,
-                            err.kind if err else "unwritten")
-                os.ftruncate(fd, end)
-                self.repaired.append(f"cut torn tail of arena {n} at offset {end} ({size - end} bytes)")
+                # Those bytes were encrypted under this arena's iv: new records there would use the
+                # same counter blocks for other plaintext. So the arena is sealed at its last good
+                # record before the next write, and writing goes on in a new arena with a fresh iv.
+                log.warning("arena %d: torn tail at offset %d (%d bytes, %s); the arena is sealed there at "
+                            "the next write", n, end, size - end, err.kind if err else "unwritten")
+                self.torn = n
+                self.repaired.append(f"cut torn tail of arena {n} at offset {end} ({size - end} bytes): "
+                                     "sealed there at the next write")
         if not self.writable:
             # A reader trusts only what the head committed.
             k = sum(1 for a in oa.addrs if F.split(a)[1] < committed)
@@ -534,6 +539,8 @@ class Log:
         n = max(1, len(buf) // bs)
         addrs = []
         i = 0
+        if self.torn is not None:
+            self.seal()
         while i < n:
             oa = self.open
             room = self.arena_size - F.TRAILER_SIZE - oa.end
@@ -568,6 +575,10 @@ class Log:
         amac = F.arena_mac(self.keys.mac, oa.hbytes, bytes(oa.tags), oa.count, oa.end)
         chain = F.chain_mac(self.keys.mac, self.head.chain, oa.n, amac)
         self.disk.pwrite(oa.fd, "arena", oa.end, F.Trailer(oa.count, oa.end, amac, chain).pack())
+        if self.torn == oa.n:
+            # The trailer first: killed before this cut, the next open finds the seal and finishes it.
+            os.ftruncate(oa.fd, oa.end + F.TRAILER_SIZE)
+            self.torn = None
         # No fsync here: the next sync() makes every arena written since the
         # last one durable before the head names them (see docs/format.md).
         self.dirty.add(oa.n)

@@ -27,7 +27,7 @@ from foundation.errors import (DataCorrupt, KeyMissing, StoreBusy, StoreConfigBa
                                StoreReadOnly, WrongKey)
 from foundation.store import format as F
 from foundation.store import layout as L
-from foundation.store import switch
+from foundation.store import rollback, switch
 from foundation.store.arena import Commit, Log, read_head, write_heads
 from foundation.store.disk import Disk, atomic_write, flock, fsync_dir
 from foundation.store.index import Index, plan
@@ -152,6 +152,50 @@ def lock_readers(path, exclusive, busy):
 def lock_config(path, busy):
     """One replicate at a time: an flock on the config file itself -> fd."""
     return flock(os.path.join(path, F.CONFIG), fcntl.LOCK_EX, lambda _: busy(), optional=True)
+
+
+def trailer(path, mac_key, n):
+    """The trailer of sealed arena n of the store at path, or None if its file has no valid one."""
+    try:
+        with open(os.path.join(path, F.ARENAS, F.arena_name(n)), "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - F.MAX_TRAILER))
+            tail = f.read()
+    except FileNotFoundError:
+        return None
+    try:
+        return F.Trailer.from_tail(tail, mac_key, n)
+    except ValueError:
+        return None
+
+
+def check_rollback(path, uuid, mac_key, watch, head=None):
+    """The message if the store at path is older than the newest commit `watch` (rollback.Watch)
+    saw of it, else None; read before anything is written. A head that cannot be read is left to
+    the open that follows. With a gc switch pending, either head will do (the host took the
+    journal's as the newest before the switch began). `head`: the one to judge (default: the newest
+    head copy)."""
+    try:
+        got = (None, head) if head is not None else read_head(path, mac_key)
+    except DataCorrupt:
+        return None
+    if got is None:
+        return None
+    pending = switch.journal_head(path)
+    if pending is not None:
+        try:
+            if not watch.check(path, uuid, F.Head.unpack(pending, mac_key), rollback.chain_reader(
+                    lambda n: None), lambda n, off: None):
+                return None
+        except ValueError:
+            pass
+    def tag_at(n, off):
+        try:
+            with open(os.path.join(path, F.ARENAS, F.arena_name(n)), "rb") as f:
+                return os.pread(f.fileno(), L.TAG_SIZE, off + L.H_TAG)
+        except FileNotFoundError:
+            return None
+
+    return watch.check(path, uuid, got[1], rollback.chain_reader(lambda n: trailer(path, mac_key, n)), tag_at)
 
 
 # ---- a new store's derived files -------------------------------------------------------------------
@@ -306,16 +350,7 @@ class Primary:
 
     def trailer(self, n):
         """The trailer of sealed arena n, or None if its file has no valid one."""
-        try:
-            with open(self.arena_path(n), "rb") as f:
-                f.seek(max(0, f.seek(0, os.SEEK_END) - F.MAX_TRAILER))
-                tail = f.read()
-        except FileNotFoundError:
-            return None
-        try:
-            return F.Trailer.from_tail(tail, self.keys.mac, n)
-        except ValueError:
-            return None
+        return trailer(self.path, self.keys.mac, n)
 
     def install_arena(self, n, data):
         """Put new bytes of arena n in place atomically (a crash leaves the old or the new file). Its

@@ -19,10 +19,11 @@ from datetime import datetime, timezone
 
 from foundation import native
 from foundation.crypto.keys import Keys, create_key_file
-from foundation.errors import (BadInput, DataCorrupt, DerivedCorrupt, StoreBusy, StoreMissing, StoreNotEmpty,
-                               UsageError)
+from foundation.errors import (BadInput, DataCorrupt, Error, DerivedCorrupt, RolledBack, StoreBusy, StoreMissing,
+                               StoreNotEmpty, UsageError)
 from foundation.store import format as F
 from foundation.store import primary, switch
+from foundation.store.rollback import last_record
 from foundation.store.arena import Log
 from foundation.store.cache import LRU, IndexCache, Tuning
 from foundation.store.dedup import Writes
@@ -100,13 +101,20 @@ class Store(Writes, Reads, IndexCache):
 
     @classmethod
     def open(cls, path, key_file=None, passphrase=None, writable=False, tuning=None, master=None,
-             recovering=False):
+             recovering=False, watch=None):
         """`passphrase`: for a key file wrapped by one, a string or a callable asked only then (the
         CLI's prompt); the store itself never prompts, and without one such a key file raises
-        KeyMissing. `recovering`: foundation recover's own opens of a store it has not finished."""
+        KeyMissing. `recovering`: foundation recover's own opens of a store it has not finished.
+        `watch`: the host's record of the newest commit it saw (rollback.Watch): a store older than
+        it raises RolledBack for a writer, before anything is written, and sets `rolled_back` (the
+        message) for a reader."""
         s = cls.__new__(cls)
+        s.watch = watch
         s._init(path, key_file, passphrase, writable, tuning or Tuning(), master, recovering)
         return s
+
+    watch = None
+    rolled_back = None
 
     def _init(self, path, key_file, passphrase, writable, tuning, master, recovering=False):
         self.path, self.writable, self.tuning = path, writable, tuning
@@ -139,10 +147,38 @@ class Store(Writes, Reads, IndexCache):
         self.repaired = []
         self._recent = []  # summaries loaded by the current write batch
         try:
+            self._check_rollback()
             self._open_structures()
         except BaseException:
             self.close()
             raise
+        if self.watch and not self.rolled_back:
+            self.record_head(newer_only=not writable)
+
+    def record_head(self, newer_only=False):
+        """Tell the watch (the host's record) this store's head is the newest it has seen of it."""
+        head, oa = self.log.head, self.log.open
+        last = last_record(oa, head.end) if oa is not None and oa.n == head.arena else (0, b"")
+        self.watch.record(self.uuid, head, last, newer_only)
+
+    def _check_rollback(self):
+        if self.watch is None:
+            return
+        why = primary.check_rollback(self.path, self.uuid, self.keys.mac, self.watch)
+        if why:
+            # The head copies may lag the log (sealed arenas and commit records past them carry
+            # it forward): judge the commit an open finds, read without writing anything.
+            log = Log(self.path, self.disk, self.codec, self.keys, self.conf, False)
+            try:
+                log.load()
+                why = primary.check_rollback(self.path, self.uuid, self.keys.mac, self.watch, log.head)
+            except Error:
+                pass
+            finally:
+                log.close()
+        if why and self.writable:
+            raise RolledBack(why)
+        self.rolled_back = why
 
     def _lock(self):
         self.lockfd = primary.lock_writer(self.path)
@@ -267,6 +303,8 @@ class Store(Writes, Reads, IndexCache):
                     self.flush()
                 elif self.bloom is not None:
                     self._save_bloom()
+                if self.watch:
+                    self.record_head()
         finally:
             self._close_structures()
             for fd in (self.lockfd, self.readfd):

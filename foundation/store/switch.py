@@ -87,6 +87,17 @@ def commit(store, first, files, old_last, head):
     """Write the journal: from here on the switch happens, now or at the next open."""
     j = {"first": first, "files": files, "old_last": old_last, "head": head.pack(store.keys.mac).hex()}
     atomic_write(os.path.join(store.path, JOURNAL), json.dumps(j).encode())
+    if store.watch:     # the host takes the shorter, rewritten log as the newest before the head moves
+        store.watch.record(store.uuid, head)
+
+
+def journal_head(path):
+    """The bytes of the head an interrupted switch puts in place, or None if none is pending."""
+    try:
+        with open(os.path.join(path, JOURNAL)) as f:
+            return bytes.fromhex(json.load(f)["head"])
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 def pending(path):
