@@ -217,6 +217,14 @@ def test_unsynced_arenas_behind_a_torn_tail_are_set_aside(make_store):
     assert sorted(os.listdir(os.path.join(op.path, "orphans")))
 
 
+def _lines(path):
+    try:
+        with open(path) as f:
+            return sum(1 for _ in f)
+    except FileNotFoundError:
+        return 0
+
+
 def _arenas(path):
     """{file name: bytes} of every arena file."""
     return {os.path.basename(p): open(p, "rb").read() for p in arena_files(path)}
