@@ -13,18 +13,26 @@ def add_arguments(p):
 
 
 def run(args):
+    from foundation.catalog.salvage import days_affected
     from foundation.store.verify import verify
 
     with open_store(args) as s:
-        damage, checked = verify(s)
+        notes = []
+        damage, checked = verify(s, notes=notes)
         arenas = s.log.open.n + 1
+        cost = days_affected(s, damage)
     if args.json:
         print(json.dumps({"version": 1, "ok": not damage, "records": checked, "arenas": arenas,
-                          "damaged": [{"arena": d.arena, "offset": d.offset, "what": d.what, "record": d.record}
-                                      for d in damage]}, indent=2, sort_keys=True))
+                          "damaged": [{"arena": d.arena, "offset": d.offset, "what": d.what, "record": d.record,
+                                       "kind": d.kind.value} for d in damage],
+                          "notes": [str(d) for d in notes], "affected": cost}, indent=2, sort_keys=True))
         return 1 if damage else 0
+    for d in notes:
+        print(f"note: {d}")
     for d in damage:
         print(f"DAMAGED {d}")
+    for line in cost:
+        print(f"LOST {line}")
     if damage:
         print(f"{len(damage)} damaged place(s) in {arenas} arenas ({checked:,} records checked). "
               "Blocks in damaged records cannot be read; restore the arenas from a replica if you have one.")

@@ -92,6 +92,8 @@ class Log:
         self.open = None
         self.repaired = []
         self.damaged = []
+        self.lost = []      # [(arena, from, to)]: byte ranges of committed records that are gone
+        self.missing = []   # sealed arenas whose files are gone
         self.dirty = set()  # arenas written since the last sync
         self.avg_record = RH + self.block_size  # bytes per record in the last pack
         self.threads = 1
@@ -103,9 +105,17 @@ class Log:
         self.head = self._read_head()
         for n in range(self.head.arena):
             if not os.path.exists(self.path(n)):
-                raise DataCorrupt(f"arena {n} is missing ({self.path(n)})")
+                # Its records are lost; every other arena is still served (salvage, never refuse the whole).
+                log.error("arena %d is missing (%s); its blocks cannot be read", n, self.path(n))
+                self.missing.append(n)
+                self.lost.append((n, 0, self.arena_size))
         while True:
             n = self.head.arena
+            if not os.path.exists(self.path(n)) and self.head.end > F.ARENA_HEADER_SIZE:
+                self._lost_open(n)
+                if not self.writable:
+                    return
+                continue
             if not os.path.exists(self.path(n)):
                 # A crash between moving the head and creating the arena.
                 if not self.writable:
@@ -120,6 +130,26 @@ class Log:
                 break
         if self.writable:
             self._set_aside_orphans()
+
+    def _lost_open(self, n):
+        """The newest arena is gone with committed records in it. Readers serve the arenas before it;
+        a writer refuses (creating an empty one in its place would make its records' addresses
+        mean other blocks), except `rebuild --salvage`, which goes on in arena n + 1 and leaves n
+        missing for ever, so no address is ever reused."""
+        self.missing.append(n)
+        self.lost.append((n, F.ARENA_HEADER_SIZE, self.head.end))
+        if not self.writable:
+            log.error("the newest arena %d is missing (%s); its blocks cannot be read", n, self.path(n))
+            self.open = OpenArena(n, None, None, b"")
+            return
+        if not self.salvaging:
+            raise DataCorrupt(f"the newest arena {n} is missing ({self.path(n)}) with committed records up to "
+                              f"offset {self.head.end}: put it back from a copy, or run `foundation rebuild "
+                              "--salvage` to go on without it")
+        self.head = F.Head(n + 1, F.ARENA_HEADER_SIZE, 0, self.head.chain)
+        self.repaired.append(f"the newest arena {n} is missing: its records are lost; new records go to arena {n + 1}")
+
+    salvaging = False
 
     def _set_aside_orphans(self):
         """Arenas after the open one hold only records written after the last
@@ -229,6 +259,37 @@ class Log:
         amac = F.arena_mac(self.keys.mac, oa.hbytes, bytes(oa.tags), oa.count, oa.end)
         return tr.end == oa.end and tr.count == oa.count and tr.amac == amac and \
             tr.chain == F.chain_mac(self.keys.mac, prev, n, amac)
+
+    def salvage(self, n, iv, buf, start, limit, first=False):
+        """Every record of buf[start:limit] that verifies, stepping over damage -> (entries, lost).
+
+        Where the scan stops short of limit (a bad tag, a lost length, a
+        zeroed page), the next record is found by its header: the next magic
+        from which a record verifies (its tag covers arena and offset, so a
+        stray magic in a payload never passes). `lost` holds the [from, to)
+        byte ranges stepped over: a damaged record costs that record only.
+        With `first`, stop at the first damage (its range ends at the next record).
+        """
+        raw = buf if isinstance(buf, (bytes, bytearray)) else bytes(buf)
+        mv = memoryview(raw)
+        probe = RH + 2 * self.block_size + 64  # room for one record, however it was encoded
+        entries, lost, off = [], [], start
+        while off < limit:
+            got, end, _err = self.scan(n, iv, mv[off:limit], off)
+            entries += got
+            if end >= limit:
+                break
+            nxt = raw.find(L.MAGIC, end + 1, limit)
+            while nxt >= 0:
+                if self.scan(n, iv, mv[nxt:min(limit, nxt + probe)], nxt)[0]:
+                    break
+                nxt = raw.find(L.MAGIC, nxt + 1, limit)
+            nxt = limit if nxt < 0 else nxt
+            lost.append((end, nxt))
+            if first:
+                break
+            off = nxt
+        return entries, lost
 
     def scan(self, n, iv, buf, base, verify=True):
         """Records of one arena region -> ([(off, btype, key, stored, raw, tag)], end, error)."""

@@ -95,11 +95,13 @@ class Store(Writes, Reads, IndexCache):
 
     @classmethod
     def open(cls, path, key_file=None, passphrase=None, writable=False, tuning=None, master=None,
-             recovering=False):
-        """`passphrase`: for a key file wrapped by one, a string or a callable asked only then (the
+             recovering=False, salvage=False):
+        """`salvage`: `foundation rebuild --salvage` going on without a lost newest arena (Log.load).
+        `passphrase`: for a key file wrapped by one, a string or a callable asked only then (the
         CLI's prompt); the store itself never prompts, and without one such a key file raises
         KeyMissing. `recovering`: foundation recover's own opens of a store it has not finished."""
         s = cls.__new__(cls)
+        s.salvage = salvage
         s._init(path, key_file, passphrase, writable, tuning or Tuning(), master, recovering)
         return s
 
@@ -163,6 +165,7 @@ class Store(Writes, Reads, IndexCache):
             switch.drop_leftovers(self.path)
         self.log = Log(self.path, self.disk, self.codec, self.keys, self.conf, self.writable)
         self.log.threads = self.tuning.threads
+        self.log.salvaging = getattr(self, "salvage", False)
         self.log.on_seal = self._sealed
         self.log.load()
         self.repaired += self.log.repaired

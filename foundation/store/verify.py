@@ -24,14 +24,20 @@ class Kind(enum.Enum):
 
     RECORD = "record"          # one record fails (tag, decoding, score); the rest of the arena is fine
     UNPARSABLE = "unparsable"  # a record whose length is lost: nothing after it can be parsed
+    SKIPPED = "skipped"        # bytes that hold no record that verifies; the scan found the next one after them
     SHORT = "short"            # the open arena ends before the head's committed end
     HEADER = "header"          # the arena header fails, or names another arena or log
     TRAILER = "trailer"        # a sealed arena's trailer is missing or fails its checks
     ARENA_MAC = "arena-mac"    # every record verifies, but the arena MAC does not cover them
     CHAIN = "chain"            # the arena's chain MAC does not follow the arena before it
+    TAIL = "tail"              # bytes past the head's end: an unfinished write (kill -9, full disk), not damage
+    PARAMETER = "parameter"    # foundation.json disagrees with the arenas (an edited block or arena size)
     HEAD_CHAIN = "head-chain"  # the sealed arenas' chain does not reach the head
     MISSING = "missing"        # the arena file is absent
     EXTRA = "extra"            # an arena file past the head's end
+
+
+SPANS = (Kind.SKIPPED, Kind.UNPARSABLE, Kind.SHORT, Kind.HEADER, Kind.MISSING)  # damage that costs a byte range
 
 
 @dataclass
@@ -40,6 +46,7 @@ class Damage:
     offset: int
     kind: Kind
     what: str
+    end: int | None = None  # where the damaged bytes end, when known (None: the damage reaches the arena's end)
 
     @property
     def record(self):
@@ -54,8 +61,9 @@ class Damage:
         return f"arena {self.arena} offset {self.offset}: {self.what}"
 
 
-def verify(store, progress=None):
-    """-> (list of Damage, number of records checked)."""
+def verify(store, progress=None, notes=None):
+    """-> (list of Damage, number of records checked). What is not damage but worth saying (an
+    uncommitted tail, Kind.TAIL) goes into the list `notes`, if given."""
     lg = store.log
     damage = []
     checked = 0
@@ -78,9 +86,15 @@ def verify(store, progress=None):
         checked += count
         if progress:
             progress(n)
+    tail = lg.file_size(last) - lg.open.end if os.path.exists(lg.path(last)) else 0
+    if tail > 0 and notes is not None:
+        notes.append(Damage(last, lg.open.end, Kind.TAIL, f"{tail} bytes past the head's end: an unfinished write "
+                             "(a crash or a full disk), not damage; the next archive cuts it"))
     if chain is not None and chain != lg.head.chain:
         damage.append(Damage(last, 0, Kind.HEAD_CHAIN, "the head's chain MAC does not match the sealed arenas (log rolled back or truncated)"))
     _record(store, [d for d in damage if d.record])
+    # What readers must no longer trust, for naming the days it costs (foundation.image.lost).
+    lg.lost += [(d.arena, d.offset, d.end or 1 << 32) for d in damage if d.kind in SPANS]
     return damage, checked
 
 
@@ -111,6 +125,10 @@ def verify_arena(store, n, buf, sealed, chain, committed=None):
         except ValueError as e:
             damage.append(Damage(n, max(0, size - F.TRAILER_SIZE), Kind.TRAILER, f"sealed arena {e} (truncated arena?)"))
     limit = size - tr.size if tr else size
+    if not sealed:
+        if committed is None:  # a writer keeps verified records past the head (Log._scan_open)
+            committed = lg.open.end if lg.open is not None and lg.open.n == n else lg.head.end
+        limit = min(size, committed)  # past the commit point lies an unfinished write, not damage
     while off < limit:
         entries, end, err = lg.scan(n, header.iv, buf[off:limit], off)
         for e_off, btype, key, stored, raw, tag in entries:
@@ -129,17 +147,24 @@ def verify_arena(store, n, buf, sealed, chain, committed=None):
                     damage.append(Damage(n, e_off, Kind.RECORD, "block content does not match its score"))
                     ok = False
         off = end
-        if err is None or off >= limit:
+        if off >= limit:
             break
         ok = False
+        kind = err.kind if err else "zeroed"  # zeros where committed records should be (a zeroed page)
         stored = L.stored_at(buf, off, limit)
-        if err.kind in ("tag", "decompress", "length") and L.is_record(buf, off) \
+        if kind in ("tag", "decompress", "length") and L.is_record(buf, off) \
                 and 0 <= stored and off + L.HEADER_SIZE + stored <= limit:
-            damage.append(Damage(n, off, Kind.RECORD, f"record is damaged ({err.kind})"))
+            damage.append(Damage(n, off, Kind.RECORD, f"record is damaged ({kind})"))
             off += L.HEADER_SIZE + stored
             continue
-        damage.append(Damage(n, off, Kind.UNPARSABLE, f"record is damaged ({err.kind}); the rest of the arena ({limit - off} bytes) cannot be parsed"))
-        break
+        # Find the next record by its header (Log.salvage): the damage costs only these bytes.
+        nxt = _next_record(lg, n, header.iv, buf, off, limit)
+        if nxt >= limit:
+            damage.append(Damage(n, off, Kind.UNPARSABLE, f"record is damaged ({kind}); the rest of the arena ({limit - off} bytes) cannot be parsed"))
+            break
+        damage.append(Damage(n, off, Kind.SKIPPED, f"bytes {off}-{nxt} hold no record that verifies ({kind}); "
+                                                   f"the next record is at offset {nxt}", nxt))
+        off = nxt
     if tr:
         if ok:
             amac = F.arena_mac(store.keys.mac, hb, bytes(tags), count, tr.end)
@@ -150,11 +175,16 @@ def verify_arena(store, n, buf, sealed, chain, committed=None):
                                  "arena chain MAC mismatch: an arena before it was dropped, reordered or rolled back"))
         return damage, checked, tr, tr.chain
     if not sealed:
-        committed = lg.head.end if committed is None else committed
         if off < committed:
             damage.append(Damage(n, off, Kind.SHORT, f"open arena ends before the committed end {committed}"))
         return damage, checked, None, chain
     return damage, checked, None, None
+
+
+def _next_record(lg, n, iv, buf, off, limit):
+    """Offset of the first record after off that verifies, or limit."""
+    _, lost = lg.salvage(n, iv, buf, off, limit, first=True)
+    return lost[0][1] if lost else limit
 
 
 def _record(store, damage):
