@@ -32,7 +32,8 @@ def newer_catalog_lost(store):
     (and the days it named) may have been there, so the list may be short. Else None."""
     ref = store.latest(CATALOG)
     at = store.address(ref) if ref is not None else 0
-    after = [(n, lo) for n, lo, _ in store.log.lost if at is None or (n << 32 | lo) > at]
+    places = [(n, lo) for n, lo, _ in store.log.lost] + list(store.log.damaged) + [divmod(a, 1 << 32) for a in store.bad]
+    after = sorted((n, lo) for n, lo in places if at is None or (n << 32 | lo) > at)
     if not after:
         return None
     n, lo = after[-1]

@@ -24,7 +24,7 @@ def add_arguments(p):
 def run(args):
     with open_store(args, writable=False) as store:
         cat = Catalog.load(store)
-        short = newer_catalog_lost(store) if store.log.lost else None
+        short = newer_catalog_lost(store) if store.log.lost or store.bad else None
     if short:
         print(f"warning: {short}", file=sys.stderr)
     snaps = cat.snapshots(args.name)

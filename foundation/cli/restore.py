@@ -14,7 +14,7 @@ import time
 
 from foundation.catalog import Catalog, format_time, parse_time
 from foundation.cli.common import Progress, open_store
-from foundation.catalog.salvage import line
+from foundation.catalog.salvage import line, newer_catalog_lost
 from foundation.errors import BadInput, DataCorrupt, NotFound
 from foundation.image import restore_image
 from foundation.image.lost import lost_ranges
@@ -64,6 +64,11 @@ def run(args):
     t0 = time.monotonic()
     with open_store(args, writable=False) as store:
         snap = Catalog.load(store).find(name, when)
+        short = newer_catalog_lost(store) if store.log.lost or store.bad else None
+        if short and (when is None or when > snap.time):
+            raise DataCorrupt(f"{short}, so {name!r} at {args.target.partition('@')[2] or 'its newest'} may not be "
+                              f"the snapshot found ({format_time(snap.time)}); to restore that one, name its time "
+                              f"exactly: {name}@{format_time(snap.time)}")
         if args.disk is not None:
             if args.disk not in snap.disks:
                 raise NotFound(f"snapshot {snap.id} of {name!r} ({format_time(snap.time)}) has no disk "

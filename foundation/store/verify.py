@@ -116,6 +116,10 @@ def verify_arena(store, n, buf, sealed, chain, committed=None):
         header, hb = lg.header(n, buf)
     except Exception as e:  # DataCorrupt naming the header
         return [Damage(n, 0, Kind.HEADER, str(e).split(": ", 2)[-1])], 0, None, None
+    if header.size != lg.arena_size:
+        damage.append(Damage(n, 0, Kind.PARAMETER, f"the arena was made {header.size} bytes long, but {F.CONFIG} "
+                             f"says arena_size {lg.arena_size}: the config was edited; put the value back"))
+    odd = []  # records no block of this store's block size can be (the config's block_size was edited)
     tags = bytearray()
     count, off, ok = 0, F.ARENA_HEADER_SIZE, True
     tr = None
@@ -135,6 +139,8 @@ def verify_arena(store, n, buf, sealed, chain, committed=None):
             tags += tag
             count += 1
             checked += 1
+            if raw > lg.block_size or (btype == F.TREE and raw != lg.block_size):
+                odd.append((e_off, raw))
             rec = buf[e_off:e_off + L.HEADER_SIZE + stored]
             try:
                 _, fullkey, data = native.unpack(store.codec, n, header.iv, e_off, rec)
@@ -165,6 +171,10 @@ def verify_arena(store, n, buf, sealed, chain, committed=None):
         damage.append(Damage(n, off, Kind.SKIPPED, f"bytes {off}-{nxt} hold no record that verifies ({kind}); "
                                                    f"the next record is at offset {nxt}", nxt))
         off = nxt
+    if odd:
+        damage.append(Damage(n, odd[0][0], Kind.PARAMETER,
+                             f"{len(odd)} records hold blocks of {odd[0][1]} bytes, which a store of block_size "
+                             f"{lg.block_size} never writes: {F.CONFIG} was edited; put the block size back"))
     if tr:
         if ok:
             amac = F.arena_mac(store.keys.mac, hb, bytes(tags), count, tr.end)
