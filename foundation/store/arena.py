@@ -209,20 +209,28 @@ class Log:
             oa.add(entries)
             if end >= committed:
                 break
-            what = err.kind if err else "missing"
-            stored = L.stored_at(buf, end, size)
-            skip = end + RH + stored
-            if what not in ("tag", "decompress") or not end < skip <= committed:
-                raise DataCorrupt(f"arena {n} offset {end}: committed record is damaged ({what})")
-            # Step over one damaged record whose header still gives its length:
-            # its reads fail, the rest is served, and a writer stores the block
-            # again when it meets it (paper §3.4: archiving heals the archive).
-            log.error("arena %d offset %d: committed record is damaged (%s); its block cannot be read", n, end, what)
+            # Committed damage: step over it to the next record that verifies (Log.salvage). Its
+            # blocks cannot be read, the rest is served, and a writer stores them again when it
+            # meets them (paper §3.4: archiving heals the archive).
+            what = err.kind if err else "zeroed"
+            _, lost = self.salvage(n, header.iv, buf, end, min(committed, size), first=True)
+            nxt = lost[0][1] if lost else min(committed, size)
+            if nxt >= size:
+                nxt = committed  # the file ends before the commit point: the rest is lost
+            log.error("arena %d offset %d: committed records are damaged (%s); bytes up to %d cannot be read",
+                      n, end, what, nxt)
             self.damaged.append((n, end))
-            self.repaired.append(f"arena {n} offset {end}: stepped over a damaged committed record ({what})")
-            end = skip
+            self.lost.append((n, end, nxt))
+            self.repaired.append(f"arena {n} offset {end}: stepped over damaged committed bytes up to {nxt} ({what})")
+            end = nxt
+            if end >= size:
+                break
         del mv
         oa.end = end
+        if size < end and self.writable:
+            # Cut short below the commit point: new records go after it, so no address is used twice.
+            os.ftruncate(fd, end)
+            size = end
         if end < size:
             tail = buf[end:end + F.TRAILER_SIZE]
             if self._valid_trailer(n, oa, tail):
@@ -521,6 +529,12 @@ class Log:
                 raise DataCorrupt(f"arena {n} offset {start}: no record there (beyond the end of the log)")
             b = self.disk.pread(self.fd(n), "arena", start, size)
             group = addrs[i:j]
+            if len(b) < size:  # the file was cut short: records past its end are gone
+                cut = [a for a in group if (a & 0xFFFFFFFF) >= start + len(b)]
+                if cut and not tolerant:
+                    raise DataCorrupt(f"arena {n} offset {cut[0] & 0xFFFFFFFF}: the arena file ends at offset "
+                                      f"{start + len(b)} (cut short); its records past that are lost")
+                group = group[:len(group) - len(cut)]
             got = native.unpack_many(self.codec, n, self.iv(n), b, start, [a & 0xFFFFFFFF for a in group],
                                      self.threads)
             for a, v in zip(group, got):

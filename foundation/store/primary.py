@@ -54,9 +54,19 @@ def read_config(path, config=None, recovering=False):
             raise StoreMissing(f"{path} (its recovery from a replica has not finished: run the same "
                                "`foundation recover` again)")
     try:
-        return F.unpack_config(config), bytes(config)
+        conf = F.unpack_config(config)
+        for k, t in REQUIRED.items():
+            if not isinstance(conf.get(k), t) or isinstance(conf.get(k), bool) is not (t is bool):
+                raise ValueError(f"{k!r} is missing or not a {t.__name__}")
+        return conf, bytes(config)
     except (ValueError, KeyError) as e:
-        raise DataCorrupt(f"store config {where} is unreadable ({e})") from None
+        raise DataCorrupt(f"store config {where} is unreadable ({e}); put back a copy of it "
+                          "(a replica holds one)") from None
+
+
+# What the store cannot open without (an edited or damaged foundation.json names the field).
+REQUIRED = {"uuid": str, "mode": str, "block_size": int, "arena_size": int, "max_log_size": int,
+            "encrypted": bool, "key_check": str}
 
 
 def write_config(path, config):

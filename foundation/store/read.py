@@ -117,9 +117,10 @@ class Reads:
 
     def address(self, ref):
         """The log address of the record a ref names, or None if no record is known for it."""
-        if self.mode == "hash":
-            return self._locate(bytes(ref))
-        return int.from_bytes(ref, "big")
+        if self.mode != "hash":
+            return int.from_bytes(ref, "big")
+        addrs, which = native.tables_lookup(self._tables(), bytes(ref), None)
+        return addrs[0] if which[0] >= 0 else self._locate(bytes(ref))
 
     def unreadable(self, refs):
         """Positions of the (concatenated) refs whose block no intact record holds: not located, in a
