@@ -201,6 +201,7 @@ def test_damage(made, part, how, tmp_path, capsys):
     assert "Traceback" not in err
     if intact:
         assert rc == 0 and all(day(i)[:10] in out for i in intact), (rc, out, err)
+    seen = [rc]
     rc, out, err = cli(capsys, d, "verify")
     assert "Traceback" not in err
     if part in ("summary", "index", "bloom") or (hi <= lo):
@@ -209,15 +210,40 @@ def test_damage(made, part, how, tmp_path, capsys):
         assert err.startswith("foundation: ") and rc in (10, 13, 14, 20), err
     elif arena is not None and not (part == "trailer" and how == "flip") and not how == "older":
         assert rc == 1 and "DAMAGED" in out, (rc, out, err)
+    seen.append(rc)
     got = restores(capsys, d, imgs)
     assert {i for i in intact if not got[i]} == set(), ("days that need no damaged byte failed", got)
+    seen.append(days(got))
 
     rc, out, err = cli(capsys, d, "rebuild", "--salvage")
     assert "Traceback" not in err and rc in (0, 1, 10, 13, 14, 20), (rc, out, err)
     if rc == 1:
         assert "LOST" in out
+    seen.append(rc)
     got = restores(capsys, d, imgs)
     assert {i for i in intact if not got[i]} == set(), ("after rebuild, days that need no damaged byte failed", got)
+    seen.append(days(got))
+    # The row docs/damage.md shows for this cell: what a user sees, exactly.
+    assert TABLE[(part, how)] == [str(x) for x in seen], (part, how, seen)
+
+
+def days(got):
+    """'12-4': the days that restore byte for byte, '-' for a day refused with a message."""
+    return "".join(str(i + 1) if ok else "-" for i, ok in sorted(got.items()))
+
+
+def table():
+    """{(file, damage): [list, verify, days before, rebuild, days after]} from docs/damage.md."""
+    doc = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "damage.md")
+    out = {}
+    for line in open(doc):
+        cells = [c.strip().strip("`") for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 7 and cells[0] in FILES and cells[1] in DAMAGES:
+            out[(cells[0], cells[1])] = cells[2:7]
+    return out
+
+
+TABLE = table()
 
 
 def test_uncommitted_tail_is_a_note(made, tmp_path, capsys):

@@ -46,6 +46,8 @@ def scan_arena(store, n):
             log.error("arena %d offset %d: sealed arena has no valid trailer (%s); scanning to its end", n, size, e)
     limit = size - tr.size if tr else size
     entries, lost = lg.salvage(n, header.iv, buf, F.ARENA_HEADER_SIZE, limit)
+    if n < lg.open.n and tr is None:
+        lost.append((size, 1 << 32))  # a sealed arena cut short or put back older: what followed is gone
     lost = [(a, b) for a, b in lost if (n, a, b) not in lg.lost]  # each loss is told once a session
     for a, b in lost:
         log.error("arena %d offset %d: %d bytes are damaged; left out of its summary", n, a, b - a)
