@@ -154,6 +154,7 @@ def rebuild(store, progress=None):
         if progress:
             progress(n)
     records += store.log.open.count
-    store.rebuild_derived()
+    if not (any(r.startswith("rebuilt the index") for r in store.repaired) and "rebuilt the Bloom filter" in store.repaired):
+        store.rebuild_derived()  # (else this very open rebuilt both from the summaries just scanned)
     store.counters["records"] = records
     return records
