@@ -264,15 +264,20 @@ def test_edited_block_size_is_damage(made, tmp_path, capsys):
     assert rc == 1 and "block_size" in out and "foundation.json was edited" in out
 
 
-def test_missing_newest_arena_is_never_made_worse(made, tmp_path, capsys):
+@pytest.mark.parametrize("how", ["is missing", "has a damaged header"])
+def test_lost_newest_arena_is_never_made_worse(made, how, tmp_path, capsys):
     """Readers serve the older days; rebuild refuses, rebuild --salvage goes on in the next arena; days
     that need none of the lost blocks restore byte for byte, and a new day archives and restores."""
     base, imgs, need, t = made
     d = cell_dir(made, tmp_path)
     n = t["open"]
-    os.unlink(d / "store" / "arenas" / F.arena_name(n))
+    path = d / "store" / "arenas" / F.arena_name(n)
+    if how == "is missing":
+        os.unlink(path)
+    else:
+        apply(path, L.A_IV, "flip", None)
     rc, out, err = cli(capsys, d, "rebuild")
-    assert rc == 20 and f"the newest arena {n} is missing" in err and "rebuild --salvage" in err
+    assert rc == 20 and f"the newest arena {n} {how}" in err and "rebuild --salvage" in err
     rc, out, err = cli(capsys, d, "list")
     assert rc == 0 and "snapshots taken after the newest one listed may be lost" in err
     rc, out, err = cli(capsys, d, "rebuild", "--salvage")

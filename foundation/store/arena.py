@@ -112,8 +112,8 @@ class Log:
         while True:
             n = self.head.arena
             if not os.path.exists(self.path(n)) and self.head.end > F.ARENA_HEADER_SIZE:
-                self._lost_open(n)
-                if not self.writable:
+                self.open = self._lost_open(n, "is missing")
+                if self.open is not None:
                     return
                 continue
             if not os.path.exists(self.path(n)):
@@ -131,7 +131,7 @@ class Log:
         if self.writable:
             self._set_aside_orphans()
 
-    def _lost_open(self, n):
+    def _lost_open(self, n, why):
         """The newest arena is gone with committed records in it. Readers serve the arenas before it;
         a writer refuses (creating an empty one in its place would make its records' addresses
         mean other blocks), except `rebuild --salvage`, which goes on in arena n + 1 and leaves n
@@ -139,15 +139,17 @@ class Log:
         self.missing.append(n)
         self.lost.append((n, F.ARENA_HEADER_SIZE, self.head.end))
         if not self.writable:
-            log.error("the newest arena %d is missing (%s); its blocks cannot be read", n, self.path(n))
-            self.open = OpenArena(n, None, None, b"")
-            return
+            log.error("the newest arena %d %s (%s); its blocks cannot be read", n, why, self.path(n))
+            oa = OpenArena(n, None, None, b"")
+            oa.end = self.head.end
+            return oa
         if not self.salvaging:
-            raise DataCorrupt(f"the newest arena {n} is missing ({self.path(n)}) with committed records up to "
+            raise DataCorrupt(f"the newest arena {n} {why} ({self.path(n)}) with committed records up to "
                               f"offset {self.head.end}: put it back from a copy, or run `foundation rebuild "
                               "--salvage` to go on without it")
         self.head = F.Head(n + 1, F.ARENA_HEADER_SIZE, 0, self.head.chain)
-        self.repaired.append(f"the newest arena {n} is missing: its records are lost; new records go to arena {n + 1}")
+        self.repaired.append(f"the newest arena {n} {why}: its records are lost; new records go to arena {n + 1}")
+        return None
 
     salvaging = False
 
@@ -200,7 +202,14 @@ class Log:
             self.repaired.append(f"recreated empty open arena {n}")
             return self._create_arena(n)
         buf = self.disk.pread(fd, "arena", 0, size)
-        header, hbytes = self.header(n, buf)
+        try:
+            header, hbytes = self.header(n, buf)
+        except DataCorrupt:
+            if committed <= F.ARENA_HEADER_SIZE:
+                raise
+            # Its IV is gone, so none of its records decrypts: lost like a missing newest arena.
+            self.forget(n)
+            return self._lost_open(n, "has a damaged header")
         oa = OpenArena(n, fd, header, hbytes)
         mv = memoryview(buf)
         end = F.ARENA_HEADER_SIZE
