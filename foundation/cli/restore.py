@@ -52,8 +52,9 @@ def raise_lost(store, snap, disk, entry, err):
     ranges = lost_ranges(store, entry.root)
     if not ranges:
         raise err
-    raise DataCorrupt(f"{line(snap, disk, ranges)}; nothing was written. Days that need none of these "
-                      "blocks restore whole (`foundation verify` names them)")
+    first = err.args[0] if err.args else err
+    raise DataCorrupt(f"{line(snap, disk, ranges)}; the first unreadable block: {first}; nothing was written. "
+                      "Days that need none of these blocks restore whole (`foundation verify` names them)")
 
 
 def run(args):
