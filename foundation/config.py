@@ -10,6 +10,7 @@
     notify = "auto"                       # or "never": desktop notifications of failed nights and stale VMs
     stale_days = 2                        # a VM whose last good archive is older is reported (status, notify)
     snapshot_group = "libvirt"            # who may read /snapshot and is notified (default: libvirt's group)
+    list_files = true                     # after each archive, add the night to `find`'s file listings
 
     [replica]                             # a table for another part of Foundation: kept as is
     ...
@@ -49,6 +50,7 @@ class Config:
     exclude: list = field(default_factory=list)
     state_dir: str = "/var/lib/foundation"
     quiesce: str = "auto"             # auto | always | never (QUIESCE_MODES)
+    list_files: bool = True           # `archive` updates the file listings `find` searches
     clones_dir: str | None = None     # where `boot` puts clone overlays (default <state_dir>/clones)
     notify: str = "auto"
     stale_days: float = 2
@@ -62,7 +64,8 @@ class Config:
 
 _PATHS = ("store", "key_file", "state_dir", "clones_dir")
 _TYPES = {"store": str, "key_file": str, "libvirt_uri": str, "state_dir": str,
-          "clones_dir": str, "notify": str, "stale_days": (int, float), "snapshot_group": str}
+          "clones_dir": str, "notify": str, "stale_days": (int, float), "snapshot_group": str,
+          "list_files": bool}
 
 
 def load_config(path=None):

@@ -112,6 +112,12 @@ class BadInput(Error):
     code = 31
 
 
+class FilesUnreadable(Error):
+    """{}: the guest file system cannot be read ({}). Nothing is reported for it; `foundation verify` tells whether the archive is damaged."""
+
+    code = 70
+
+
 def _same(a, b):
     """The same class defined again (a module imported twice), not a second owner."""
     return (a.__module__, a.__qualname__) == (b.__module__, b.__qualname__)

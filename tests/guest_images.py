@@ -229,30 +229,49 @@ def unreplayed(before, after, out, bs=4096):
     os.remove(tx)
 
 
+def in_mount(img, script, opts="loop"):
+    """Run sh `script` with image img mounted at $M in a private mount namespace."""
+    mnt = img + ".mnt"
+    os.makedirs(mnt, exist_ok=True)
+    try:
+        run(["unshare", "-m", "sh", "-c", f"set -e; mount -o {opts} {img} {mnt}; M={mnt}; {script}; umount {mnt}"])
+    finally:
+        os.rmdir(mnt)
+
+
 def copied_while_mounted(img, out, script, opts="loop,commit=1"):
     """out: a copy of image img taken while the kernel has it mounted and `script` (sh, run in the
     mount as $M) has written, after a journal commit (ext4's commit=1) but before the metadata is
     written in place: what a nightly archive without a guest agent catches."""
-    mnt = img + ".mnt"
-    os.makedirs(mnt, exist_ok=True)
-    try:
-        run(["unshare", "-m", "sh", "-c", f"set -e; mount -o {opts} {img} {mnt}; M={mnt}; {script}; "
-             f"sleep 2.5; cp --sparse=always {img} {out}; umount {mnt}"])
-    finally:
-        os.rmdir(mnt)
+    in_mount(img, f"{script}; sleep 2.5; cp --sparse=always {img} {out}", opts)
 
 
 def debugfs(img, *cmds):
     run(["debugfs", "-w", "-f", "-", img], input="\n".join(cmds) + "\n")
 
 
-def files_of(img, dest):
-    """Copy the files of file-system image img to dest through a private read-only loop mount."""
+def files_of(img, dest, opts="ro,loop"):
+    """Copy the files of file-system image img to dest through a private (read-only) loop mount."""
     os.makedirs(dest, exist_ok=True)
-    mnt = img + ".mnt"
-    os.makedirs(mnt, exist_ok=True)
-    try:
-        run(["unshare", "-m", "sh", "-c",
-             f"set -e; mount -o ro,loop {img} {mnt}; cp -a {mnt}/. {dest}/; umount {mnt}"])
-    finally:
-        os.rmdir(mnt)
+    in_mount(img, f"cp -a $M/. {dest}/", opts)
+
+
+def xfs_crashed(img, out, script):
+    """out: a copy of XFS image img after `script` (sh, run in the mount as $M) wrote and the file
+    system was shut down with its log forced (xfs_io godown): the log holds committed transactions
+    that were never written in place, as in a guest that lost power."""
+    in_mount(img, f"{script}; xfs_io -x -c 'shutdown -f' $M")
+    shutil.copy(img, out)
+
+
+def xfs_records(img):
+    """(byte offset of the internal log, [block of each record header from the tail to the head]) of
+    XFS image img, as xfs_logprint reads them (independent of the code under test)."""
+    out = run(["xfs_logprint", "-t", img])
+    log_daddr = int(out.split("daddr: ")[1].split()[0])
+    tail, head = (int(out.split(f"{w}: ")[1].split()[0]) for w in ("log tail", "head"))
+    if tail > head:
+        raise RuntimeError(f"the log of {img} wraps; xfs_records reads only one that does not")
+    headers = [int(ln.split()[0]) for ln in run(["xfs_logprint", "-d", img]).splitlines()
+               if " HEADER Cycle " in ln]
+    return log_daddr * 512, [b for b in headers if tail <= b < head]

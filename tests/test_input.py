@@ -158,3 +158,14 @@ def test_a_config_file_that_is_not_utf8_is_named(tmp_path, capsys):
     rc, _, err = cli(capsys, "--config", conf, "stats")
     assert rc == 31
     assert err.strip() == f"foundation: Config file {conf}: not UTF-8 text (byte 9 cannot be read): save it as UTF-8"
+
+
+@pytest.mark.parametrize("where", ["store/key", "store/keys/k.key", "link/key"])
+def test_a_key_file_inside_the_store_is_refused(tmp_path, capsys, where):
+    (tmp_path / "store").mkdir()
+    os.symlink(tmp_path / "store", tmp_path / "link")
+    key = tmp_path / where
+    rc, _, err = cli(capsys, "--key-file", key, "init", tmp_path / "store")
+    assert rc == 31, err
+    assert f"the key file {key} must not be kept inside the store" in err
+    assert os.listdir(tmp_path / "store") == []  # refused before anything was written

@@ -59,11 +59,14 @@ def test_member_lists_outsider_cannot(tree):
     assert r.returncode == 0 and "2026" in r.stdout.split(), r.stderr
     r = as_user(tree["member"], "cat", f"{snap}/vda/pub.txt", f"{snap}/domain.xml")
     assert r.returncode == 0 and r.stdout.startswith("public\n<domain"), r.stderr
+    r = as_user(tree["member"], "cat", f"{snap}/changes")
+    assert r.returncode == 0 and "+  vda/home/u/.ssh/id_ed25519" in r.stdout, r.stderr
     r = as_user(tree["member"], "cat", secret)                 # guest modes still hold for members
     assert r.returncode != 0 and "Permission denied" in r.stderr
     out = tree["outsider"]
     for cmd in (["ls", mnt], ["ls", f"{mnt}/2026/11/21"], ["ls", snap], ["cat", secret],
                 ["cat", f"{snap}/vda/pub.txt"], ["cat", f"{snap}/domain.xml"], ["cat", f"{snap}/snapshot.json"],
+                ["cat", f"{snap}/changes"], ["cat", f"{snap}/changes.json"],      # guest file names
                 ["readlink", "-v", f"{mnt}/latest/web"]):
         r = as_user(out, *cmd)
         assert r.returncode != 0 and "Permission denied" in r.stderr, (cmd, r.stdout, r.stderr)

@@ -156,8 +156,10 @@ def test_top_levels_list_only_what_exists(world):
     assert ls(f"{mnt}/2026/11/21") == ["030000", "153000", "db", "web"]
     assert ls(f"{mnt}/2026/11/21/030000") == ["db", "web"]
     assert ls(f"{mnt}/2026/11/21/153000") == ["web"]
-    assert ls(f"{mnt}/2026/11/19/web") == ["domain.xml", "nvram.fd", "snapshot.json", "vda", "vda.raw"]
-    assert ls(f"{mnt}/2026/11/21/web") == ["domain.xml", "snapshot.json", "vda", "vda.raw"]
+    assert ls(f"{mnt}/2026/11/19/web") == ["changes", "changes.json", "domain.xml", "nvram.fd", "snapshot.json",
+                                           "vda", "vda.raw"]
+    assert ls(f"{mnt}/2026/11/21/web") == ["changes", "changes.json", "domain.xml", "snapshot.json", "vda",
+                                           "vda.raw"]
     assert os.readlink(f"{mnt}/latest/web") == "../2026/11/21/153000/web"
     assert os.readlink(f"{mnt}/latest/db") == "../2026/11/21/030000/db"
     st = os.stat(f"{mnt}/2026/11/19/web/vda.raw")
@@ -189,6 +191,22 @@ def test_time_travel_resolves_without_listing(world):
     # and the 20th holds the 19th's files
     with open(f"{mnt}/2026/11/20/web/vda/p1/docs/old.txt", "rb") as f:
         assert f.read() == b"deleted on the 21st\n"
+
+
+def test_changes_of_a_day(world):
+    """Each day's mkfs lays files out afresh: contents are compared, not taken from block positions."""
+    with open(f"{world['mnt']}/2026/11/21/030000/web/changes") as f:
+        lines = f.read().splitlines()
+    assert lines[0] == "changes since 2026/11/19/030000/web"
+    for line in ["-  vda/p1/docs/old.txt  (20 B)", "+  vda/p1/new.txt  (16 B)", "M  vda/p1/a.txt  (10 B -> 10 B)",
+                 "U  vda/p1/sub/big.bin  (metadata only)", "-  vda/p2/DATA/X.BIN  (97.7 KiB)",
+                 "M  vda/p2/README.TXT  (10 B -> 30 B)"]:
+        assert line in lines
+    with open(f"{world['mnt']}/2026/11/21/153000/web/changes.json") as f:
+        rows = {r["path"]: r for r in map(json.loads, f)}
+    assert (rows["/sub/big.bin"]["change"], rows["/sub/big.bin"]["content"]) == ("modified", True)
+    assert rows["/a.txt"]["size_after"] == len(b"version 3, in the afternoon\n")
+    assert "/new.txt" in rows and rows["/new.txt"]["content"] is False      # touched by the day's mkfs only
 
 
 def test_domain_xml_and_snapshot_json(world):

@@ -37,6 +37,14 @@ WRITER = textwrap.dedent("""
 """)
 
 
+def _lines(path):
+    try:
+        with open(path) as f:
+            return sum(1 for _ in f)
+    except FileNotFoundError:
+        return 0
+
+
 @pytest.mark.parametrize("mode", ["hash", "value"])
 def test_kill_9_keeps_everything_synced(make_store, tmp_path, mode):
     op = make_store(mode)
@@ -47,7 +55,12 @@ def test_kill_9_keeps_everything_synced(make_store, tmp_path, mode):
     seed = 0
     for round_ in range(6):
         p = subprocess.Popen([sys.executable, str(script), op.path, str(journal), mode, str(seed)])
-        time.sleep(0.6 + rnd.random() * 0.8)
+        # Kill at a random time after this round's first sync, however slow a loaded machine makes start-up.
+        synced = _lines(journal)
+        deadline = time.monotonic() + 120
+        while _lines(journal) == synced and p.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(rnd.random() * 0.8)
         p.send_signal(signal.SIGKILL)
         p.wait()
         seed += 100000

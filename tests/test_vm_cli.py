@@ -313,3 +313,19 @@ def test_repair_heals_damaged_records_from_the_vms_current_disk(make_vm, store, 
     assert f"HEALED arena 1 offset {hit}: record written again in place" in out, out
     assert main(argv) == 0
     assert [d for _, d in restored(store, tmp_path, vm.name)] == states
+
+
+def test_archive_adds_the_night_to_the_file_listings(make_vm, store):
+    import sqlite3
+
+    vm = make_vm([DiskSpec("vda", "raw")])
+    vm.write("vda", 0x42, 0, 64 << 10)
+    for _ in range(2):
+        p = archive(store, vm.name)
+        assert p.returncode == 0, p.stderr
+    with store(writable=False) as s:
+        ids = [x.id for x in Catalog.load(s).snapshots(vm.name)]
+        db = os.path.join(store.state, "files", f"{s.uuid}.sqlite")
+    rows = sqlite3.connect(db).execute("SELECT sid, disk, seq, error FROM snaps WHERE vm = ? ORDER BY seq",
+                                       (vm.name,)).fetchall()
+    assert rows == [(ids[0], "vda", 0, None), (ids[1], "vda", 1, None)]

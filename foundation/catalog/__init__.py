@@ -129,6 +129,14 @@ def format_time(dt):
     return utc(dt).strftime(TIME_FORMAT)
 
 
+def format_size(n):
+    """Bytes for people: 512 B, 1.5 KiB, 20.0 GiB (list, gc, diff, the tree's `changes`)."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+
+
 def parse_time(text, end_of_day=False):
     """ISO 8601 date or time -> aware UTC datetime.
 

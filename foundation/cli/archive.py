@@ -71,6 +71,11 @@ def run(args):
     record_run(settings(args).state_dir, results)
     if results:
         after_write(args)  # configured replicas; a failure there only warns, the status stays
+        done = [r.name for r in results if r.status == "ok"]
+        if done and conf.list_files:
+            from foundation.cli.find import update_listings
+
+            update_listings(args, done, settings(args).state_dir)   # only warns, too
     return 0 if all(r.status in ("ok", "unchanged") for r in results) else 1
 
 

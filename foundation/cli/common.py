@@ -147,13 +147,6 @@ def size(text):
         raise UsageError(f"not a size: {text!r} (use e.g. 4096, 16M, 512G)") from None
 
 
-def human(n):
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-
-
 # ---- replicas ------------------------------------------------------------------------------
 
 def replicas(args, names=None, urls=None):

@@ -8,7 +8,8 @@ killed at any point, every kept snapshot still restores and the next gc
 import sys
 import time
 
-from foundation.cli.common import after_write, human, open_store, size
+from foundation.catalog import format_size as human
+from foundation.cli.common import after_write, open_store, size
 from foundation.errors import UsageError
 
 NAME = "gc"

@@ -9,8 +9,9 @@ import json
 import sys
 
 from foundation.catalog import Catalog, UnknownName, format_time
+from foundation.catalog import format_size as human
 from foundation.catalog.salvage import newer_catalog_lost
-from foundation.cli.common import human, open_store
+from foundation.cli.common import open_store
 
 NAME = "list"
 HELP = "list snapshots with time, size and bytes added"

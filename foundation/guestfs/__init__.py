@@ -10,7 +10,7 @@ mounted on the host and nothing is written.
     tsk.py      ext2/3/4, FAT, exFAT, NTFS (pytsk3)
     jbd2.py     ext3/4 journal replay in memory: a crash-consistent day as the guest saw it
     xfs.py      XFS (libfsxfs)
-    xfslog.py   whether an XFS log is dirty (nothing replays it): so the tree can say so
+    xfslog.py   XFS (v5) log replay in memory: what the guest would see after its own recovery
     btrfs.py    btrfs (dissect.btrfs, AGPL, optional extra)
 """
 

@@ -3,14 +3,17 @@
 TSK cannot open XFS at all; libfsxfs reads it from a Python file object
 over the archived bytes. Addresses are XFS inode numbers; owners, modes,
 nanosecond times, symlink targets and link counts come from the inode.
-libfsxfs does not replay the XFS log: a crash-consistent day is shown as
-the disk lies, marked `unreplayed` with one log line when the log is dirty
-(xfslog.py). Nor can it return a name that is not
-UTF-8: such entries are left out, with one log line per directory.
+libfsxfs does not replay the XFS log, so a dirty log's committed
+transactions are replayed in memory first (xfslog.py) and libfsxfs reads
+the day through that overlay; a log that cannot be replayed is one log
+line and the disk as it lies, marked `unreplayed`. libfsxfs cannot return
+a name that is not UTF-8: such entries are left out, with one log line
+per directory.
 """
 
 import logging
 import stat
+import struct
 
 try:
     import pyfsxfs
@@ -18,7 +21,7 @@ except ImportError:          # an install from before XFS was read: one log line
     pyfsxfs = None
 
 from foundation.guestfs import xfslog
-from foundation.guestfs.sources import FileObject, ReadFailed, scrub
+from foundation.guestfs.sources import FileObject, Overlay, ReadFailed, scrub
 from foundation.guestfs.volume import Entry, Volume, as_bytes
 
 log = logging.getLogger(__name__)
@@ -41,18 +44,25 @@ class XfsVolume(Volume):
             raise RuntimeError("XFS needs libfsxfs-python: pip install 'foundation[fuse]'")
         super().__init__(disk, name)
         self.warned = set()
-        self.fobj = FileObject(source, disk.errors)
-        self.fs = pyfsxfs.volume()
-        disk.call(lambda: self.fs.open_file_object(self.fobj))
-        self.root_addr = disk.call(lambda: self.fs.get_root_directory().inode_number)
+        self._open(source)          # as the disk holds it: a volume libfsxfs cannot read fails here
         try:
-            self.unreplayed = bool(disk.call(lambda: xfslog.dirty(source.read, source.read(0, 512))))
+            blocks = disk.call(lambda: xfslog.replay(source.read, source.read(0, 512)))
+            if blocks:
+                bs, = struct.unpack_from(">I", disk.call(lambda: source.read(0, 8)), 4)
+                self._open(Overlay(source, blocks, bs))
+                self.replayed = True
         except Exception as e:
+            why = (str(e.cause if isinstance(e, ReadFailed) else e) or type(e).__name__).splitlines()[0]
             scrub(e)
             self.unreplayed = True
-        if self.unreplayed:
-            disk._unreplayed(name, "xfs", "its log holds transactions the guest would replay at mount, "
-                                          "which libfsxfs does not")
+            disk._unreplayed(name, "xfs", f"cannot replay the log: {why}")
+
+    def _open(self, source):
+        fobj = FileObject(source, self.disk.errors)
+        fs = pyfsxfs.volume()
+        self.disk.call(lambda: fs.open_file_object(fobj))
+        root = self.disk.call(lambda: fs.get_root_directory().inode_number)
+        self.fobj, self.fs, self.root_addr = fobj, fs, root
 
     def root(self):
         return self.disk.call(lambda: _entry(self.fs.get_file_entry_by_inode(self.root_addr), b""))

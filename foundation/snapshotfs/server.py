@@ -93,7 +93,7 @@ class GroupTree(SnapshotFS):
             a.st_mode, a.st_gid = stat.S_IFDIR | 0o751, self.gid
         elif n.kind in self.GROUP:
             a.st_mode, a.st_gid = stat.S_IFDIR | 0o750, self.gid
-        elif n.kind == "blob" and n.snap is not None:           # domain.xml, nvram.fd, snapshot.json
+        elif n.kind in ("blob", "changes") and n.snap is not None:   # domain.xml, ..., changes: guest names
             a.st_mode, a.st_gid = stat.S_IFREG | 0o440, self.gid
         return a
 

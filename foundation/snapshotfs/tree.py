@@ -9,6 +9,8 @@
                        LVM volume, p4.encrypted/ for LUKS (empty), or the file
                        system itself when the disk has no partition table
         domain.xml     the libvirt domain XML archived with it
+        changes        the files changed since the VM's previous snapshot
+        changes.json   the same, one JSON object per line (as `diff --json`)
         nvram.fd       its UEFI variables, when it has them
         snapshot.json  name, uuid, time, canonical path, disk sizes, volumes
 
@@ -44,8 +46,9 @@ import time
 import pyfuse3
 import trio
 
-from foundation.errors import DataCorrupt
+from foundation.errors import DataCorrupt, FilesUnreadable
 from foundation.snapshotfs import MARKER
+from foundation.snapshotfs import changes as ch
 from foundation.snapshotfs import timeindex as ti
 from foundation.snapshotfs.volumes import DiskFiles, ReadFailed, scrub
 
@@ -284,6 +287,11 @@ class SnapshotFS(pyfuse3.Operations):
             a.st_mode = stat.S_IFREG | 0o444
             a.st_size = len(n.data)
             a.entry_timeout = a.attr_timeout = FIXED_TIMEOUT if n.snap is not None else TOP_TIMEOUT
+        elif k == "changes":
+            # worked out on first open; the size is known only then
+            a.st_mode = stat.S_IFREG | 0o444
+            a.st_size = len(n.data) if n.data is not None else 0
+            a.entry_timeout, a.attr_timeout = FIXED_TIMEOUT, 0 if n.data is None else FIXED_TIMEOUT
         elif k == "link":
             a.st_mode = stat.S_IFLNK | 0o777
             a.st_size = len(n.target)
@@ -465,6 +473,9 @@ class SnapshotFS(pyfuse3.Operations):
             if data is not None:
                 out.append((fname, self._node((p.ino, fname), "blob", f"{p.path}/{fname}",
                                               snap=snap, data=data, mtime_ns=t)))
+        for fname in ("changes", "changes.json"):
+            out.append((fname, self._node((p.ino, fname), "changes", f"{p.path}/{fname}", snap=snap,
+                                          target=fname, mtime_ns=t)))
         info = {
             "name": snap.name, "uuid": str(snap.uuid), "id": str(snap.id),
             "time": snap.time.isoformat(), "path": self.index.canonical(snap),
@@ -475,6 +486,21 @@ class SnapshotFS(pyfuse3.Operations):
         out.append(("snapshot.json", self._node((p.ino, "snapshot.json"), "blob", f"{p.path}/snapshot.json",
                                                 snap=snap, data=data, mtime_ns=t)))
         return out
+
+    def _changes(self, snap, as_json):
+        """The text of `changes` (or `changes.json`): each disk against the VM's previous snapshot."""
+        before = [s for s in self.archive.snapshots() if s.name == snap.name and (s.time, s.id) < (snap.time, snap.id)]
+        prev = before[-1] if before else None
+        lines = [] if as_json else [f"changes since {self.index.canonical(prev) if prev else 'nothing'}"]
+        for disk in sorted(snap.disks):
+            try:
+                found = ch.snapshot_changes(self.archive.disk_reader, prev, snap, disk, getattr(snap, "store", None))
+            except FilesUnreadable as e:
+                log.error("%s: %s", snap.name, e)
+                lines.append(json.dumps({"disk": disk, "error": str(e)}) if as_json else f"! {disk}: {e}")
+                continue
+            lines += [json.dumps(c.to_json(), ensure_ascii=False) if as_json else ch.human_line(c) for c in found]
+        return ("\n".join(lines) + "\n" if lines else "").encode()
 
     def _volume_info(self, snap, disk):
         """{volume name: {type, encrypted, replayed, unreplayed} or {error}} of one disk, for snapshot.json."""
@@ -586,6 +612,10 @@ class SnapshotFS(pyfuse3.Operations):
             h = ReadAhead(reader.read, n.snap.disks[n.disk].size)
         elif n.kind == "blob":
             h = ReadAhead(lambda o, k, d=n.data: d[o:o + k], len(n.data))
+        elif n.kind == "changes":
+            if n.data is None:
+                n.data = await self._work(f"open {n.path}", self._changes, n.snap, n.target == "changes.json")
+            h = ReadAhead(lambda o, k, d=n.data: d[o:o + k], len(n.data))
         elif n.kind == "fs" and stat.S_ISREG(n.entry.mode):
             f = await self._work(f"open {n.path}", n.vol.open_file, n.entry.addr)
             size = n.entry.size
@@ -598,7 +628,7 @@ class SnapshotFS(pyfuse3.Operations):
         self.next_fh += 1
         h.path = n.path
         self.handles[fh] = h
-        return pyfuse3.FileInfo(fh=fh, keep_cache=n.snap is not None, direct_io=False)
+        return pyfuse3.FileInfo(fh=fh, keep_cache=n.snap is not None, direct_io=n.kind == "changes")
 
     async def read(self, fh, off, size):
         h = self.handles[fh]

@@ -68,9 +68,13 @@ class Store(Writes, Reads, IndexCache):
         keys = Keys.unkeyed()
         if encrypt:
             key_file = key_file or primary.default_key_path(su)
-            os.makedirs(os.path.dirname(os.path.abspath(key_file)), mode=0o700, exist_ok=True)
-            if os.path.realpath(os.path.dirname(os.path.abspath(key_file))).startswith(os.path.realpath(path) + os.sep):
-                raise BadInput("the key file must not be kept inside the store: the store disk may be stolen")
+            key_dir = os.path.realpath(os.path.dirname(os.path.abspath(key_file)))
+            home = os.path.realpath(path)
+            # The store's own directory counts too (a prefix test with a separator missed it).
+            if os.path.commonpath([key_dir, home]) == home:
+                raise BadInput(f"the key file {key_file} must not be kept inside the store {path}: the store disk "
+                               f"may be stolen. Keep it on another disk (e.g. the default /etc/foundation/keys/)")
+            os.makedirs(key_dir, mode=0o700, exist_ok=True)
             master = create_key_file(key_file, su, passphrase)
             keys = Keys.derive(master, su)
         keylen = 32 if mode == "hash" else 8
