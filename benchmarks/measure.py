@@ -13,8 +13,9 @@ import tempfile
 import time
 
 
-def run(cmd, cwd=None, env=None, capture=False):
-    """Run a command -> (seconds, peak RSS in bytes, stdout bytes if capture); raise on failure."""
+def run(cmd, cwd=None, env=None, capture=False, ok=(0,)):
+    """Run a command -> (seconds, peak RSS in bytes, stdout bytes if capture); raise on an exit status
+    not in `ok`."""
     e = dict(os.environ, **(env or {}))
     gtime = shutil.which("time") or ("/usr/bin/time" if os.path.exists("/usr/bin/time") else None)
     with tempfile.TemporaryFile() as err, tempfile.TemporaryFile() as out, \
@@ -26,7 +27,7 @@ def run(cmd, cwd=None, env=None, capture=False):
         _, status, ru = os.wait4(p.pid, 0)
         dt = time.perf_counter() - t0
         code = os.waitstatus_to_exitcode(status)
-        if code != 0:
+        if code not in ok:
             err.seek(0)
             raise RuntimeError(f"{' '.join(map(str, cmd))} failed ({code}): {err.read().decode()[-2000:]}")
         peak = ru.ru_maxrss * 1024   # an upper bound only (see the module docstring)

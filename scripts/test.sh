@@ -6,5 +6,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 PY=${PYTHON:-python3}
-FOUNDATION_NATIVE=0 $PY -m pytest -q -p no:cacheprovider tests/test_native.py tests/test_store.py tests/test_store_crash.py
+FOUNDATION_NATIVE=0 $PY -m pytest -q -p no:cacheprovider tests/test_native.py tests/test_store.py tests/test_store_crash.py \
+    tests/test_damage_matrix.py
 exec $PY -m pytest -q -p no:cacheprovider "$@"

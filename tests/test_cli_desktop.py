@@ -106,13 +106,14 @@ def test_list_stats_verify_json(make_store, tmp_path):
     assert st["records"] == 50 and st["encrypted"] is False
     r = run("verify", "--json", env=env)
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout) == {"version": 1, "ok": True, "records": 50, "arenas": 1, "damaged": []}
+    assert json.loads(r.stdout) == {"version": 1, "ok": True, "records": 50, "arenas": 1, "damaged": [],
+                                    "notes": [], "affected": []}
     damage(arena_files(opener.path)[0], FIRST_PAYLOAD + 5, b"\x00\x01\x02")
     r = run("verify", "--json", env=env)
     assert r.returncode == 1
     v = json.loads(r.stdout)
     assert v["ok"] is False and v["damaged"][0]["arena"] == 0 and v["damaged"][0]["offset"] == 72
-    assert v["damaged"][0]["record"] is True
+    assert v["damaged"][0]["record"] is True and v["damaged"][0]["kind"] == "record"
 
 
 # -- logs ------------------------------------------------------------------------

@@ -6,9 +6,11 @@ themselves (with tree roots and metadata) for scripts.
 """
 
 import json
+import sys
 
 from foundation.catalog import Catalog, UnknownName, format_time
 from foundation.catalog import format_size as human
+from foundation.catalog.salvage import newer_catalog_lost
 from foundation.cli.common import open_store
 
 NAME = "list"
@@ -23,6 +25,9 @@ def add_arguments(p):
 def run(args):
     with open_store(args, writable=False) as store:
         cat = Catalog.load(store)
+        short = newer_catalog_lost(store) if store.log.lost or store.bad else None
+    if short:
+        print(f"warning: {short}", file=sys.stderr)
     snaps = cat.snapshots(args.name)
     if args.name is not None and not snaps:
         cat.find(args.name)  # raises UnknownName with the known names

@@ -14,8 +14,10 @@ import time
 
 from foundation.catalog import Catalog, format_time, parse_time
 from foundation.cli.common import Progress, open_store
-from foundation.errors import BadInput, NotFound
+from foundation.catalog.salvage import line, newer_catalog_lost
+from foundation.errors import BadInput, DataCorrupt, NotFound
 from foundation.image import restore_image
+from foundation.image.lost import lost_ranges
 
 NAME = "restore"
 HELP = "write a snapshot's disk image to a raw or qcow2 file"
@@ -45,6 +47,16 @@ def split_target(target):
     return name, (parse_time(when, end_of_day=True) if at else None)
 
 
+def raise_lost(store, snap, disk, entry, err):
+    """A damaged day: name every byte range that is lost, not just the first bad block."""
+    ranges = lost_ranges(store, entry.root)
+    if not ranges:
+        raise err
+    first = err.args[0] if err.args else err
+    raise DataCorrupt(f"{line(snap, disk, ranges)}; the first unreadable block: {first}; nothing was written. "
+                      "Days that need none of these blocks restore whole (`foundation verify` names them)")
+
+
 def run(args):
     name, when = split_target(args.target)
     fmt = args.format or ("qcow2" if args.output.endswith(".qcow2") else "raw")
@@ -53,6 +65,11 @@ def run(args):
     t0 = time.monotonic()
     with open_store(args, writable=False) as store:
         snap = Catalog.load(store).find(name, when)
+        short = newer_catalog_lost(store) if store.log.lost or store.bad else None
+        if short and (when is None or when > snap.time):
+            raise DataCorrupt(f"{short}, so {name!r} at {args.target.partition('@')[2] or 'its newest'} may not be "
+                              f"the snapshot found ({format_time(snap.time)}); to restore that one, name its time "
+                              f"exactly: {name}@{format_time(snap.time)}")
         if args.disk is not None:
             if args.disk not in snap.disks:
                 raise NotFound(f"snapshot {snap.id} of {name!r} ({format_time(snap.time)}) has no disk "
@@ -65,7 +82,10 @@ def run(args):
                            f"({', '.join(sorted(snap.disks))}): choose one with --disk")
         entry = snap.disks[disk]
         progress = Progress(f"restore {name}", entry.size)
-        restore_image(store, entry.root, args.output, fmt=fmt, progress=progress)
+        try:
+            restore_image(store, entry.root, args.output, fmt=fmt, progress=progress)
+        except (DataCorrupt, NotFound) as e:
+            raise_lost(store, snap, disk, entry, e)
         progress.finish()
     if sys.stderr.isatty():
         dt = time.monotonic() - t0

@@ -14,12 +14,15 @@ def add_arguments(p):
 
 
 def run(args):
+    from foundation.catalog.salvage import days_affected
     from foundation.store.verify import Kind, verify
 
     with open_store(args) as s:
-        damage, checked = verify(s)
+        notes = []
+        damage, checked = verify(s, notes=notes)
         arenas = s.log.open.n + 1
         rolled_back = s.rolled_back
+        cost = days_affected(s, damage)
     if rolled_back:
         # Every MAC of an older copy verifies: only the host's record tells.
         print(f"ROLLED BACK {RolledBack(rolled_back)}")
@@ -27,11 +30,16 @@ def run(args):
     if args.json:
         print(json.dumps({"version": 1, "ok": not damage and not rolled_back, "records": checked, "arenas": arenas,
                           "rolled_back": rolled_back or "",
-                          "damaged": [{"arena": d.arena, "offset": d.offset, "what": d.what, "record": d.record}
-                                      for d in damage]}, indent=2, sort_keys=True))
+                          "damaged": [{"arena": d.arena, "offset": d.offset, "what": d.what, "record": d.record,
+                                       "kind": d.kind.value} for d in damage],
+                          "notes": [str(d) for d in notes], "affected": cost}, indent=2, sort_keys=True))
         return failed if damage or rolled_back else 0
+    for d in notes:
+        print(f"note: {d}")
     for d in damage:
         print(f"DAMAGED {d}")
+    for line in cost:
+        print(f"LOST {line}")
     if damage and all(d.kind is Kind.HEAD_COPY for d in damage):
         print(f"every record is intact ({checked:,} records in {arenas} arenas); only a head copy is damaged: "
               "run `foundation rebuild` (or any archive) to rewrite it")

@@ -52,7 +52,8 @@ def repair(path, key_file=None, backends=(), images=(), progress=None, passphras
         res.found = [d for ds in damage.values() for d in ds]
         if damage and backends:
             _from_replicas(local, head, damage, backends, res)
-        if any(d.kind in (Kind.RECORD, Kind.UNPARSABLE) for ds in damage.values() for d in ds) and images:
+        if any(d.kind in (Kind.RECORD, Kind.UNPARSABLE, Kind.SKIPPED) for ds in damage.values() for d in ds) \
+                and images:
             later = _from_images(local, head, damage, images, res)
         local.record_damaged(sorted({(d.arena, d.offset) for ds in damage.values() for d in ds if d.record}))
     finally:
@@ -323,9 +324,10 @@ def _damaged_records(local, head, n, damage):
     single = {d.offset for d in damage if d.record}
     records = _records(local, head, n, buf, single)
     cut = min((d.offset for d in damage if d.kind is Kind.UNPARSABLE), default=None)
+    spans = [(d.offset, d.end) for d in damage if d.kind is Kind.SKIPPED]
     out = []
     for off, btype, key, length in records:
-        if off in single or cut is not None and off >= cut:
+        if off in single or cut is not None and off >= cut or any(a <= off < b for a, b in spans):
             out.append(_Want(n, off, btype, key, length, L.tag(buf, off)))
     return out
 

@@ -226,9 +226,10 @@ def own_prefix(local, n, mine, theirs, base, damage):
     damaged."""
     at = {d.offset for d in damage}
     rest = min((d.offset for d in damage if d.cuts()), default=None)
+    spans = [(d.offset, d.end) for d in damage if d.end is not None]  # bytes a salvaging scan stepped over
 
     def hurt(off):
-        return off in at or rest is not None and off >= rest
+        return off in at or rest is not None and off >= rest or any(a <= off < b for a, b in spans)
 
     h = F.ARENA_HEADER_SIZE
     if base < h and mine[:h - base] != theirs[:h - base] and not hurt(0):

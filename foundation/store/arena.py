@@ -161,6 +161,8 @@ class Log:
         self.committed = None  # (arena, end) of the last commit written or found
         self.repaired = []
         self.damaged = []
+        self.lost = []      # [(arena, from, to)]: byte ranges of committed records that are gone
+        self.missing = []   # sealed arenas whose files are gone
         self.dirty = set()  # arenas written since the last sync
         self.avg_record = RH + self.block_size  # bytes per record in the last pack
         self.torn = None  # the open arena, if it held bytes past its end: sealed before the next write
@@ -180,10 +182,18 @@ class Log:
         self.head = F.Head(**vars(head))  # ours to move; the slots keep what they hold
         for n in range(self.head.arena):
             if not os.path.exists(self.path(n)):
-                raise DataCorrupt(f"arena {n} is missing ({self.path(n)})")
+                # Its records are lost; every other arena is still served (salvage, never refuse the whole).
+                log.error("arena %d is missing (%s); its blocks cannot be read", n, self.path(n))
+                self.missing.append(n)
+                self.lost.append((n, 0, self.arena_size))
         walked = None  # the last sealed arena taken in past the head
         while True:
             n = self.head.arena
+            if not os.path.exists(self.path(n)) and self.head.end > F.ARENA_HEADER_SIZE:
+                self.open = self._lost_open(n, "is missing")
+                if self.open is not None:
+                    return
+                continue
             if not os.path.exists(self.path(n)):
                 # A crash between moving the head and creating the arena.
                 if not self.writable:
@@ -289,6 +299,28 @@ class Log:
                 write_slot(self.root, slot.name, b, self.disk)
                 slot.head, slot.problem = F.Head(**vars(cur)), None
 
+    def _lost_open(self, n, why):
+        """The newest arena is gone with committed records in it. Readers serve the arenas before it;
+        a writer refuses (creating an empty one in its place would make its records' addresses
+        mean other blocks), except `rebuild --salvage`, which goes on in arena n + 1 and leaves n
+        missing for ever, so no address is ever reused."""
+        self.missing.append(n)
+        self.lost.append((n, F.ARENA_HEADER_SIZE, self.head.end))
+        if not self.writable:
+            log.error("the newest arena %d %s (%s); its blocks cannot be read", n, why, self.path(n))
+            oa = OpenArena(n, None, None, b"")
+            oa.end = self.head.end
+            return oa
+        if not self.salvaging:
+            raise DataCorrupt(f"the newest arena {n} {why} ({self.path(n)}) with committed records up to "
+                              f"offset {self.head.end}: put it back from a copy, or run `foundation rebuild "
+                              "--salvage` to go on without it")
+        self.head = F.Head(n + 1, F.ARENA_HEADER_SIZE, 0, self.head.chain)
+        self.repaired.append(f"the newest arena {n} {why}: its records are lost; new records go to arena {n + 1}")
+        return None
+
+    salvaging = False
+
     def _set_aside_orphans(self):
         """Arenas after the open one hold only records written after the last
         sync, behind a torn tail: never committed, so they are moved aside."""
@@ -337,7 +369,14 @@ class Log:
             self.repaired.append(f"recreated empty open arena {n}")
             return self._create_arena(n)
         buf = self.disk.pread(fd, "arena", 0, size)
-        header, hbytes = self.header(n, buf)
+        try:
+            header, hbytes = self.header(n, buf)
+        except DataCorrupt:
+            if committed <= F.ARENA_HEADER_SIZE:
+                raise
+            # Its IV is gone, so none of its records decrypts: lost like a missing newest arena.
+            self.forget(n)
+            return self._lost_open(n, "has a damaged header")
         oa = OpenArena(n, fd, header, hbytes)
         mv = memoryview(buf)
         end = F.ARENA_HEADER_SIZE
@@ -346,21 +385,29 @@ class Log:
             oa.add(entries)
             if end >= committed:
                 break
-            what = err.kind if err else "missing"
-            stored = L.stored_at(buf, end, size)
-            skip = end + RH + stored
-            if what not in ("tag", "decompress") or not end < skip <= committed:
-                raise DataCorrupt(f"arena {n} offset {end}: committed record is damaged ({what})")
-            # Step over one damaged record whose header still gives its length:
-            # its reads fail, the rest is served, and a writer stores the block
-            # again when it meets it (paper §3.4: archiving heals the archive).
-            log.error("arena %d offset %d: committed record is damaged (%s); its block cannot be read", n, end, what)
+            # Committed damage: step over it to the next record that verifies (Log.salvage). Its
+            # blocks cannot be read, the rest is served, and a writer stores them again when it
+            # meets them (paper §3.4: archiving heals the archive).
+            what = err.kind if err else "zeroed"
+            _, lost = self.salvage(n, header.iv, buf, end, min(committed, size), first=True)
+            nxt = lost[0][1] if lost else min(committed, size)
+            if nxt >= size:
+                nxt = committed  # the file ends before the commit point: the rest is lost
+            log.error("arena %d offset %d: committed records are damaged (%s); bytes up to %d cannot be read",
+                      n, end, what, nxt)
             self.damaged.append((n, end))
-            self.repaired.append(f"arena {n} offset {end}: stepped over a damaged committed record ({what})")
-            end = skip
+            self.lost.append((n, end, nxt))
+            self.repaired.append(f"arena {n} offset {end}: stepped over damaged committed bytes up to {nxt} ({what})")
+            end = nxt
+            if end >= size:
+                break
         del mv
         oa.end = end
         committed = self._roll_forward(n, oa, buf, committed)
+        if size < end and self.writable:
+            # Cut short below the commit point: new records go after it, so no address is used twice.
+            os.ftruncate(fd, end)
+            size = end
         if end < size:
             tail = buf[end:end + F.TRAILER_SIZE]
             if self._valid_trailer(n, oa, tail):
@@ -402,6 +449,37 @@ class Log:
         amac = F.arena_mac(self.keys.mac, oa.hbytes, bytes(oa.tags), oa.count, oa.end)
         return tr.end == oa.end and tr.count == oa.count and tr.amac == amac and \
             tr.chain == F.chain_mac(self.keys.mac, prev, n, amac)
+
+    def salvage(self, n, iv, buf, start, limit, first=False):
+        """Every record of buf[start:limit] that verifies, stepping over damage -> (entries, lost).
+
+        Where the scan stops short of limit (a bad tag, a lost length, a
+        zeroed page), the next record is found by its header: the next magic
+        from which a record verifies (its tag covers arena and offset, so a
+        stray magic in a payload never passes). `lost` holds the [from, to)
+        byte ranges stepped over: a damaged record costs that record only.
+        With `first`, stop at the first damage (its range ends at the next record).
+        """
+        raw = buf if isinstance(buf, (bytes, bytearray)) else bytes(buf)
+        mv = memoryview(raw)
+        probe = RH + 2 * self.block_size + 64  # room for one record, however it was encoded
+        entries, lost, off = [], [], start
+        while off < limit:
+            got, end, _err = self.scan(n, iv, mv[off:limit], off)
+            entries += got
+            if end >= limit:
+                break
+            nxt = raw.find(L.MAGIC, end + 1, limit)
+            while nxt >= 0:
+                if self.scan(n, iv, mv[nxt:min(limit, nxt + probe)], nxt)[0]:
+                    break
+                nxt = raw.find(L.MAGIC, nxt + 1, limit)
+            nxt = limit if nxt < 0 else nxt
+            lost.append((end, nxt))
+            if first:
+                break
+            off = nxt
+        return entries, lost
 
     def scan(self, n, iv, buf, base, verify=True):
         """Records of one arena region -> ([(off, btype, key, stored, raw, tag)], end, error)."""
@@ -674,6 +752,12 @@ class Log:
                 raise DataCorrupt(f"arena {n} offset {start}: no record there (beyond the end of the log)")
             b = self.disk.pread(self.fd(n), "arena", start, size)
             group = addrs[i:j]
+            if len(b) < size:  # the file was cut short: records past its end are gone
+                cut = [a for a in group if (a & 0xFFFFFFFF) >= start + len(b)]
+                if cut and not tolerant:
+                    raise DataCorrupt(f"arena {n} offset {cut[0] & 0xFFFFFFFF}: the arena file ends at offset "
+                                      f"{start + len(b)} (cut short); its records past that are lost")
+                group = group[:len(group) - len(cut)]
             got = native.unpack_many(self.codec, n, self.iv(n), b, start, [a & 0xFFFFFFFF for a in group],
                                      self.threads)
             for a, v in zip(group, got):

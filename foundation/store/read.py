@@ -115,6 +115,41 @@ class Reads:
                     return self._ref(keys, i, addrs[i])
         return None
 
+    def address(self, ref):
+        """The log address of the record a ref names, or None if no record is known for it."""
+        if self.mode != "hash":
+            return int.from_bytes(ref, "big")
+        addrs, which = native.tables_lookup(self._tables(), bytes(ref), None)
+        return addrs[0] if which[0] >= 0 else self._locate(bytes(ref))
+
+    def unreadable(self, refs):
+        """Positions of the (concatenated) refs whose block no intact record holds: not located, in a
+        missing arena or a lost byte range, or known damaged. Reads no block (salvage names what is
+        lost before anything is read)."""
+        rs, oa = self.ref_size, self.log.open
+        n_refs = len(refs) // rs
+        refs = bytes(refs)
+        held = {}
+
+        def holds(a):
+            n, off = F.split(a)
+            if a in self.bad or n > oa.n or n in self.log.missing or \
+                    any(m == n and lo <= off < hi for m, lo, hi in self.log.lost):
+                return False
+            if n not in held:
+                held[n] = set(oa.addrs) if n == oa.n else set(self._summary_arrays(n)[1])
+            return a in held[n]
+
+        live = [i for i in range(n_refs) if refs[i * rs:(i + 1) * rs] != self.null_ref]
+        if self.mode == "hash":
+            keys = b"".join(refs[i * 32:(i + 1) * 32] for i in live)
+            addrs, which = native.tables_lookup(self._tables(), keys, None)
+            found = [addrs[j] if which[j] >= 0 else self._locate(keys[j * 32:(j + 1) * 32])
+                     for j in range(len(live))]
+        else:
+            found = [int.from_bytes(refs[i * 8:(i + 1) * 8], "big") for i in live]
+        return [i for i, a in zip(live, found) if a is None or not holds(a)]
+
     def _ref(self, keys, i, a):
         if self.mode == "hash":
             return bytes(keys[i * 32:(i + 1) * 32])

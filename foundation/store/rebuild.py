@@ -13,6 +13,7 @@ import os
 import pybloomfilter
 
 from foundation import native
+from foundation.errors import DataCorrupt
 from foundation.store import format as F
 from foundation.store import primary
 from foundation.store import layout as L
@@ -25,49 +26,56 @@ CHUNK_ENTRIES = 4 << 20  # entries sorted and merged per pass while rebuilding
 
 
 def scan_arena(store, n):
-    """Every record of arena n: (entries, end, error, header bytes, file size)."""
+    """Every record of arena n that verifies -> (entries, lost ranges, trailer or None).
+
+    A damaged record, a zeroed page or a cut header costs the bytes it
+    covers: the scan steps over them to the next record (Log.salvage), and
+    the lost ranges go into damaged.json. A sealed arena whose trailer is
+    gone is scanned to its file's end.
+    """
     lg = store.log
     fd = lg.fd(n)
     size = os.fstat(fd).st_size
     buf = store.disk.pread(fd, "arena", 0, size)
-    header, hb = lg.header(n, buf)
+    header, _ = lg.header(n, buf)
     tr = None
     if n < lg.open.n:
         try:
             tr = F.Trailer.from_tail(memoryview(buf)[max(0, size - F.MAX_TRAILER):], store.keys.mac, n)
         except ValueError as e:
-            from foundation.errors import DataCorrupt
-            raise DataCorrupt(f"arena {n} offset {size}: sealed arena has no valid trailer ({e})") from None
+            log.error("arena %d offset %d: sealed arena has no valid trailer (%s); scanning to its end", n, size, e)
     limit = size - tr.size if tr else size
-    mv = memoryview(buf)
-    entries, end, err = lg.scan(n, header.iv, mv[F.ARENA_HEADER_SIZE:limit], F.ARENA_HEADER_SIZE)
-    while err is not None and err.kind in ("tag", "decompress") and L.stored_at(buf, end, limit) >= 0 \
-            and L.is_record(buf, end):
-        # Step over a damaged record whose header still gives its length, as the open arena's
-        # scan does: its block is not served anyway, and the rest of the arena still is.
-        skip = end + L.HEADER_SIZE + L.stored(buf, end)
-        if not end < skip <= limit:
-            break
-        log.error("arena %d offset %d: record is damaged (%s); left out of its summary", n, end, err.kind)
-        lg.damaged.append((n, end))
-        store.remember_damaged([(n, end)])
-        more, end, err = lg.scan(n, header.iv, mv[skip:limit], skip)
-        entries += more
-    return entries, end, err, hb, size, buf, tr
+    entries, lost = lg.salvage(n, header.iv, buf, F.ARENA_HEADER_SIZE, limit)
+    if n < lg.open.n and tr is None:
+        lost.append((size, 1 << 32))  # a sealed arena cut short or put back older: what followed is gone
+    lost = [(a, b) for a, b in lost if (n, a, b) not in lg.lost]  # each loss is told once a session
+    for a, b in lost:
+        log.error("arena %d offset %d: %d bytes are damaged; left out of its summary", n, a, b - a)
+    if lost:
+        lg.damaged += [(n, a) for a, _ in lost]
+        lg.lost += [(n, a, b) for a, b in lost]
+        store.remember_damaged([(n, a) for a, _ in lost])
+    return entries, lost, tr
 
 
 def rebuild_summary(store, n, write=True):
-    """(keys, addrs, types) of sealed arena n, by scanning it; writes the summary file."""
-    entries, end, err, hb, size, buf, tr = scan_arena(store, n)
-    if err is not None or end + tr.size != size:
-        from foundation.errors import DataCorrupt
-        raise DataCorrupt(f"arena {n} offset {end}: sealed arena does not scan to its trailer "
-                          f"({err.kind if err else 'extra bytes'})")
+    """(keys, addrs, types) of sealed arena n, by scanning it; writes the summary file. A missing
+    arena, or one whose header is gone, holds nothing that can be read: no records."""
+    if n in store.log.missing:
+        return b"", [], b""
+    try:
+        entries, _, tr = scan_arena(store, n)
+    except DataCorrupt as e:
+        log.error("%s; none of its records can be read", e)
+        if (n, 0) not in store.log.damaged:
+            store.log.damaged.append((n, 0))
+            store.log.lost.append((n, 0, store.arena_size))
+        return b"", [], b""
     keys = b"".join(e[2] for e in entries)
     addrs = [F.addr(n, e[0]) for e in entries]
     types = bytes(e[1] for e in entries)
     if write:
-        b = F.pack_summary(n, store.keylen, tr.amac, keys, addrs, types)
+        b = F.pack_summary(n, store.keylen, tr.amac if tr else F.ZERO_CHAIN, keys, addrs, types)
         atomic_write(os.path.join(store.path, F.SUMMARIES, F.summary_name(n)), b, sync=False)
         store.disk.count_write("summary", "sum%d" % n, 0, len(b))
     return keys, addrs, types
@@ -146,6 +154,7 @@ def rebuild(store, progress=None):
         if progress:
             progress(n)
     records += store.log.open.count - store.log.open.types.count(F.COMMIT)
-    store.rebuild_derived()
+    if not (any(r.startswith("rebuilt the index") for r in store.repaired) and "rebuilt the Bloom filter" in store.repaired):
+        store.rebuild_derived()  # (else this very open rebuilt both from the summaries just scanned)
     store.counters["records"] = records
     return records

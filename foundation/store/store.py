@@ -101,8 +101,9 @@ class Store(Writes, Reads, IndexCache):
 
     @classmethod
     def open(cls, path, key_file=None, passphrase=None, writable=False, tuning=None, master=None,
-             recovering=False, watch=None):
-        """`passphrase`: for a key file wrapped by one, a string or a callable asked only then (the
+             recovering=False, watch=None, salvage=False):
+        """`salvage`: `foundation rebuild --salvage` going on without a lost newest arena (Log.load).
+        `passphrase`: for a key file wrapped by one, a string or a callable asked only then (the
         CLI's prompt); the store itself never prompts, and without one such a key file raises
         KeyMissing. `recovering`: foundation recover's own opens of a store it has not finished.
         `watch`: the host's record of the newest commit it saw (rollback.Watch): a store older than
@@ -110,6 +111,7 @@ class Store(Writes, Reads, IndexCache):
         message) for a reader."""
         s = cls.__new__(cls)
         s.watch = watch
+        s.salvage = salvage
         s._init(path, key_file, passphrase, writable, tuning or Tuning(), master, recovering)
         return s
 
@@ -197,6 +199,7 @@ class Store(Writes, Reads, IndexCache):
     def _open_structures(self):
         self.log = Log(self.path, self.disk, self.codec, self.keys, self.conf, self.writable)
         self.log.threads = self.tuning.threads
+        self.log.salvaging = getattr(self, "salvage", False)
         self.log.on_seal = self._sealed
         switching = self._interrupted_gc()
         self.log.load(switching)

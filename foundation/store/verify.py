@@ -24,15 +24,21 @@ class Kind(enum.Enum):
 
     RECORD = "record"          # one record fails (tag, decoding, score); the rest of the arena is fine
     UNPARSABLE = "unparsable"  # a record whose length is lost: nothing after it can be parsed
+    SKIPPED = "skipped"        # bytes that hold no record that verifies; the scan found the next one after them
     SHORT = "short"            # the open arena ends before the head's committed end
     HEADER = "header"          # the arena header fails, or names another arena or log
     TRAILER = "trailer"        # a sealed arena's trailer is missing or fails its checks
     ARENA_MAC = "arena-mac"    # every record verifies, but the arena MAC does not cover them
     CHAIN = "chain"            # the arena's chain MAC does not follow the arena before it
+    TAIL = "tail"              # bytes past the head's end: an unfinished write (kill -9, full disk), not damage
+    PARAMETER = "parameter"    # foundation.json disagrees with the arenas (an edited block or arena size)
     HEAD_CHAIN = "head-chain"  # the sealed arenas' chain does not reach the head
     MISSING = "missing"        # the arena file is absent
     EXTRA = "extra"            # an arena file past the head's end
     HEAD_COPY = "head-copy"    # one copy of the head is missing or damaged; the log or the other copy holds it
+
+
+SPANS = (Kind.SKIPPED, Kind.UNPARSABLE, Kind.SHORT, Kind.HEADER, Kind.MISSING)  # damage that costs a byte range
 
 
 @dataclass
@@ -41,6 +47,7 @@ class Damage:
     offset: int
     kind: Kind
     what: str
+    end: int | None = None  # where the damaged bytes end, when known (None: the damage reaches the arena's end)
 
     @property
     def record(self):
@@ -57,8 +64,9 @@ class Damage:
         return f"arena {self.arena} offset {self.offset}: {self.what}"
 
 
-def verify(store, progress=None):
-    """-> (list of Damage, number of records checked)."""
+def verify(store, progress=None, notes=None):
+    """-> (list of Damage, number of records checked). What is not damage but worth saying (an
+    uncommitted tail, Kind.TAIL) goes into the list `notes`, if given."""
     lg = store.log
     damage = head_copies(lg)
     checked = 0
@@ -84,9 +92,15 @@ def verify(store, progress=None):
         checked += count
         if progress:
             progress(n)
+    tail = lg.file_size(last) - lg.open.end if os.path.exists(lg.path(last)) else 0
+    if tail > 0 and notes is not None:
+        notes.append(Damage(last, lg.open.end, Kind.TAIL, f"{tail} bytes past the head's end: an unfinished write "
+                             "(a crash or a full disk), not damage; the next archive cuts it"))
     if chain is not None and chain != lg.head.chain:
         damage.append(Damage(last, 0, Kind.HEAD_CHAIN, "the head's chain MAC does not match the sealed arenas (log rolled back or truncated)"))
     _record(store, [d for d in damage if d.record])
+    # What readers must no longer trust, for naming the days it costs (foundation.image.lost).
+    lg.lost += [(d.arena, d.offset, d.end or 1 << 32) for d in damage if d.kind in SPANS]
     return damage, checked
 
 
@@ -119,6 +133,10 @@ def verify_arena(store, n, buf, sealed, chain, committed=None):
         header, hb = lg.header(n, buf)
     except Exception as e:  # DataCorrupt naming the header
         return [Damage(n, 0, Kind.HEADER, str(e).split(": ", 2)[-1])], 0, None, None
+    if header.size != lg.arena_size:
+        damage.append(Damage(n, 0, Kind.PARAMETER, f"the arena was made {header.size} bytes long, but {F.CONFIG} "
+                             f"says arena_size {lg.arena_size}: the config was edited; put the value back"))
+    odd = []  # records no block of this store's block size can be (the config's block_size was edited)
     tags = bytearray()
     count, off, ok = 0, F.ARENA_HEADER_SIZE, True
     tr = None
@@ -128,12 +146,18 @@ def verify_arena(store, n, buf, sealed, chain, committed=None):
         except ValueError as e:
             damage.append(Damage(n, max(0, size - F.TRAILER_SIZE), Kind.TRAILER, f"sealed arena {e} (truncated arena?)"))
     limit = size - tr.size if tr else size
+    if not sealed:
+        if committed is None:  # a writer keeps verified records past the head (Log._scan_open)
+            committed = lg.open.end if lg.open is not None and lg.open.n == n else lg.head.end
+        limit = min(size, committed)  # past the commit point lies an unfinished write, not damage
     while off < limit:
         entries, end, err = lg.scan(n, header.iv, buf[off:limit], off)
         for e_off, btype, key, stored, raw, tag in entries:
             tags += tag
             count += 1
             checked += btype != F.COMMIT  # a commit record holds no block
+            if raw > lg.block_size or (btype == F.TREE and raw != lg.block_size):
+                odd.append((e_off, raw))
             rec = buf[e_off:e_off + L.HEADER_SIZE + stored]
             try:
                 _, fullkey, data = native.unpack(store.codec, n, header.iv, e_off, rec)
@@ -146,19 +170,30 @@ def verify_arena(store, n, buf, sealed, chain, committed=None):
                     damage.append(Damage(n, e_off, Kind.RECORD, "block content does not match its score"))
                     ok = False
         off = end
-        if err is None or off >= limit:
+        if off >= limit:
             break
         if not sealed and off >= (lg.head.end if committed is None else committed):
             break  # past the commit: an unfinished write, which the next writer cuts
         ok = False
+        kind = err.kind if err else "zeroed"  # zeros where committed records should be (a zeroed page)
         stored = L.stored_at(buf, off, limit)
-        if err.kind in ("tag", "decompress", "length") and L.is_record(buf, off) \
+        if kind in ("tag", "decompress", "length") and L.is_record(buf, off) \
                 and 0 <= stored and off + L.HEADER_SIZE + stored <= limit:
-            damage.append(Damage(n, off, Kind.RECORD, f"record is damaged ({err.kind})"))
+            damage.append(Damage(n, off, Kind.RECORD, f"record is damaged ({kind})"))
             off += L.HEADER_SIZE + stored
             continue
-        damage.append(Damage(n, off, Kind.UNPARSABLE, f"record is damaged ({err.kind}); the rest of the arena ({limit - off} bytes) cannot be parsed"))
-        break
+        # Find the next record by its header (Log.salvage): the damage costs only these bytes.
+        nxt = _next_record(lg, n, header.iv, buf, off, limit)
+        if nxt >= limit:
+            damage.append(Damage(n, off, Kind.UNPARSABLE, f"record is damaged ({kind}); the rest of the arena ({limit - off} bytes) cannot be parsed"))
+            break
+        damage.append(Damage(n, off, Kind.SKIPPED, f"bytes {off}-{nxt} hold no record that verifies ({kind}); "
+                                                   f"the next record is at offset {nxt}", nxt))
+        off = nxt
+    if odd:
+        damage.append(Damage(n, odd[0][0], Kind.PARAMETER,
+                             f"{len(odd)} records hold blocks of {odd[0][1]} bytes, which a store of block_size "
+                             f"{lg.block_size} never writes: {F.CONFIG} was edited; put the block size back"))
     if tr:
         if ok:
             amac = F.arena_mac(store.keys.mac, hb, bytes(tags), count, tr.end)
@@ -169,11 +204,16 @@ def verify_arena(store, n, buf, sealed, chain, committed=None):
                                  "arena chain MAC mismatch: an arena before it was dropped, reordered or rolled back"))
         return damage, checked, tr, tr.chain
     if not sealed:
-        committed = lg.head.end if committed is None else committed
         if off < committed:
             damage.append(Damage(n, off, Kind.SHORT, f"open arena ends before the committed end {committed}"))
         return damage, checked, None, chain
     return damage, checked, None, None
+
+
+def _next_record(lg, n, iv, buf, off, limit):
+    """Offset of the first record after off that verifies, or limit."""
+    _, lost = lg.salvage(n, iv, buf, off, limit, first=True)
+    return lost[0][1] if lost else limit
 
 
 def _record(store, damage):

@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""Salvage rebuild: seconds, MB/s of arenas scanned and peak memory of `foundation rebuild --salvage`.
+
+Builds the standard store (benchmarks/workload.py: DAYS days of a SIZE
+image, imported with their changed ranges), then, as after a disk fault
+that took the derived files, deletes every summary, the index and the
+Bloom filter, zeroes a 4 KiB page in a middle arena, and times
+`foundation rebuild --salvage` in a child (GNU time for its peak RSS):
+every arena is read and scanned once, stepping over the damaged page.
+The scan alone is timed too (in process, caches dropped only by the
+kernel's own eviction), since the rest of a rebuild writes an index and a
+Bloom filter sized for the store's max_log_size, not for its contents.
+Results go to stdout and benchmarks/results/salvage-<size>-<time>.json.
+
+    python benchmarks/bench_salvage.py [--size 2G] [--days 8] [--keep DIR]
+"""
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+import measure  # noqa: E402
+from workload import Workload, parse_size  # noqa: E402
+
+from foundation.cli import main as cli  # noqa: E402
+
+
+def build(store, work, size, days):
+    """Import `days` days of the workload into a new unencrypted store -> seconds."""
+    os.makedirs(store)
+    assert cli(["init", store, "--no-encrypt"]) == 0
+    image = os.path.join(work, "disk.raw")
+    t0 = time.perf_counter()
+    for d, changed in Workload(size).days(image, days):
+        args = ["--store", store, "import-image", "vm", image, "--at", f"2026-11-{d + 1:02d}T01:00:00Z"]
+        if changed is not None:
+            cj = os.path.join(work, "changed.json")
+            with open(cj, "w") as f:
+                json.dump(changed, f)
+            args += ["--changed", cj]
+        assert cli(args) == 0
+    os.unlink(image)
+    return time.perf_counter() - t0
+
+
+def damage(store):
+    """Delete the derived files and zero a page in a middle arena -> bytes of arenas to scan."""
+    for name in ("index", "bloom", "bloom.json"):
+        if os.path.exists(os.path.join(store, name)):
+            os.unlink(os.path.join(store, name))
+    shutil.rmtree(os.path.join(store, "summaries"))
+    os.makedirs(os.path.join(store, "summaries"))
+    arenas = sorted(os.listdir(os.path.join(store, "arenas")))
+    with open(os.path.join(store, "arenas", arenas[len(arenas) // 2]), "r+b") as f:
+        f.seek(1 << 20)
+        f.write(bytes(4096))
+    return sum(os.path.getsize(os.path.join(store, "arenas", a)) for a in arenas), len(arenas)
+
+
+def scan_seconds(store):
+    """Seconds for the salvage scan alone (read and check every record of every arena, in process):
+    the rest of a rebuild writes the index and Bloom filter, sized for the store's max_log_size."""
+    from foundation.store import Store
+    from foundation.store.rebuild import scan_arena
+    with Store.open(store) as s:
+        t0 = time.perf_counter()
+        for n in range(s.log.open.n):
+            scan_arena(s, n)
+        return time.perf_counter() - t0
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size", type=parse_size, default=2 << 30, help="image size (default 2G)")
+    ap.add_argument("--days", type=int, default=8)
+    ap.add_argument("--keep", help="build the store here and keep it (default: a temporary directory)")
+    a = ap.parse_args()
+    work = a.keep or tempfile.mkdtemp(prefix="bench-salvage-", dir=os.environ.get("TMPDIR", "/var/tmp"))
+    store = os.path.join(work, "store")
+    try:
+        built = build(store, work, a.size, a.days)
+        scanned, arenas = damage(store)
+        secs, peak, out = measure.run([sys.executable, "-m", "foundation", "--store", store, "rebuild", "--salvage"],
+                                      env=dict(PYTHONPATH=ROOT), capture=True, ok=(0, 1))
+        scan = scan_seconds(store)
+        res = {"image_bytes": a.size, "days": a.days, "arenas": arenas, "arena_bytes": scanned,
+               "import_seconds": round(built, 1), "salvage_seconds": round(secs, 2),
+               "scan_mb_per_s": round(scanned / 1e6 / secs, 1),
+               "scan_only_seconds": round(scan, 2), "scan_only_mb_per_s": round(scanned / 1e6 / scan, 1), "peak_rss_mib": round(peak / 2**20, 1),
+               "report": out.decode().strip().splitlines()[-3:]}
+        print(json.dumps(res, indent=1))
+        os.makedirs(os.path.join(ROOT, "benchmarks", "results"), exist_ok=True)
+        name = f"salvage-{a.size >> 20}M-{time.strftime('%Y%m%d-%H%M%S')}.json"
+        with open(os.path.join(ROOT, "benchmarks", "results", name), "w") as f:
+            json.dump(res, f, indent=1)
+    finally:
+        if not a.keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
