@@ -10,8 +10,8 @@ every core) and writes each span's blocks where they belong. Null refs are
 never read: a restore seeks over them and leaves a hole, so the output is
 as sparse as the image. ImageReader serves the random reads of the
 /snapshot tree and of booted clones: interior nodes stay in an LRU cache,
-and a run of sequential reads grows a read-ahead window up to 8 MiB, each
-batch sorted by log address (Sort-1024 with a larger batch).
+and a run of sequential reads grows a read-ahead window up to 8 MiB, read
+in log order like a restore once it holds LOG_ORDER_MIN blocks.
 """
 
 import concurrent.futures
@@ -26,6 +26,7 @@ from foundation.image.shape import Shape, split_refs
 
 BATCH = 8192  # leaves per read_blocks call
 WINDOW = 1 << 30  # bytes of image whose blocks one restore pass reads in log order
+LOG_ORDER_MIN = 256  # a random read below this many blocks goes through read_blocks and its cache
 IOV_MAX = 1024
 
 
@@ -122,8 +123,16 @@ class ImageReader:
         refs = split_refs(self.leaf_refs(b0, b1), self.sh.rs)
         null = self._null
         live = [r for r in refs if r != null]
-        got = iter(self.s.read_blocks(b"".join(live)) if live else ())
-        return [self._zero if r == null else next(got) for r in refs]
+        if len(live) < LOG_ORDER_MIN:
+            got = iter(self.s.read_blocks(b"".join(live)) if live else ())
+            return [self._zero if r == null else next(got) for r in refs]
+        # a read-ahead window: the log read front to back in large spans, as a restore does
+        where = [i for i, r in enumerate(refs) if r != null]
+        out = [self._zero] * len(refs)
+        for positions, datas in self.s.read_in_log_order(b"".join(live)):
+            for p, d in zip(positions, datas):
+                out[where[p]] = d
+        return out
 
     def read(self, offset, length):
         """`length` bytes from `offset`, fewer at the end of the image."""
