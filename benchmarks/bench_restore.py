@@ -14,9 +14,10 @@ day of the first VM and the day of the first month that survived the
 prune, each --runs times, with today's restore (log order) and, when
 --before names a commit that still has the old reader, with that reader
 (image order, 8192 leaves per sorted batch). For each: seconds of
-restore_image, arena reads and discontiguous reads (the store's Disk
-counters: a seek is a read that does not start where the previous one on
-the disk ended), bytes read, and whether the output equals the disk.
+restore_image, reads and discontiguous reads of the store's files (arenas,
+index, summaries: the store's Disk counters, where a discontiguous read is
+one that does not start where the previous one on the disk ended), bytes
+read, and whether the output equals the disk.
 
     sudo python benchmarks/bench_restore.py                 # 365 nights (about 10 minutes)
     sudo python benchmarks/bench_restore.py --nights 60     # the quick variant
@@ -139,12 +140,14 @@ def restore_once(store_path, key, name, night, out, how):
         root = snap.disks["vda"].root
         for c in s.disk.io.values():  # count the restore's reads only
             c.__init__()
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.process_time()
         how(s, root, out)
-        t2 = time.perf_counter()
-        io = s.disk.io["arena"].as_dict()
-    return dict(seconds=t2 - t1, with_open=t2 - t0, arena_reads=io["reads"], discontiguous_reads=io["seeks"],
-                mb_read=io["bytes_read"] / 1e6, cold=cold, snapshot=snap.time.isoformat())
+        t2, c2 = time.perf_counter(), time.process_time()
+        io = {k: v.as_dict() for k, v in s.disk.io.items()}
+    return dict(seconds=t2 - t1, cpu_seconds=c2 - c1, with_open=t2 - t0, reads=sum(v["reads"] for v in io.values()),
+                discontiguous_reads=sum(v["seeks"] for v in io.values()),
+                mb_read=sum(v["bytes_read"] for v in io.values()) / 1e6, io=io, cold=cold,
+                snapshot=snap.time.isoformat())
 
 
 def main():
@@ -182,10 +185,11 @@ def main():
                 ok = sha_file(out) == digests["vm0"][night] if night in digests["vm0"] else None
                 alloc = os.stat(out).st_blocks * 512
                 med = statistics.median(r["seconds"] for r in runs)
-                row = dict(day=label, night=night, reader=how, median_s=med, runs=runs, correct=ok,
+                cpu = statistics.median(r["cpu_seconds"] for r in runs)
+                row = dict(day=label, night=night, reader=how, median_s=med, median_cpu_s=cpu, runs=runs, correct=ok,
                            allocated_mb=alloc / 1e6, size_mb=a.mb * MIB / 1e6)
                 rows.append(row)
-                print(f"{label:12} night {night:3}  {how:22} {med:6.2f} s  {runs[0]['arena_reads']:5} reads  "
+                print(f"{label:12} night {night:3}  {how:22} {med:6.2f} s ({cpu:5.2f} s CPU)  {runs[0]['reads']:5} reads  "
                       f"{runs[0]['discontiguous_reads']:5} discontiguous  {runs[0]['mb_read']:7.1f} MB read  "
                       f"correct={ok}", flush=True)
         ratio = {}
@@ -193,7 +197,7 @@ def main():
             t = {r["day"]: r["median_s"] for r in rows if r["reader"] == how}
             ratio[how] = t["newest"] / t["first month"]
             print(f"{how}: newest / first month = {ratio[how]:.2f}")
-        res = dict(nights=a.nights, vms=a.vms, mb=a.mb, build_seconds=build_s, rows=rows,
+        res = dict(nights=a.nights, load_average=os.getloadavg(), vms=a.vms, mb=a.mb, build_seconds=build_s, rows=rows,
                    newest_over_first_month=ratio, cpus=os.cpu_count(),
                    store_mb=sum(os.path.getsize(os.path.join(store, "arenas", f))
                                 for f in os.listdir(os.path.join(store, "arenas"))) / 1e6)

@@ -174,11 +174,26 @@ class Reads:
         self._recent = []
         keys = b"".join(refs[i * 32:(i + 1) * 32] for i in live)
         addrs, which = native.tables_lookup(self._tables(), keys, None)
-        for j, i in enumerate(live):
-            a = addrs[j] if which[j] >= 0 else self._locate(keys[j * 32:(j + 1) * 32])
+        found = {j: addrs[j] for j in range(len(live)) if which[j] >= 0}
+        miss = [j for j in range(len(live)) if which[j] < 0]
+        checked = []  # summaries already asked
+        while miss:
+            # One index lookup names an arena; its summary then answers every other miss it holds,
+            # so the index is read once per arena, not once per scattered block.
+            j, miss = miss[0], miss[1:]
+            key = keys[j * 32:(j + 1) * 32]
+            a = self._locate(key)
             if a is None:
-                self._missing(keys[j * 32:(j + 1) * 32])
-            where.setdefault(a, []).append(i)
+                self._missing(key)
+            found[j] = a
+            t = self._recent[0] if self._recent else None
+            if t is not None and miss and not any(t is c for c in checked):
+                checked.append(t)
+                got, hit = native.tables_lookup([t], b"".join(keys[k * 32:(k + 1) * 32] for k in miss), None)
+                found.update((k, got[x]) for x, k in enumerate(miss) if hit[x] >= 0)
+                miss = [k for x, k in enumerate(miss) if hit[x] < 0]
+        for j, i in enumerate(live):
+            where.setdefault(found[j], []).append(i)
         return where
 
     def _log_spans(self, addrs):
