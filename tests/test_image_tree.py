@@ -365,3 +365,22 @@ def test_restore_of_a_damaged_record_fails_naming_it(tmp_path):
         with pytest.raises(DataCorrupt, match=r"arena 0 offset 72: record .* check failed"):
             restore_image(s, root, out)
     assert not out.exists() and not [p for p in os.listdir(tmp_path) if p.startswith(".out.raw")]
+
+
+def test_restore_to_a_device_overwrites_every_byte(store, tmp_path):
+    """write_raw without holes (a block device): old bytes under the image's zero blocks are zeroed."""
+    from foundation.image import write_raw
+
+    rng = seeded(23)
+    img = bytearray(content(rng, 2 << 20))
+    img[BS * 5:BS * 300] = bytes(BS * 295)
+    img += b"x"
+    root = full(store, img)
+    dev = tmp_path / "dev"
+    dev.write_bytes(b"\xaa" * len(img))
+    fd = os.open(dev, os.O_WRONLY)
+    try:
+        write_raw(store, root, fd, sparse=False, window=256 << 10)
+    finally:
+        os.close(fd)
+    assert dev.read_bytes() == img
