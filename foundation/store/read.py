@@ -13,7 +13,6 @@ arena is visited once however the image's blocks are scattered over years.
 
 import concurrent.futures
 
-
 from foundation import native
 from foundation.errors import BadInput, DataCorrupt, DerivedCorrupt, NotFound
 from foundation.store import format as F
@@ -177,21 +176,24 @@ class Reads:
         found = {j: addrs[j] for j in range(len(live)) if which[j] >= 0}
         miss = [j for j in range(len(live)) if which[j] < 0]
         checked = []  # summaries already asked
-        while miss:
+        i = 0
+        while i < len(miss):
             # One index lookup names an arena; its summary then answers every other miss it holds,
             # so the index is read once per arena, not once per scattered block.
-            j, miss = miss[0], miss[1:]
+            j = miss[i]
+            i += 1
             key = keys[j * 32:(j + 1) * 32]
             a = self._locate(key)
             if a is None:
                 self._missing(key)
             found[j] = a
             t = self._recent[0] if self._recent else None
-            if t is not None and miss and not any(t is c for c in checked):
+            if t is not None and i < len(miss) and not any(t is c for c in checked):
                 checked.append(t)
-                got, hit = native.tables_lookup([t], b"".join(keys[k * 32:(k + 1) * 32] for k in miss), None)
-                found.update((k, got[x]) for x, k in enumerate(miss) if hit[x] >= 0)
-                miss = [k for x, k in enumerate(miss) if hit[x] < 0]
+                rest = miss[i:]
+                got, hit = native.tables_lookup([t], b"".join(keys[k * 32:(k + 1) * 32] for k in rest), None)
+                found.update((k, got[x]) for x, k in enumerate(rest) if hit[x] >= 0)
+                miss, i = [k for x, k in enumerate(rest) if hit[x] < 0], 0
         for j, i in enumerate(live):
             where.setdefault(found[j], []).append(i)
         return where
