@@ -22,7 +22,7 @@ class MemStore:
         self.null_ref = bytes(self.ref_size)
         self.blocks = {}  # ref -> (btype, data)
         self.log = []  # refs in write order
-        self.calls = {"write": 0, "write_blocks": 0, "read": 0, "read_blocks": 0, "sync": 0}
+        self.calls = {"write": 0, "write_blocks": 0, "read": 0, "read_blocks": 0, "read_in_log_order": 0, "sync": 0}
         self.bytes_written = 0
         self.synced = 0
 
@@ -77,6 +77,20 @@ class MemStore:
             r = bytes(refs[i:i + rs])
             out.append(bytes(self.block_size) if r == self.null_ref else self.blocks[r][1])
         return out
+
+    def read_in_log_order(self, refs):
+        """One (positions, datas) batch, in write order, like Store.read_in_log_order."""
+        self.calls["read_in_log_order"] += 1
+        rs = self.ref_size
+        where = {}
+        for i in range(len(refs) // rs):
+            r = bytes(refs[i * rs:(i + 1) * rs])
+            if r != self.null_ref:
+                where.setdefault(r, []).append(i)
+        order = {r: k for k, r in enumerate(self.log)}
+        placed = [(p, self.blocks[r][1]) for r in sorted(where, key=order.__getitem__) for p in where[r]]
+        if placed:
+            yield [p for p, _ in placed], [d for _, d in placed]
 
     def latest(self, btype):
         for r in reversed(self.log[:self.synced]):

@@ -1,11 +1,12 @@
 """Image trees in a real store: many days of random changes, both modes, every size edge."""
 
 import os
+import threading
 
 import pytest
 from test_image_support import BS, MemStore, content, make_store, mutate, open_store, seeded
 
-from foundation.errors import BadInput
+from foundation.errors import BadInput, DataCorrupt
 from foundation.image import (BadRanges, BytesSource, ImageReader, Root, Shape, read_blob,
                               restore_image, write_blob, write_image)
 from foundation.image import tree as tree_mod
@@ -310,3 +311,76 @@ def test_source_with_only_read(store):
     root = write_image(store, Plain(img), len(img))
     assert root == full(store, img)
     assert readback(store, root) == img
+
+
+def test_restore_reads_the_log_in_order_window_by_window(store, tmp_path, monkeypatch):
+    """A day whose blocks lie scattered over many arenas: each window's records are read front to
+    back in the log, a block named twice lands in both places, and the file is exact and sparse."""
+    from foundation.image import reader as reader_mod
+
+    rng = seeded(21)
+    img = bytearray(content(rng, 3 << 20))
+    img[BS * 10:BS * 11] = img[BS * 500:BS * 501] = b"same" * (BS // 4)  # one record, two places
+    root = full(store, img)
+    for _ in range(12):  # later days scatter the image's blocks over the log
+        ch = mutate(rng, img)
+        root = write_image(store, BytesSource(bytes(img)), len(img), prev=root, changed=ch)
+    img[-BS:] = bytes(BS)
+    img += b"odd tail"
+    root = write_image(store, BytesSource(bytes(img)), len(img), prev=root, changed=[(len(img) - BS - 8, BS + 8)])
+    store.sync()
+    reads = []
+    pread = store.disk.pread
+
+    def spy(fd, what, off, n):
+        if threading.current_thread().name.startswith("log-read"):
+            reads.append((arena_of[fd], off))
+        return pread(fd, what, off, n)
+
+    arena_of = {store.log.fd(n): n for n in range(store.log.open.n + 1)}
+    monkeypatch.setattr(store.disk, "pread", spy)
+    out = tmp_path / "out.raw"
+    for window, passes in ((1 << 20, 4), (None, 1)):
+        monkeypatch.setattr(reader_mod, "WINDOW", window or (1 << 30))
+        reads.clear()
+        restore_image(store, root, out)
+        assert out.read_bytes() == img
+        assert os.stat(out).st_blocks * 512 < len(img)
+        descents = sum(b < a for a, b in zip(reads, reads[1:]))
+        assert len(reads) > passes and descents <= passes - 1, reads
+
+
+def test_restore_of_a_damaged_record_fails_naming_it(tmp_path):
+    path = make_store(tmp_path / "store", mode="hash")
+    img = seeded(22).randbytes(64 * BS)
+    with open_store(path) as s:
+        root = full(s, img)
+        s.sync()
+    arena = sorted((tmp_path / "store" / "arenas").iterdir())[0]
+    with open(arena, "r+b") as f:
+        f.seek(72 + 64 + 100)  # inside the first record's payload: a data block
+        f.write(b"\xff\xfe")
+    out = tmp_path / "out.raw"
+    with open_store(path, writable=False) as s:
+        with pytest.raises(DataCorrupt, match=r"arena 0 offset 72: record .* check failed"):
+            restore_image(s, root, out)
+    assert not out.exists() and not [p for p in os.listdir(tmp_path) if p.startswith(".out.raw")]
+
+
+def test_restore_to_a_device_overwrites_every_byte(store, tmp_path):
+    """write_raw without holes (a block device): old bytes under the image's zero blocks are zeroed."""
+    from foundation.image import write_raw
+
+    rng = seeded(23)
+    img = bytearray(content(rng, 2 << 20))
+    img[BS * 5:BS * 300] = bytes(BS * 295)
+    img += b"x"
+    root = full(store, img)
+    dev = tmp_path / "dev"
+    dev.write_bytes(b"\xaa" * len(img))
+    fd = os.open(dev, os.O_WRONLY)
+    try:
+        write_raw(store, root, fd, sparse=False, window=256 << 10)
+    finally:
+        os.close(fd)
+    assert dev.read_bytes() == img

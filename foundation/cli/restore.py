@@ -2,9 +2,9 @@
 
 WHEN is a date or a time (ISO 8601); the snapshot is the latest one not
 after it (a bare date: not after the end of that day), or the newest one
-without @WHEN. Leaves are read 8192 at a time, each batch sorted by log
-address (paper §5.3, Sort-1024); all-zero blocks become holes, so the raw
-output is as sparse as the image. The file appears under its name only when
+without @WHEN. The blocks of each 1 GiB window of the image are read in
+log order, each arena once, front to back (foundation.image.reader);
+all-zero blocks become holes, so the raw output is as sparse as the image. The file appears under its name only when
 complete; an existing OUTPUT is replaced only with --force.
 """
 

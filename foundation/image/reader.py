@@ -1,14 +1,17 @@
-"""Reading a tree back: random reads with a node cache, and whole-image restores.
+"""Reading a tree back: random reads with a node cache, and whole-image restores in log order.
 
 Reads are the paper's weak spot (§5.3, §7.2): a day's blocks lie wherever
-dedup found them in the log. So nothing here reads a block at a time: leaf
-refs are gathered a batch at a time (8192 leaves, 32 MiB with 4 KiB blocks)
-and handed to `store.read_blocks`, which sorts each batch by log address
-(Sort-1024 with a larger batch). Null refs are never read: a restore seeks
-over them and leaves a hole, so the output is as sparse as the image.
-ImageReader serves the random reads of the /snapshot tree and of booted
-clones: interior nodes stay in an LRU cache, and a run of sequential reads
-grows a read-ahead window up to 8 MiB.
+dedup found them in the log, and after a year of nights the newest day's
+blocks are spread over a year of arenas. So a restore never reads in image
+order: it takes a window of the image (1 GiB) at a time, gathers the leaf
+refs of the window, has `store.read_in_log_order` read their records
+front to back in large spans (each arena once per window, decoding on
+every core) and writes each span's blocks where they belong. Null refs are
+never read: a restore seeks over them and leaves a hole, so the output is
+as sparse as the image. ImageReader serves the random reads of the
+/snapshot tree and of booted clones: interior nodes stay in an LRU cache,
+and a run of sequential reads grows a read-ahead window up to 8 MiB, read
+in log order like a restore once it holds LOG_ORDER_MIN blocks.
 """
 
 import concurrent.futures
@@ -22,6 +25,8 @@ from foundation.image import qemuimg
 from foundation.image.shape import Shape, split_refs
 
 BATCH = 8192  # leaves per read_blocks call
+WINDOW = 1 << 30  # bytes of image whose blocks one restore pass reads in log order
+LOG_ORDER_MIN = 256  # a random read below this many blocks goes through read_blocks and its cache
 IOV_MAX = 1024
 
 
@@ -118,8 +123,16 @@ class ImageReader:
         refs = split_refs(self.leaf_refs(b0, b1), self.sh.rs)
         null = self._null
         live = [r for r in refs if r != null]
-        got = iter(self.s.read_blocks(b"".join(live)) if live else ())
-        return [self._zero if r == null else next(got) for r in refs]
+        if len(live) < LOG_ORDER_MIN:
+            got = iter(self.s.read_blocks(b"".join(live)) if live else ())
+            return [self._zero if r == null else next(got) for r in refs]
+        # a read-ahead window: the log read front to back in large spans, as a restore does
+        where = [i for i, r in enumerate(refs) if r != null]
+        out = [self._zero] * len(refs)
+        for positions, datas in self.s.read_in_log_order(b"".join(live)):
+            for p, d in zip(positions, datas):
+                out[where[p]] = d
+        return out
 
     def read(self, offset, length):
         """`length` bytes from `offset`, fewer at the end of the image."""
@@ -209,51 +222,85 @@ def _pwrite_all(fd, bufs, offset):
     return offset
 
 
-def write_raw(store, root, fd, sparse=True, progress=None):
+def write_raw(store, root, fd, sparse=True, progress=None, window=None):
     """Write the image to an open file descriptor; holes stay holes when `sparse`.
 
-    A writer thread puts one batch on disk while the next is read from the store.
+    A window of the image (`window` bytes) at a time: its leaf refs are
+    gathered, its blocks read in log order (`store.read_in_log_order`: each
+    arena once, front to back) and each span's blocks written where they
+    belong by a writer thread, so memory holds the window's refs, not its data.
     """
     r = ImageReader(store, root)
-    bs, size, null = r.block_size, root.size, store.null_ref
-    rs = store.ref_size
+    bs, size, null, rs = r.block_size, root.size, store.null_ref, store.ref_size
+    per = max(1, (window or WINDOW) // bs)
+    zero = bytes(min(size, 8 << 20)) if not sparse else b""
     with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="restore-write") as pool:
         pending = None
-        for start, count, refs in r.iter_leaves():
-            jobs = []
-            if refs is not None:
-                lst = split_refs(refs, rs)
-                live = [x for x in lst if x != null]
-                it = iter(store.read_blocks(b"".join(live)) if live else ())
-                i = 0
-                while i < count:
-                    if lst[i] == null and sparse:
-                        i += 1
-                        continue
-                    j, bufs = i, []
-                    while j < count and (lst[j] != null or not sparse):
-                        bufs.append(r._zero if lst[j] == null else next(it))
-                        j += 1
-                    off = (start + i) * bs
-                    end = off + len(bufs) * bs
-                    if end > size:
-                        bufs[-1] = bufs[-1][:bs - (end - size)]
-                    jobs.append((bufs, off))
-                    i = j
-            elif not sparse:
-                off, end = start * bs, min(size, (start + count) * bs)
-                zero = bytes(min(end - off, 8 << 20))
-                while off < end:
-                    m = min(len(zero), end - off)
-                    jobs.append(([zero[:m]], off))
-                    off += m
+
+        def submit(jobs):
+            nonlocal pending
             if pending is not None:
                 pending.result()
             pending = pool.submit(_write_jobs, fd, jobs) if jobs else None
-            if progress is not None:
-                progress(min(count * bs, size - start * bs))
+
+        runs, leaves = [], 0
+        for run in r.iter_leaves(batch=per):
+            runs.append(run)
+            leaves += run[1]
+            if leaves >= per:
+                _window(store, runs, bs, size, null, rs, zero, submit, progress)
+                runs, leaves = [], 0
+        if runs:
+            _window(store, runs, bs, size, null, rs, zero, submit, progress)
         if pending is not None:
             pending.result()
+
+
+def _window(store, runs, bs, size, null, rs, zero, submit, progress):
+    """Restore one window of leaf runs [(first leaf, count, refs or None)]."""
+    leaf, live, nulls = [], [], []  # leaf of each live ref, the live refs, null runs
+    for start, count, refs in runs:
+        if refs is None:
+            nulls.append((start, count))
+            continue
+        for i, x in enumerate(split_refs(refs, rs)):
+            if x == null:
+                nulls.append((start + i, 1))
+            else:
+                leaf.append(start + i)
+                live.append(x)
+    if zero:  # a device keeps whatever it held: write the zeros too
+        jobs = []
+        for start, count in nulls:
+            off, end = start * bs, min(size, (start + count) * bs)
+            while off < end:
+                m = min(len(zero), end - off)
+                jobs.append(([zero[:m]], off))
+                off += m
+        submit(jobs)
+    if live:
+        for positions, datas in store.read_in_log_order(b"".join(live)):
+            submit(_runs(sorted(zip((leaf[p] for p in positions), datas)), bs, size))
+    if progress is not None:
+        progress(min(size, sum(c for _, c, _ in runs) * bs))
+
+
+def _runs(placed, bs, size):
+    """Sorted [(leaf, data)] -> pwritev jobs [(buffers, offset)], one per run of consecutive leaves."""
+    jobs = []
+    i = 0
+    while i < len(placed):
+        j = i + 1
+        while j < len(placed) and placed[j][0] == placed[j - 1][0] + 1:
+            j += 1
+        off = placed[i][0] * bs
+        bufs = [d for _, d in placed[i:j]]
+        end = off + len(bufs) * bs
+        if end > size:  # the last block of an image whose size is not a multiple of it
+            bufs[-1] = bufs[-1][:bs - (end - size)]
+        jobs.append((bufs, off))
+        i = j
+    return jobs
 
 
 def _write_jobs(fd, jobs):

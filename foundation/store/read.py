@@ -5,14 +5,23 @@ located (compare-by-hash: index cache, then the on-disk index) and read in
 one pass sorted by log address, merged into spans; every record is
 verified by the C core, so a read returns exactly the bytes written or
 raises DataCorrupt naming arena and offset. `Reads` is the part of Store
-that does this.
+that does this. A whole image (restore, a long sequential read) goes
+through `read_in_log_order` instead: every block it needs is located
+first, then the log is read once, front to back, in large spans, so an
+arena is visited once however the image's blocks are scattered over years.
 """
 
+import concurrent.futures
 
 from foundation import native
 from foundation.errors import BadInput, DataCorrupt, DerivedCorrupt, NotFound
 from foundation.store import format as F
+from foundation.store import layout as L
 from foundation.store.arena import Log, read_head
+
+LOG_SPAN = 16 << 20  # largest single read of a log-order pass
+LOG_GAP = 256 << 10  # records closer than this share a read: the bytes between cost less than a seek
+AHEAD = 2  # spans read ahead of the one being decoded
 
 
 class Reads:
@@ -101,6 +110,115 @@ class Reads:
             for i in pos:
                 out[i] = data
         return out
+
+    # ---- whole images: the log read once, in order ---------------------------------
+
+    def read_in_log_order(self, refs):
+        """Yield (positions, datas) for the blocks named by the concatenated refs, in log order.
+
+        positions index `refs`; a block named several times comes with each of
+        its positions. Each span of the log is read once with one large read,
+        spans front to back, one read ahead of the decoding (which runs on
+        `tuning.threads` cores in the C core). Null refs are skipped. A
+        damaged record raises DataCorrupt naming its arena and offset.
+        """
+        rs = self.ref_size
+        n = len(refs) // rs
+        if len(refs) != n * rs:
+            raise BadInput(f"refs must be a multiple of {rs} bytes")
+        refs = bytes(refs)
+        where = self._log_addresses(refs, n)
+        spans = self._log_spans(sorted(where))
+        if not spans:
+            return
+        lg = self.log
+        with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="log-read") as pool:
+            def fetch(sp):
+                arena, start, size, _ = sp
+                return self.disk.pread(lg.fd(arena), "arena", start, size)
+
+            pending = [pool.submit(fetch, sp) for sp in spans[:AHEAD]]
+            try:
+                for k, (arena, start, _, group) in enumerate(spans):
+                    b = pending.pop(0).result()
+                    if k + AHEAD < len(spans):
+                        pending.append(pool.submit(fetch, spans[k + AHEAD]))
+                    got = native.unpack_many(self.codec, arena, lg.iv(arena), b, start,
+                                             [a & 0xFFFFFFFF for a in group], lg.threads)
+                    del b
+                    positions, datas = [], []
+                    for a, v in zip(group, got):
+                        if isinstance(v, native.RecordError):
+                            raise DataCorrupt(f"arena {arena} offset {v.offset}: record {v.kind} check failed")
+                        pos = where[a]
+                        if self.mode == "hash" and v[1] != refs[pos[0] * rs:(pos[0] + 1) * rs]:
+                            raise DerivedCorrupt(f"the index names arena {arena} offset {a & 0xFFFFFFFF} "
+                                                 "for a block it does not hold")
+                        positions += pos
+                        datas += [v[2]] * len(pos)
+                    yield positions, datas
+            finally:
+                for f in pending:
+                    f.cancel()
+
+    def _log_addresses(self, refs, n):
+        """{log address: [positions in refs]} of the non-null refs."""
+        rs, null = self.ref_size, self.null_ref
+        where = {}
+        live = [i for i in range(n) if refs[i * rs:(i + 1) * rs] != null]
+        if self.mode != "hash":
+            for i in live:
+                where.setdefault(int.from_bytes(refs[i * 8:(i + 1) * 8], "big"), []).append(i)
+            return where
+        self._recent = []
+        keys = b"".join(refs[i * 32:(i + 1) * 32] for i in live)
+        addrs, which = native.tables_lookup(self._tables(), keys, None)
+        found = {j: addrs[j] for j in range(len(live)) if which[j] >= 0}
+        miss = [j for j in range(len(live)) if which[j] < 0]
+        checked = []  # summaries already asked
+        i = 0
+        while i < len(miss):
+            # One index lookup names an arena; its summary then answers every other miss it holds,
+            # so the index is read once per arena, not once per scattered block.
+            j = miss[i]
+            i += 1
+            key = keys[j * 32:(j + 1) * 32]
+            a = self._locate(key)
+            if a is None:
+                self._missing(key)
+            found[j] = a
+            t = self._recent[0] if self._recent else None
+            if t is not None and i < len(miss) and not any(t is c for c in checked):
+                checked.append(t)
+                rest = miss[i:]
+                got, hit = native.tables_lookup([t], b"".join(keys[k * 32:(k + 1) * 32] for k in rest), None)
+                found.update((k, got[x]) for x, k in enumerate(rest) if hit[x] >= 0)
+                miss, i = [k for x, k in enumerate(rest) if hit[x] < 0], 0
+        for j, i in enumerate(live):
+            where.setdefault(found[j], []).append(i)
+        return where
+
+    def _log_spans(self, addrs):
+        """Sorted addresses -> [(arena, start, size, addresses)]: large reads, each in one arena."""
+        spans = []
+        most = L.HEADER_SIZE + self.block_size  # a record's largest size
+        i = 0
+        while i < len(addrs):
+            arena, start = F.split(addrs[i])
+            limit = self.log._limit(arena)
+            j = i + 1
+            last = start
+            while j < len(addrs):
+                m, o = F.split(addrs[j])
+                if m != arena or o - last > LOG_GAP or o + most - start > LOG_SPAN:
+                    break
+                last = o
+                j += 1
+            if start >= limit:
+                raise DataCorrupt(f"arena {arena} offset {start}: no record there (beyond the end of the log)")
+            spans.append((arena, start, min(last + most, limit) - start, addrs[i:j]))
+            i = j
+        return spans
 
     def latest(self, btype):
         """The ref of the newest record of this type in the log, or None."""

@@ -1,0 +1,221 @@
+#!/usr/bin/env python3
+"""Restores after a year of nights: the newest day against a day of the first month.
+
+Builds the workload of issue 18 cheaply: VMS disks of --mb MiB each (three
+quarters random data, a quarter zeros), imported whole on the first night,
+then --nights nights of `import-image --changed` with --at dates one day
+apart, each night rewriting 1 MiB of each disk (eight 128 KiB extents at
+random places, as a guest writes files). Then `prune --keep-daily 7
+--keep-weekly 8 --keep-monthly 13` and `gc`, as a year of the daemon would.
+The store is encrypted, by hash, with default arenas.
+
+Then, cold (page cache dropped before each run), it restores the newest
+day of the first VM and the day of the first month that survived the
+prune, each --runs times, with today's restore (log order) and, when
+--before names a commit that still has the old reader, with that reader
+(image order, 8192 leaves per sorted batch). For each: seconds of
+restore_image, reads and discontiguous reads of the store's files (arenas,
+index, summaries: the store's Disk counters, where a discontiguous read is
+one that does not start where the previous one on the disk ended), bytes
+read, and whether the output equals the disk.
+
+    sudo python benchmarks/bench_restore.py                 # 365 nights (about 10 minutes)
+    sudo python benchmarks/bench_restore.py --nights 60     # the quick variant
+
+Results: stdout and benchmarks/results/restore-NIGHTSn-TIMESTAMP.json.
+"""
+
+import argparse
+import datetime as dt
+import hashlib
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import types
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+
+from foundation.catalog import Catalog  # noqa: E402
+from foundation.cli import main as cli  # noqa: E402
+from foundation.image import RestoreFailed, restore_image  # noqa: E402
+from foundation.store import Store  # noqa: E402
+
+MIB = 1 << 20
+EXTENT = 128 << 10
+START = dt.date(2025, 1, 1)
+
+
+def drop_caches():
+    subprocess.run(["sync"], check=True)
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def at(night):
+    return f"{START + dt.timedelta(days=night)}T01:00:00Z"
+
+
+def build(work, vms, mb, nights, seed=18):
+    """The year of nights, pruned and collected -> {vm: sha256 of each kept night's image}."""
+    store, key = os.path.join(work, "store"), os.path.join(work, "keys", "store.key")
+    os.makedirs(store)
+    base = ["--store", store, "--key-file", key]
+    assert cli([*base, "init", "--max-log-size", "64G"]) == 0
+    rng = random.Random(seed)
+    size = mb * MIB
+    digests = {f"vm{v}": {} for v in range(vms)}
+    images = {}
+    for v in range(vms):
+        name = f"vm{v}"
+        path = images[name] = os.path.join(work, f"{name}.raw")
+        with open(path, "wb") as f:
+            for o in range(0, size, MIB):
+                f.write(rng.randbytes(MIB) if rng.random() < 0.75 else bytes(MIB))
+        assert cli([*base, "import-image", name, path, "--at", at(0)]) == 0
+        if name == "vm0":
+            digests[name][0] = sha_file(path)
+    t0 = time.monotonic()
+    ranges = os.path.join(work, "changed.json")
+    for night in range(1, nights + 1):
+        for name, path in images.items():
+            changed = []
+            with open(path, "r+b") as f:
+                for _ in range(MIB // EXTENT):
+                    o = rng.randrange(0, size // EXTENT) * EXTENT
+                    os.pwrite(f.fileno(), rng.randbytes(EXTENT), o)
+                    changed.append([o, EXTENT])
+            with open(ranges, "w") as f:
+                json.dump(changed, f)
+            assert cli([*base, "import-image", name, path, "--at", at(night), "--changed", ranges]) == 0
+            if name == "vm0" and night in (30, nights):  # night 30 is January's last: monthly keeps it
+                digests[name][night] = sha_file(path)
+        if night % 30 == 0:
+            print(f"  night {night}/{nights} ({time.monotonic() - t0:.0f} s)", file=sys.stderr)
+    assert cli([*base, "prune", "--keep-daily", "7", "--keep-weekly", "8", "--keep-monthly", "13"]) == 0
+    assert cli([*base, "gc", "--min-garbage", "0", "--no-replicate"]) == 0
+    return store, key, digests
+
+
+def sha_file(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while b := f.read(8 * MIB):
+            h.update(b)
+    return h.hexdigest()
+
+
+def old_restore(commit):
+    """restore_image of the reader at `commit` (image order), or None if git cannot show it."""
+    p = subprocess.run(["git", "-C", ROOT, "show", f"{commit}:foundation/image/reader.py"],
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        return None
+    mod = types.ModuleType("reader_before")
+    mod.RestoreFailedNow = RestoreFailed  # exit codes are registered once: derive the old class from today's
+    src = p.stdout.replace("class RestoreFailed(Error):", "class RestoreFailed(RestoreFailedNow):")
+    exec(compile(src, f"{commit}:foundation/image/reader.py", "exec"), mod.__dict__)
+    return mod.restore_image
+
+
+def restore_once(store_path, key, name, night, out, how):
+    """Cold restore of `name` at `night` -> measurements."""
+    if os.path.exists(out):
+        os.unlink(out)
+    cold = drop_caches()
+    t0 = time.perf_counter()
+    with Store.open(store_path, key_file=key) as s:
+        snap = Catalog.load(s).find(name, dt.datetime.fromisoformat(at(night).replace("Z", "+00:00")))
+        root = snap.disks["vda"].root
+        for c in s.disk.io.values():  # count the restore's reads only
+            c.__init__()
+        t1, c1 = time.perf_counter(), time.process_time()
+        how(s, root, out)
+        t2, c2 = time.perf_counter(), time.process_time()
+        io = {k: v.as_dict() for k, v in s.disk.io.items()}
+    return dict(seconds=t2 - t1, cpu_seconds=c2 - c1, with_open=t2 - t0, reads=sum(v["reads"] for v in io.values()),
+                discontiguous_reads=sum(v["seeks"] for v in io.values()),
+                mb_read=sum(v["bytes_read"] for v in io.values()) / 1e6, io=io, cold=cold,
+                snapshot=snap.time.isoformat())
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nights", type=int, default=365)
+    ap.add_argument("--vms", type=int, default=3)
+    ap.add_argument("--mb", type=int, default=256, help="disk size of each VM in MiB")
+    ap.add_argument("--runs", type=int, default=3, help="cold restores of each day and reader")
+    ap.add_argument("--before", default="cb1d680", help="a commit with the image-order reader ('' to skip)")
+    ap.add_argument("--work", help="work directory (default: a temporary one under /var/tmp)")
+    ap.add_argument("--keep", action="store_true", help="keep the work directory")
+    ap.add_argument("--reuse", action="store_true", help="measure the store a --keep run left in --work")
+    a = ap.parse_args()
+    work = a.work or tempfile.mkdtemp(prefix="bench-restore-", dir="/var/tmp")
+    os.makedirs(work, exist_ok=True)
+    try:
+        t0 = time.monotonic()
+        if a.reuse and os.path.isdir(os.path.join(work, "store")):  # a store kept by an earlier --keep run
+            store, key = os.path.join(work, "store"), os.path.join(work, "keys", "store.key")
+            digests, build_s = {"vm0": {a.nights: sha_file(os.path.join(work, "vm0.raw"))}}, None
+        else:
+            store, key, digests = build(work, a.vms, a.mb, a.nights)
+            build_s = time.monotonic() - t0
+        with Store.open(store, key_file=key) as s:
+            kept = [(x.time.date() - START).days for x in Catalog.load(s).snapshots("vm0")]
+        # the first month's last kept day; a short run or an older prune: the oldest day kept
+        first = max([n for n in kept if n < 31 and n != a.nights] or [min(kept)])
+        readers = {"log order": lambda s, r, out: restore_image(s, r, out)}
+        before = old_restore(a.before) if a.before else None
+        if before is not None:
+            readers[f"image order ({a.before})"] = lambda s, r, out: before(s, r, out)
+        out = os.path.join(work, "out.raw")
+        rows, agree = [], {}
+        for label, night in (("newest", a.nights), ("first month", first)):
+            for how, fn in readers.items():
+                runs = [restore_once(store, key, "vm0", night, out, fn) for _ in range(a.runs)]
+                got = sha_file(out)
+                if night in digests["vm0"]:
+                    ok = got == digests["vm0"][night]
+                else:  # no digest of that night: the two readers must agree byte for byte
+                    ok = got == agree.setdefault(night, got)
+                alloc = os.stat(out).st_blocks * 512
+                med = statistics.median(r["seconds"] for r in runs)
+                cpu = statistics.median(r["cpu_seconds"] for r in runs)
+                row = dict(day=label, night=night, reader=how, median_s=med, median_cpu_s=cpu, runs=runs, correct=ok,
+                           allocated_mb=alloc / 1e6, size_mb=a.mb * MIB / 1e6)
+                rows.append(row)
+                print(f"{label:12} night {night:3}  {how:22} {med:6.2f} s ({cpu:5.2f} s CPU)  {runs[0]['reads']:5} reads  "
+                      f"{runs[0]['discontiguous_reads']:5} discontiguous  {runs[0]['mb_read']:7.1f} MB read  "
+                      f"correct={ok}", flush=True)
+        ratio = {}
+        for how in readers:
+            t = {r["day"]: r["median_s"] for r in rows if r["reader"] == how}
+            ratio[how] = t["newest"] / t["first month"]
+            print(f"{how}: newest / first month = {ratio[how]:.2f}")
+        res = dict(nights=a.nights, first_night=first, reused=build_s is None, load_average=os.getloadavg(), vms=a.vms, mb=a.mb, build_seconds=build_s, rows=rows,
+                   newest_over_first_month=ratio, cpus=os.cpu_count(),
+                   store_mb=sum(os.path.getsize(os.path.join(store, "arenas", f))
+                                for f in os.listdir(os.path.join(store, "arenas"))) / 1e6)
+        os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
+        name = f"restore-{a.nights}n-{time.strftime('%Y%m%dT%H%M%S')}.json"
+        with open(os.path.join(HERE, "results", name), "w") as f:
+            json.dump(res, f, indent=1)
+        print(f"results: benchmarks/results/{name}")
+    finally:
+        if not a.keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
