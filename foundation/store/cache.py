@@ -112,7 +112,8 @@ class IndexCache:
         kl = self.keylen
         first = bisect.bisect_left(addrs, covered)  # an arena's addresses ascend
         if first < len(addrs):
-            ks, ads = bytes(keys[first * kl:len(addrs) * kl]), addrs[first:]
+            # an array goes to the table without a check per entry
+            ks, ads = bytes(keys[first * kl:len(addrs) * kl]), array.array("Q", addrs[first:])
             self.wbuf.add(ks, ads)
             self.pkeys += ks
             self.paddrs.extend(ads)
