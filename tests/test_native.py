@@ -934,3 +934,47 @@ def test_tables_lookup_random(impl, other):
     q = b"".join(rng.choice(keys) for _ in range(1000))
     skip = bytes(rng.random() < 0.1 for _ in range(1000))
     assert impl.tables_lookup(mine, q, skip) == other.tables_lookup(theirs, q, skip)
+
+
+def runs_with_collisions(n, target):
+    """n bytes in sorted runs (zstd shrinks them to almost nothing) whose byte counts have
+    sum of squares `target` (even, at least n * n / 256): flatness by the histogram alone."""
+    counts = [n // 256] * 256
+    sq = sum(c * c for c in counts)
+    while sq < target:
+        a = max(range(256), key=counts.__getitem__)
+        b = min((v for v in range(256) if v != a), key=lambda v: counts[v] or n)
+        step = 2 * (counts[a] - counts[b] + 1)
+        if step > target - sq:  # finish with steps of 2 between equal counts
+            a, b = next((v, w) for v in range(256) for w in range(v + 1, 256) if counts[v] == counts[w] > 0)
+            step = 2
+        counts[a] += 1
+        counts[b] -= 1
+        sq += step
+    assert sq == target and sum(counts) == n
+    return b"".join(bytes([v]) * c for v, c in enumerate(counts))
+
+
+def test_flat_blocks_stay_raw(impl, other):
+    """Both backends skip zstd on the same blocks: flat ones (every third byte judged),
+    even when zstd would shrink them; 256 bytes to 1 MiB only."""
+    n = 4096 * 3  # 4096 sampled bytes
+    limit = 4096 * 4096 // 181  # 92691: flat at or below
+    cases = {
+        "random": (os.urandom(4096), 0),
+        "random quarter four times": (os.urandom(1024) * 4, 0),
+        "text": (text(random.Random(3), 4096), 1),
+        "runs at the limit": (bytes(x for b in runs_with_collisions(4096, limit - limit % 2) for x in (b, 0, 0)), 0),
+        "runs past the limit": (bytes(x for b in runs_with_collisions(4096, limit - limit % 2 + 2)
+                                      for x in (b, 0, 0)), 1),
+        "random but a zero tail": (os.urandom(3000) + bytes(1096), 1),
+        "random, 255 bytes (too short to judge)": (os.urandom(200) + bytes(55), 1),
+    }
+    assert len(cases["runs at the limit"][0]) == n
+    for enc in (None, ENC):
+        c, oc = impl.Codec(enc, MAC, 1), other.Codec(enc, MAC, 1)
+        for name, (block, want) in cases.items():
+            for codec, pack in ((c, impl.pack), (oc, other.pack)):
+                recs, _ = pack(codec, 0, IV, 0, 1, block, len(block), bytes(32))
+                assert recs[5] == want, (name, pack)
+            assert impl.unpack(c, 0, IV, 0, recs)[2] == block

@@ -2,7 +2,9 @@
 
 A subcommand module defines NAME, HELP, add_arguments(parser) and
 run(args) -> exit status; dropping a module here adds the command, so the
-layers never edit one shared dispatch table.
+layers never edit one shared dispatch table. A command line that names a
+command (module NAME with - as _) imports that module alone: every other
+command's imports would cost more than a night that changed nothing.
 """
 
 import argparse
@@ -17,10 +19,13 @@ from foundation.errors import INTERRUPTED, Error
 _NOT_COMMANDS = {"common", "logs", "manpage"}
 
 
-def _commands():
+_VALUED = {"--store", "--key-file", "--config"}  # the global options that take a value
+
+
+def _commands(only=None):
     mods = []
     for info in pkgutil.iter_modules(__path__):
-        if info.name.startswith("_") or info.name in _NOT_COMMANDS:
+        if info.name.startswith("_") or info.name in _NOT_COMMANDS or only and info.name != only:
             continue
         mod = importlib.import_module(f"{__name__}.{info.name}")
         if hasattr(mod, "NAME") and hasattr(mod, "run"):
@@ -28,7 +33,26 @@ def _commands():
     return sorted(mods, key=lambda m: m.NAME)
 
 
-def parser():
+def _named(argv):
+    """The command's module name when argv names one (its first word that is no option
+    or option value), else None."""
+    skip = False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in _VALUED:
+            skip = True
+        elif a == "--" or not a.startswith("-"):
+            return None if a == "--" else a.replace("-", "_")
+    return None
+
+
+def parser(argv=()):
+    """The whole parser, or only the command that argv names (when it exists)."""
+    name = _named(argv)
+    mods = _commands(name) if name and name not in _NOT_COMMANDS else []
+    if len(mods) != 1 or mods[0].NAME.replace("-", "_") != name:
+        mods = _commands()
     p = argparse.ArgumentParser(
         prog="foundation",
         description="Keep every day of your virtual machines on one disk, and travel back in time.",
@@ -43,7 +67,7 @@ def parser():
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for mod in _commands():
+    for mod in mods:
         sp = sub.add_parser(mod.NAME, help=mod.HELP, description=getattr(mod, "DESCRIPTION", mod.HELP))
         mod.add_arguments(sp)
         sp.set_defaults(_run=mod.run)
@@ -51,7 +75,8 @@ def parser():
 
 
 def main(argv=None):
-    args = parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser(argv).parse_args(argv)
     logs.setup(args.verbose)
     try:
         return args._run(args) or 0

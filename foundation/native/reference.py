@@ -17,7 +17,8 @@ Record, as it lies in an arena (all integers little-endian):
     48   16    tag                  HMAC-SHA256(mac_key, u32le(arena) || u32le(offset)
                                       || header[0:48] || payload)[:16]
     64   S     payload              the block; zstd-compressed (one frame with its
-                                      content size) when that is shorter than R;
+                                      content size) when that is shorter than R
+                                      and the block is not flat (see flat());
                                       then AES-256-CTR encrypted when there is an enc_key
 
 codec 0 means S == R, codec 1 means S < R. Arena position p (the record at
@@ -37,6 +38,7 @@ keylen + 8 bytes, key then u64le addr; the rest is zero. A key's home bucket
 is (u64 big-endian of its first 8 bytes, zero-padded) * nbuckets >> 64.
 """
 
+import collections
 import hashlib
 import hmac
 import struct
@@ -148,6 +150,23 @@ def tag(codec, arena, offset, head, payload):
     return m.digest()[:TAG_SIZE]
 
 
+FLAT_MIN, FLAT_MAX, FLAT_STRIDE, FLAT_RATIO = 256, 1 << 20, 3, 181
+
+
+def flat(block):
+    """Whether the writer stores block raw without trying zstd: FLAT_MIN to
+    FLAT_MAX bytes whose every FLAT_STRIDE-th byte (from the first; m bytes)
+    has a collision entropy of at least log2(FLAT_RATIO), about 7.5 bits a
+    byte: FLAT_RATIO * (sum of squared byte counts) <= m**2.
+    Media, archives and ciphertext are flat; zstd would spend as long on them
+    as the hash does and save nothing. A writer's choice, not the format's:
+    any record may hold either codec."""
+    if not FLAT_MIN <= len(block) <= FLAT_MAX:
+        return False
+    sample = block[::FLAT_STRIDE]
+    return FLAT_RATIO * sum(c * c for c in collections.Counter(sample).values()) <= len(sample) ** 2
+
+
 def pack(codec, arena, iv, offset, btype, buf, bs, keys, threads=1):
     n, blen = checks.pack_args(arena, iv, offset, btype, buf, bs, keys)
     checks.thread_count(threads)
@@ -157,7 +176,7 @@ def pack(codec, arena, iv, offset, btype, buf, bs, keys, threads=1):
     for i in range(n):
         block = data[i * blen:(i + 1) * blen]
         payload, kind = block, RAW
-        if z is not None and blen > 1:
+        if z is not None and blen > 1 and not flat(block):
             small = z.compress(block)
             if len(small) < blen:
                 payload, kind = small, ZSTD

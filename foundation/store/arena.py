@@ -11,6 +11,7 @@ Records below the commit must verify, records past it are kept only while
 they verify in order, so a torn tail is cut and no record is half-trusted.
 """
 
+import bisect
 import logging
 import os
 from collections import OrderedDict
@@ -631,7 +632,7 @@ class Log:
             recs, offs = native.pack(self.codec, oa.n, oa.header.iv, oa.end, btype,
                                      buf[i * bs:(i + m) * bs], bs, keys[i * 32:(i + m) * 32], threads)
             ends = offs[1:] + [oa.end + len(recs)]
-            k = sum(1 for e in ends if e - oa.end <= room)
+            k = bisect.bisect_right(ends, oa.end + room)  # ends ascend
             if k == 0:
                 self.seal()
                 continue

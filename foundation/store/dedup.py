@@ -10,6 +10,7 @@ it by its log address and checks every candidate byte for byte, read in
 sorted batches. `Writes` is the part of Store that does this.
 """
 
+import array
 import bisect
 import logging
 
@@ -56,28 +57,29 @@ class Writes:
 
     def _write_hash(self, buf, bs, btype, zero, keys, n):
         addrs, which = native.tables_lookup(self._tables(), keys, zero)
+        zeros = zero.count(1)
+        # Blocks the index cache does not know, found with no Python per
+        # known block; zero blocks are skipped by the lookup (which = -1).
+        unknown = [i for i, w in enumerate(which) if w < 0]
+        if zeros:
+            unknown = [i for i in unknown if not zero[i]]
         fresh, seen = [], set()
-        zeros = dups = 0
-        for i in range(n):
-            if zero[i]:
-                zeros += 1
-                continue
-            if which[i] >= 0:
-                dups += 1
-                continue
+        bloom = self.bloom
+        for i in unknown:
             k = keys[i * 32:(i + 1) * 32]
-            if k in seen or self._exists(k):
-                dups += 1
+            if k in seen:
                 continue
+            # the common fresh block: the Bloom filter says no, nothing to ask
+            if bloom is None or self._recent or k in bloom:
+                if self._exists(k):
+                    continue
             seen.add(k)
             fresh.append(i)
-        self._count(zeros, dups)
+        self._count(zeros, n - zeros - len(fresh))
         if fresh:
             fkeys = keys if len(fresh) == n else b"".join(keys[i * 32:(i + 1) * 32] for i in fresh)
             self._append(buf, bs, btype, fresh, fkeys)
-        if not zeros:
-            return bytes(keys)
-        return b"".join(bytes(32) if zero[i] else keys[i * 32:(i + 1) * 32] for i in range(n))
+        return bytes(keys)  # a zero block's score is 32 zero bytes, its ref
 
     def _exists(self, score):
         """A duplicate check that missed the index cache: Bloom, then index."""
@@ -180,6 +182,7 @@ class Writes:
             mv = memoryview(buf)
             data = b"".join(mv[i * bs:(i + 1) * bs] for i in fresh)
         addrs = self.log.append(btype, data, bs, fkeys, self.tuning.threads)
+        packed = array.array("Q", addrs)  # the tables take it without a check per entry
         kl = self.keylen
         ks = bytes(fkeys[:len(addrs) * 32]) if kl == 32 else b"".join(
             fkeys[i * 32:i * 32 + kl] for i in range(len(addrs)))
@@ -191,14 +194,14 @@ class Writes:
                                        for i, a in enumerate(addrs)))
             self._venti_cache(ks, addrs)
             return addrs
-        self.wbuf.add(ks, addrs)
+        self.wbuf.add(ks, packed)
         # Records sealed into an earlier arena by this append are already in
         # the index cache (_sealed); the rest belong to the open arena.
         first = bisect.bisect_left(addrs, self.log.open.n << 32)  # addresses ascend
         if first < len(addrs):
-            self.open_table.add(ks[first * kl:], addrs[first:])
+            self.open_table.add(ks[first * kl:], packed[first:])
         self.pkeys += ks
-        self.paddrs.extend(addrs)
+        self.paddrs.extend(packed)
         if self.bloom is not None:
             self.bloom.update(ks[i * kl:(i + 1) * kl] for i in range(len(addrs)))
         if len(self.paddrs) * (kl + 8) >= self.tuning.write_buffer_bytes:

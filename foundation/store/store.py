@@ -359,6 +359,7 @@ class Store(Writes, Reads, IndexCache):
         self.wbuf = native.Table(self.keylen, 1024)
         self.pkeys = bytearray()
         self.paddrs = array.array("Q")
+        self._release_held()
 
     def _need_writable(self):
         if not self.writable:
