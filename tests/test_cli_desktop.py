@@ -107,7 +107,7 @@ def test_list_stats_verify_json(make_store, tmp_path):
     r = run("verify", "--json", env=env)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout) == {"version": 1, "ok": True, "records": 50, "arenas": 1, "damaged": [],
-                                    "notes": [], "affected": []}
+                                    "notes": [], "affected": [], "rolled_back": ""}
     damage(arena_files(opener.path)[0], FIRST_PAYLOAD + 5, b"\x00\x01\x02")
     r = run("verify", "--json", env=env)
     assert r.returncode == 1

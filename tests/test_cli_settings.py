@@ -67,6 +67,6 @@ def test_an_import_with_a_replica_reads_the_config_file_once(tmp_path, monkeypat
     monkeypatch.delenv("FOUNDATION_STATE_DIR", raising=False)      # the config file's state_dir then
     assert main(["--config", str(cfg), "import-image", "vm", str(image), "--at", "2024-05-01"]) == 0
     assert reads == [str(cfg)]              # store, key file, replicas and state dir: one read
-    assert (share / "manifest").exists() and os.listdir(tmp_path / "state") == ["replicas.json"]
+    assert (share / "manifest").exists() and sorted(os.listdir(tmp_path / "state")) == ["heads.json", "replicas.json"]
     capsys.readouterr()
     assert main(["--config", str(cfg), "list", "vm"]) == 0 and "vm" in capsys.readouterr().out
