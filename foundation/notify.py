@@ -36,6 +36,7 @@ from datetime import datetime, timedelta, timezone
 
 from foundation import access
 from foundation.errors import Error
+from foundation.store.disk import read_record
 from foundation.vm.health import GOOD, health, human_age, parse_time
 
 log = logging.getLogger(__name__)
@@ -82,10 +83,10 @@ def alerts(conf, state_dir, records, latest=None, now=None, sent=None):
     records: {name: journal record}; latest: {name: newest catalog snapshot time} (None: store unreachable).
     """
     now = now or _now()
-    sent = dict(sent if sent is not None else _read(os.path.join(state_dir, SENT_FILE)))
+    sent = dict(sent if sent is not None else read_record(os.path.join(state_dir, SENT_FILE)))
     stale_sent = dict(sent.get("stale") or {})
     out, failed = [], set()
-    run = _read(os.path.join(state_dir, RUN_FILE))
+    run = read_record(os.path.join(state_dir, RUN_FILE))
     if run.get("finished") and run["finished"] != sent.get("run"):
         day = _day(run["finished"])
         if run.get("error"):
@@ -207,12 +208,3 @@ def _day(t):
 
 def _now():
     return datetime.now(timezone.utc)
-
-
-def _read(path):
-    try:
-        with open(path, "rb") as f:
-            d = json.loads(f.read())
-        return d if isinstance(d, dict) else {}
-    except (OSError, ValueError):
-        return {}

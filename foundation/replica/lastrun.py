@@ -19,7 +19,7 @@ import os
 from datetime import datetime, timezone
 
 from foundation.errors import Error
-from foundation.store.disk import atomic_write
+from foundation.store.disk import atomic_write, read_record
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ def record(state_dir, store, spec, result=None, error=None):
     path = os.path.join(state_dir, FILE)
     now = datetime.now(timezone.utc).isoformat(timespec="seconds")
     try:
-        runs = _read(path)
+        runs = read_record(path)
         entry = runs.setdefault(store, {}).setdefault(key(spec), {})
         entry.update(url=spec.url, attempt=now, ok=error is None, error=str(error) if error else "")
         if error is None:
@@ -48,13 +48,4 @@ def record(state_dir, store, spec, result=None, error=None):
 
 def load(state_dir, store):
     """{replica key: entry} of store uuid `store` ({} if nothing was recorded)."""
-    return _read(os.path.join(state_dir, FILE)).get(store, {})
-
-
-def _read(path):
-    try:
-        with open(path, "rb") as f:
-            runs = json.loads(f.read())
-        return runs if isinstance(runs, dict) else {}
-    except (OSError, ValueError):
-        return {}   # absent or damaged: it is only a record, started again
+    return read_record(os.path.join(state_dir, FILE)).get(store, {})

@@ -9,6 +9,7 @@ model (`model_seconds`) as well as timed on this machine.
 
 import errno
 import fcntl
+import json
 import os
 from collections import defaultdict
 
@@ -138,6 +139,17 @@ def fsync_dir(path):
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def read_record(path):
+    """A host record (a JSON object in a state file) -> dict; {} when it is absent or damaged:
+    such files are only records, started again, never data."""
+    try:
+        with open(path, "rb") as f:
+            d = json.loads(f.read())
+        return d if isinstance(d, dict) else {}
+    except (OSError, ValueError):
+        return {}
 
 
 def atomic_write(path, data, sync=True, mode=0o644, tmp=None, full=StoreFull):

@@ -28,7 +28,7 @@ from datetime import datetime, timezone
 
 from foundation.errors import Error
 from foundation.store import format as F
-from foundation.store.disk import atomic_write
+from foundation.store.disk import atomic_write, read_record
 
 log = logging.getLogger(__name__)
 
@@ -111,12 +111,7 @@ class Watch:
             log.warning("the store's newest commit was not recorded in %s (%s): rollback goes unnoticed", self.path, e)
 
     def _read(self):
-        try:
-            with open(self.path, "rb") as f:
-                runs = json.loads(f.read())
-            return runs if isinstance(runs, dict) else {}
-        except (OSError, ValueError):
-            return {}
+        return read_record(self.path)
 
 
 def last_record(oa, end):
