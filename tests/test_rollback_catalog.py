@@ -48,8 +48,9 @@ def lists(site, days):
 
 @pytest.mark.parametrize("what", ["open", "arenas"])
 @pytest.mark.parametrize("with_replica", [False, True])
-def test_an_older_catalog_is_caught_and_nothing_is_written(request, tmp_path, capsys, what, with_replica):
-    site = Site(tmp_path, capsys, mode="hash", size=1 << 20)
+@pytest.mark.parametrize("mode", ["hash", "value"])
+def test_an_older_catalog_is_caught_and_nothing_is_written(request, tmp_path, capsys, what, with_replica, mode):
+    site = Site(tmp_path, capsys, mode=mode, size=1 << 20)
     srv = fresh(request, "file") if with_replica else None
     if srv:
         site.use(srv)

@@ -13,12 +13,12 @@ day, the disk and the byte range read.
 
 import errno
 import os
-import random
 import re
 import shutil
 
 import pytest
 import snapshotfs_support as T
+from test_damage_matrix import DAYS, SIZE, images
 from test_snapshotfs import needs_root
 
 from foundation.catalog import Catalog
@@ -29,20 +29,6 @@ from foundation.store import layout as L
 pytestmark = [pytest.mark.fuse]
 
 BS = 4096
-DAYS = 4
-SIZE = 1 << 20
-
-
-def images():
-    rnd = random.Random(23)
-    img = bytearray(rnd.randbytes(SIZE))
-    out = []
-    for _ in range(DAYS):
-        for _ in range(20):
-            o = rnd.randrange(SIZE // BS) * BS
-            img[o:o + BS] = rnd.randbytes(BS)
-        out.append(bytes(img))
-    return out
 
 
 def block_records(s, root):
