@@ -9,6 +9,7 @@ pending switch first, as a writer's open would, and says so), and a
 store recovered from that replica alone restores every kept day.
 """
 
+import fcntl
 import os
 import shutil
 
@@ -104,3 +105,25 @@ def test_replicate_and_audit_go_on_through_an_interrupted_gc(tmp_path, capsys, c
         assert not gc_left_something(trial)
         shutil.rmtree(recovered)
         shutil.rmtree(remote)
+
+
+def test_replicate_beside_a_writer_reads_the_pending_switch_as_it_stands(tmp_path, capsys):
+    """While a writer holds the store (it finishes the switch itself), replicate sends the switch's new
+    arena set as it stands on disk, consistently: the replica recovers every kept day."""
+    store, kept = gc_store(tmp_path, capsys, "value")
+    p = run_gc(store, "gc.journaled")
+    assert p.returncode == 137 and os.path.exists(os.path.join(store, "gc.json"))
+    fd = os.open(os.path.join(store, F.LOCK), os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)       # a writer's lock, as an archive holds it
+    try:
+        url = f"file://{tmp_path / 'replica'}/"
+        os.makedirs(tmp_path / "replica")
+        rc, out, err = cli(capsys, store, "replicate", "--to", url, "--allow-plaintext")
+        assert rc == 0 and "finished the switch" not in out, out + err
+        assert os.path.exists(os.path.join(store, "gc.json"))       # still the writer's to finish
+        assert audit_says(capsys, store, url) == set()
+    finally:
+        os.close(fd)
+    rc, out, err = cli(capsys, store, "recover", "--from", url, "--store", tmp_path / "recovered")
+    assert rc == 0, out + err
+    serves(capsys, str(tmp_path / "recovered"), kept)

@@ -432,9 +432,11 @@ class Primary:
     def _settle(self):
         try:
             fd = lock_writer(self.path)
-        except (StoreLocked, StoreReadOnly):
-            # A writer opened after the gc died, and its open finishes the switch at once; wait for
-            # that (a read-only disk never finishes it: its new set is read as it stands).
+        except StoreReadOnly:
+            return   # nobody can finish it: its new set is read as it stands
+        except StoreLocked:
+            # A writer opened after the gc died, and its open finishes the switch at once: wait for
+            # that (else the new set is read, as by any reader).
             for _ in range(50):
                 if not switch.pending(self.path):
                     break
