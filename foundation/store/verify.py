@@ -124,8 +124,8 @@ def head_behind(lg):
     between a sync's log and its head write, or an older copy put back): nothing is lost."""
     best = max((s.head for s in lg.slots if s.head), key=lambda h: (h.generation, h.arena, h.end), default=None)
     cur = lg.head
-    if best is None or (best.generation, best.arena, best.end) == (cur.generation, cur.arena, cur.end):
-        return None
+    if best is None or lg.moved or (best.generation, best.arena, best.end) == (cur.generation, cur.arena, cur.end):
+        return None   # (a pending gc switch is read under its journal's head: not the log's doing)
     return Damage(cur.arena, cur.end, Kind.HEAD_BEHIND,
                   f"the head copies name commit {best.generation} (arena {best.arena} offset {best.end}); the log "
                   f"holds commits up to {cur.generation} (arena {cur.arena} offset {cur.end}), which are read: "
