@@ -73,25 +73,24 @@ def days_affected(store, damage=True):
 # ---- a lost newest catalog, found again from its blob ----------------------------------------
 
 def _records_after(store, at):
-    """(address, type, ref) of the DATA and TREE records after log address `at`, newest first."""
+    """(address, type) of the DATA and TREE records after log address `at`, newest first."""
     lg, oa = store.log, store.log.open
     first = at >> 32
     for n in range(oa.n, first - 1, -1):
         if n in lg.missing:
             continue
         if n == oa.n:
-            keys, addrs, types = oa.keys, oa.addrs, oa.types
+            addrs, types = oa.addrs, oa.types
         else:
             try:
-                keys, addrs, types = store.summary_records(n)
+                _, addrs, types = store.summary_records(n)
             except DataCorrupt:
                 continue
         for i in range(len(addrs) - 1, -1, -1):
             if addrs[i] <= at:
                 return
             if types[i] in (DATA, TREE):
-                ref = bytes(keys[i * 32:(i + 1) * 32]) if store.mode == "hash" else addrs[i].to_bytes(8, "big")
-                yield addrs[i], types[i], ref
+                yield addrs[i], types[i]
 
 
 def _read(store, ref):
@@ -137,7 +136,7 @@ def lost_catalog(store):
     last = max((p for p in places if p > at), default=None)
     if last is None:
         return None
-    for a, btype, r in _records_after(store, at):
+    for a, btype in _records_after(store, at):
         if a >= last:
             continue
         try:
@@ -157,7 +156,10 @@ def lost_catalog(store):
 def recover_catalog(store):
     """For `rebuild --salvage`: commit the list a lost newest catalog record named again, if it is in
     the log -> lines saying what was brought back, or which days cannot be named."""
-    old = Catalog.load(store)
+    try:
+        old = Catalog.load(store)
+    except Error as e:
+        return [f"the newest intact catalog cannot be read ({e}); no list was brought back"]
     found = lost_catalog(store)
     if found is None:
         newer = newer_catalog_lost(store)
