@@ -14,6 +14,7 @@ With the whole arena set put back older, the newest arena is missing:
 writers refuse (exit 20) as for a lost newest arena.
 """
 
+import json
 import os
 import shutil
 from urllib.parse import urlparse
@@ -110,3 +111,19 @@ def test_an_older_catalog_is_caught_and_nothing_is_written(request, tmp_path, ca
         site.restores(store=tmp_path / "from-replica")          # every day, 4 included, byte for byte
     site.history = {d: newest[d] for d in kept}
     site.restores()                                            # the older days still restore
+
+
+def test_a_zeroed_last_record_is_damage_not_another_history(tmp_path, capsys):
+    """The host compares the tag of the last record it saw: zeroed there (a lost page), that record is
+    damage, which verify names (exit 1), not an older copy (exit 26)."""
+    site = Site(tmp_path, capsys, size=1 << 20)
+    site.day(1)
+    site.day(2)
+    with open(os.path.join(os.environ["FOUNDATION_STATE_DIR"], "heads.json")) as f:
+        seen = next(iter(json.load(f).values()))
+    with open(os.path.join(site.store, "arenas", F.arena_name(seen["arena"])), "r+b") as f:
+        f.seek(seen["last"])
+        f.write(bytes(64))
+    rc, out, err = site.cli("verify")
+    assert rc == 1 and "ROLLED BACK" not in out and "DAMAGED" in out, out + err
+    site.restores()

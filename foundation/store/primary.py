@@ -196,9 +196,13 @@ def check_rollback(path, uuid, mac_key, watch, head=None):
     def tag_at(n, off):
         try:
             with open(os.path.join(path, F.ARENAS, F.arena_name(n)), "rb") as f:
-                return os.pread(f.fileno(), L.TAG_SIZE, off + L.H_TAG)
+                hdr = os.pread(f.fileno(), L.HEADER_SIZE, off)
         except FileNotFoundError:
             return None
+        if len(hdr) == L.HEADER_SIZE and not (any(hdr[L.H_MAGIC:L.H_MAGIC + L.MAGIC_SIZE]) and
+                                              any(hdr[L.H_TAG:L.H_TAG + L.TAG_SIZE])):
+            return None   # zeroed (a lost page): damage, which verify names, not another history
+        return hdr[L.H_TAG:L.H_TAG + L.TAG_SIZE]
 
     return watch.check(path, uuid, got[1], rollback.chain_reader(lambda n: trailer(path, mac_key, n)), tag_at)
 
