@@ -13,16 +13,19 @@ def add_arguments(p):
 
 
 def run(args):
-    from foundation.catalog.salvage import days_affected
+    from foundation.catalog.salvage import days_affected, recover_catalog
     from foundation.store.rebuild import rebuild
 
     with open_store(args, writable=True, salvage=args.salvage) as s:
         for r in s.repaired:
             print(f"repaired: {r}")
         n = rebuild(s)
+        catalog = recover_catalog(s) if args.salvage else []
         lost = list(s.log.lost)
         cost = days_affected(s, bool(lost or s.bad))
     print(f"rebuilt summaries, index and Bloom filter for {n:,} records")
+    for line in catalog:
+        print(f"catalog: {line}")
     for m, lo, hi in lost:
         print(f"lost: arena {m} bytes {lo}-{hi - 1}")
     for line in cost:

@@ -204,8 +204,7 @@ def _value(store, arenas, live, cat, rep, min_garbage, dry_run, progress):
         new._parse(reflow.translated_catalog(cat.serialize(), rel))
         new.generation = cat.generation
         new.commit(out)
-    head = out.finish()
-    head.generation = store.commit().generation + 1  # the switch is a commit: the number goes on
+    head = out.finish(store.commit().generation + 1)  # the switch is a commit: the number goes on
     _crash("gc.written")
     old_last = arenas.last
     store.suspend()  # nothing of the old log may be written after the journal; the locks stay

@@ -89,10 +89,17 @@ class Relog:
         switch.write_arena(self.s, self.n, self.out)
         self.files.append(self.n)
 
-    def finish(self):
-        """Write the last, open arena -> the new head."""
+    def finish(self, generation):
+        """Write the last, open arena, ended by the commit record of `generation` -> the new head.
+        The switch writes that head to both copies; the commit record is what still gives it if
+        both are lost (docs/format.md §6.1: every commit ends in one)."""
+        if self.s.arena_size - F.MAX_TRAILER - len(self.out) < L.HEADER_SIZE + F.COMMIT_SIZE + 16:
+            self.seal()   # the record must lie in the arena it names, with the chain it names
+        payload = F.pack_commit(generation, self.n, self.chain)
+        weak = native.weak_hashes(payload, len(payload), F.COMMIT, self.s.keys.weak_seed)
+        self.append(F.COMMIT, key32(weak), payload)
         self._flush()
-        return F.Head(self.n, len(self.out), self.count, self.chain)
+        return F.Head(self.n, len(self.out), self.count, self.chain, generation)
 
     # ---- the store interface the catalog writes through ----------------------
 

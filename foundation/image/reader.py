@@ -20,7 +20,7 @@ import stat
 import threading
 from collections import OrderedDict
 
-from foundation.errors import DataCorrupt, Error
+from foundation.errors import DataCorrupt, Error, NotFound
 from foundation.image import qemuimg
 from foundation.image.shape import Shape, split_refs
 
@@ -151,7 +151,14 @@ class ImageReader:
                 else:
                     self._ra = 0
                 stop = min(self.sh.nleaves, b1 + self._ra)
-                wdata = self._fetch(b0, stop)
+                try:
+                    wdata = self._fetch(b0, stop)
+                except (DataCorrupt, NotFound):
+                    if stop == b1:
+                        raise
+                    # A lost block in the read-ahead must not fail a read of intact blocks before it.
+                    self._ra, stop = 0, b1
+                    wdata = self._fetch(b0, stop)
                 w0 = b0
                 self._win = (w0, wdata) if stop > b1 or b1 - b0 <= self._ra_max else (0, [])
             self._seq = end

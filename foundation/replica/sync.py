@@ -203,9 +203,10 @@ class Local(Primary):
     """The store's primary files (foundation.store.primary.Primary), as replicate, audit, repair and
     recover use them."""
 
-    def share(self):
-        """Hold the readers' lock (gc waits for us) and the one-replicate-at-a-time lock."""
-        super().share(lambda: ReplicaBusy(self.path))
+    def share(self, settle=False):
+        """Hold the readers' lock (gc waits for us) and the one-replicate-at-a-time lock; `settle`:
+        finish a pending gc switch first (Primary.share)."""
+        super().share(lambda: ReplicaBusy(self.path), settle)
 
 
 def verify_bytes(local, n, buf, sealed, chain=None, committed=None):
@@ -351,7 +352,8 @@ def replicate(local, backend, allow_plaintext=False, progress=None, resend=(), f
         raise PlaintextRefused(local.path, backend.url)
     t0, sent0 = time.monotonic(), backend.sent
     res = Result(backend.url)
-    local.share()
+    local.share(settle=True)     # a gc switch left pending is finished first: the replica gets the new log
+    res.notes += local.repaired
     try:
         conf_b, old, why = read_remote(local, backend)
         if why:

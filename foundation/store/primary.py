@@ -15,8 +15,10 @@ empty derived files look like is therefore written once (docs/design.md,
 import errno
 import fcntl
 import json
+import logging
 import mmap
 import os
+import time
 from dataclasses import dataclass
 
 import pybloomfilter
@@ -31,6 +33,8 @@ from foundation.store import rollback, switch
 from foundation.store.arena import Commit, Log, read_head, write_heads
 from foundation.store.disk import Disk, atomic_write, flock, fsync_dir
 from foundation.store.index import Index, plan
+
+log = logging.getLogger(__name__)
 
 BLOOM_ERROR = 0.001  # the Bloom filter's false-positive rate: one index seek per 1000 fresh blocks
 
@@ -154,10 +158,11 @@ def lock_config(path, busy):
     return flock(os.path.join(path, F.CONFIG), fcntl.LOCK_EX, lambda _: busy(), optional=True)
 
 
-def trailer(path, mac_key, n):
-    """The trailer of sealed arena n of the store at path, or None if its file has no valid one."""
+def trailer(path, mac_key, n, file=None):
+    """The trailer of sealed arena n of the store at path (in `file`, if not its own), or None if
+    its file has no valid one."""
     try:
-        with open(os.path.join(path, F.ARENAS, F.arena_name(n)), "rb") as f:
+        with open(file or os.path.join(path, F.ARENAS, F.arena_name(n)), "rb") as f:
             f.seek(max(0, f.seek(0, os.SEEK_END) - F.MAX_TRAILER))
             tail = f.read()
     except FileNotFoundError:
@@ -191,9 +196,13 @@ def check_rollback(path, uuid, mac_key, watch, head=None):
     def tag_at(n, off):
         try:
             with open(os.path.join(path, F.ARENAS, F.arena_name(n)), "rb") as f:
-                return os.pread(f.fileno(), L.TAG_SIZE, off + L.H_TAG)
+                hdr = os.pread(f.fileno(), L.HEADER_SIZE, off)
         except FileNotFoundError:
             return None
+        if len(hdr) == L.HEADER_SIZE and not (any(hdr[L.H_MAGIC:L.H_MAGIC + L.MAGIC_SIZE]) and
+                                              any(hdr[L.H_TAG:L.H_TAG + L.TAG_SIZE])):
+            return None   # zeroed (a lost page): damage, which verify names, not another history
+        return hdr[L.H_TAG:L.H_TAG + L.TAG_SIZE]
 
     return watch.check(path, uuid, got[1], rollback.chain_reader(lambda n: trailer(path, mac_key, n)), tag_at)
 
@@ -293,7 +302,11 @@ class Primary:
     def _loaded(self):
         if self.log.open is None:
             try:
-                self.log.load()
+                head = None
+                if switch.pending(self.path):   # the new arena set, whole on disk from the journal on
+                    head, self.log.moved = switch.view(self.path)
+                    head = F.Head.unpack(head, self.keys.mac)
+                self.log.load(head)
             except BaseException:
                 self.log.head = self.log.open = None
                 raise
@@ -350,7 +363,9 @@ class Primary:
 
     def trailer(self, n):
         """The trailer of sealed arena n, or None if its file has no valid one."""
-        return trailer(self.path, self.keys.mac, n)
+        if not self.log.moved and switch.pending(self.path):
+            self.log.moved = switch.view(self.path)[1]   # a pending gc switch: its new arena n
+        return trailer(self.path, self.keys.mac, n, self.arena_path(n))
 
     def install_arena(self, n, data):
         """Put new bytes of arena n in place atomically (a crash leaves the old or the new file). Its
@@ -403,16 +418,44 @@ class Primary:
 
     # -- locks
 
-    def share(self, busy_one=None):
+    def share(self, busy_one=None, settle=False):
         """Hold the readers' lock (gc waits for us) and the one-replicate-at-a-time lock; release()
-        lets both go. `busy_one()`: the error if another holder of the second lock is running."""
+        lets both go. `busy_one()`: the error if another holder of the second lock is running.
+        A gc switch left pending is read as its new arena set (a reader's view); with `settle`
+        (replicate, which writes a copy of the store elsewhere) it is finished first, as the next
+        writable open would, unless a writer holds the store (whose open finishes it)."""
         self._hold(lock_readers(self.path, False, lambda: StoreBusy(
             f"garbage collection is running on store {self.path}; replicate when it has finished")))
-        if switch.pending(self.path):
-            raise StoreBusy(f"a garbage collection of store {self.path} was interrupted; run `foundation gc` "
-                            "(or any archive) to finish it, then replicate")
+        if settle and switch.pending(self.path):
+            self._settle()
         self._hold(lock_config(self.path, busy_one or (lambda: StoreBusy(
             f"another replicate or audit of store {self.path} is running; wait for it to finish"))))
+
+    repaired = ()
+
+    def _settle(self):
+        try:
+            fd = lock_writer(self.path)
+        except StoreReadOnly:
+            return   # nobody can finish it: its new set is read as it stands
+        except StoreLocked:
+            # A writer opened after the gc died, and its open finishes the switch at once: wait for
+            # that (else the new set is read, as by any reader).
+            for _ in range(50):
+                if not switch.pending(self.path):
+                    break
+                time.sleep(0.1)
+            return
+        try:
+            if switch.pending(self.path):
+                switch.finish(self.path)
+                note = "finished the switch of an interrupted gc (its new arenas and head are in place)"
+                log.warning("store %s: %s", self.path, note)
+                self.repaired = [note]
+        finally:
+            os.close(fd)
+        self.log.close()
+        self.log = Log(self.path, self.disk, self.codec, self.keys, self.conf, False)
 
     def exclusive(self):
         """Hold the writer lock and the readers' lock exclusively, as gc does (repair)."""

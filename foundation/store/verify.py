@@ -36,6 +36,7 @@ class Kind(enum.Enum):
     MISSING = "missing"        # the arena file is absent
     EXTRA = "extra"            # an arena file past the head's end
     HEAD_COPY = "head-copy"    # one copy of the head is missing or damaged; the log or the other copy holds it
+    HEAD_BEHIND = "head-behind"  # a note, not damage: the head copies name an older commit than the log holds
 
 
 SPANS = (Kind.SKIPPED, Kind.UNPARSABLE, Kind.SHORT, Kind.HEADER, Kind.MISSING)  # damage that costs a byte range
@@ -59,7 +60,7 @@ class Damage:
         return self.kind in (Kind.UNPARSABLE, Kind.SHORT, Kind.MISSING, Kind.TRAILER)
 
     def __str__(self):
-        if self.kind is Kind.HEAD_COPY:
+        if self.kind in (Kind.HEAD_COPY, Kind.HEAD_BEHIND):
             return self.what
         return f"arena {self.arena} offset {self.offset}: {self.what}"
 
@@ -96,6 +97,9 @@ def verify(store, progress=None, notes=None):
     if tail > 0 and notes is not None:
         notes.append(Damage(last, lg.open.end, Kind.TAIL, f"{tail} bytes past the head's end: an unfinished write "
                              "(a crash or a full disk), not damage; the next archive cuts it"))
+    behind = head_behind(lg)
+    if behind and notes is not None:
+        notes.append(behind)
     if chain is not None and chain != lg.head.chain:
         damage.append(Damage(last, 0, Kind.HEAD_CHAIN, "the head's chain MAC does not match the sealed arenas (log rolled back or truncated)"))
     _record(store, [d for d in damage if d.record])
@@ -113,6 +117,19 @@ def head_copies(lg):
                    f"{'the other copy' if best is not None else 'the log'}, and the next writable open "
                    "(e.g. `foundation rebuild`) rewrites it")
             for s in lg.slots if s.head is None and not (s.problem == "missing" and best == 0)]
+
+
+def head_behind(lg):
+    """A note if the newest valid head copy names an older commit than the log carries it to (a crash
+    between a sync's log and its head write, or an older copy put back): nothing is lost."""
+    best = max((s.head for s in lg.slots if s.head), key=lambda h: (h.generation, h.arena, h.end), default=None)
+    cur = lg.head
+    if best is None or lg.moved or (best.generation, best.arena, best.end) == (cur.generation, cur.arena, cur.end):
+        return None   # (a pending gc switch is read under its journal's head: not the log's doing)
+    return Damage(cur.arena, cur.end, Kind.HEAD_BEHIND,
+                  f"the head copies name commit {best.generation} (arena {best.arena} offset {best.end}); the log "
+                  f"holds commits up to {cur.generation} (arena {cur.arena} offset {cur.end}), which are read: "
+                  "nothing is lost, and the next writable open rewrites the head copies")
 
 
 def verify_arena(store, n, buf, sealed, chain, committed=None):
