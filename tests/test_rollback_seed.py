@@ -18,9 +18,9 @@ from test_input import store_files
 from test_replica import VM, Site, fresh
 from test_rollback import restore_image
 
+from foundation.config import load_config
 from foundation.replica import replicas_from_config
 from foundation.replica.seed import seed
-from foundation.config import load_config
 from foundation.store.rollback import FILE, Watch
 
 ROLLED_BACK, REPLICA_AHEAD = 26, 54
@@ -133,3 +133,19 @@ def test_an_unreachable_replica_warns_and_the_archive_goes_on(tmp_path, capsys, 
     warned = [r.getMessage() for r in caplog.records if "replica down was not read" in r.getMessage()]
     assert len(warned) == 1 and "going on without it" in warned[0] and "\n" not in warned[0], warned
     assert "from" not in record()
+
+
+def test_a_manifest_that_fails_its_checks_warns_and_seeds_nothing(request, tmp_path, capsys, caplog):
+    site = Site(tmp_path, capsys)
+    srv = fresh(request, "file")
+    site.use(srv)
+    site.day(1)
+    manifest = bytearray(srv.read("manifest"))
+    manifest[manifest.index(b'"written":"') + 11] ^= 1      # a changed byte the MAC covers
+    srv.write("manifest", bytes(manifest))
+    shutil.rmtree(state())
+    with site.local() as local:
+        assert seed(Watch(state()), local, replicas_from_config(load_config(str(site.config)))) is None
+    warned = [r.getMessage() for r in caplog.records if "replica offsite was not read" in r.getMessage()]
+    assert len(warned) == 1 and "fails its MAC" in warned[0], warned
+    assert not os.path.exists(os.path.join(state(), FILE))

@@ -35,10 +35,10 @@ ATTEMPTS = 2     # a quick look, not a nightly replicate's patience
 
 def replica_commit(local, backend):
     """(Head, (offset, tag) of its last record or (0, b"")) of the newest commit the replica holds,
-    or None if it holds none (empty, or a manifest that fails its checks)."""
-    _, m, _why = read_remote(local, backend)
+    None if it holds none; (None, why) for a manifest that fails its checks."""
+    _, m, why = read_remote(local, backend)
     if m is None:
-        return None
+        return (None, why) if why else None
     return m.head, last_commit_record(local.keys.mac, backend, m)
 
 
@@ -77,9 +77,11 @@ def seed(watch, local, specs, opener=open_backend):
             with opener(spec, attempts=ATTEMPTS) as backend:
                 got = replica_commit(local, backend)
         except (Error, OSError) as e:
+            got = None, e
+        if got is not None and got[0] is None:
             log.warning("replica %s was not read for this store's newest commit, going on without it "
                         "(a store put back older is caught only if another replica holds the newer "
-                        "commit): %s", name, e)
+                        "commit): %s", name, got[1])
             continue
         if got is None or got[0].generation < own:
             continue

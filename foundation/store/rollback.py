@@ -17,7 +17,9 @@ moves the record back on purpose); a reader records only a newer one.
 `<state_dir>/heads.json`: {store uuid: {"arena", "end", "chain", "last",
 "tag", "seen", "from"}}; best effort, like the replicas' last
 runs (a state directory that cannot be written loses protection, never
-an archive). docs/format.md §6.1.
+an archive). A host without an entry takes its first from the store's
+replicas (foundation.replica.seed, `from` names the one). docs/format.md
+§6.2.
 """
 
 import json
