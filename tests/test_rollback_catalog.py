@@ -8,8 +8,10 @@ would write the next catalog after the older one and day 4 would be gone
 for good. So: the host's record of the newest commit it saw (the record at
 its last offset has another tag, or none) makes every writer refuse (exit
 26) with nothing written, locally or remotely; readers read and say so.
-Without that record (another host), `replicate` still never drops the
-replica's newer days (exit 54), and the replica alone brings day 4 back.
+Without that record (another host), the replica's newest commit becomes
+the host's first record and writers refuse as well; accepted, `replicate`
+still never drops the replica's newer days (exit 54), and the replica
+alone brings day 4 back.
 With the whole arena set put back older, the newest arena is missing:
 writers refuse (exit 20) as for a lost newest arena.
 """
@@ -99,8 +101,14 @@ def test_an_older_catalog_is_caught_and_nothing_is_written(request, tmp_path, ca
         assert tree_hashes(urlparse(srv.url).path) == remote
         assert store_files(site.store) == before
         if what == "open":
-            # That host's import goes on after the older catalog (nothing tells it the arena is an
-            # older copy rather than cut short); its replicate, and any later one, keep day 4.
+            # That host has no record, but the replica has: its manifest's commit ends in a record
+            # the older arena lacks, so the import refuses (foundation.replica.seed).
+            rc, out, err = site.cli("import-image", VM, site.image, "--at", "2024-05-05T01:00:00Z")
+            assert rc == ROLLED_BACK and "replica offsite holds" in err and "accept-rollback" in err, out + err
+            assert store_files(site.store) == before
+            # Accepted deliberately, the import goes on after the older catalog; its replicate, and
+            # any later one, keep day 4.
+            assert site.cli("accept-rollback")[0] == 0
             rc, out, err = site.cli("import-image", VM, site.image, "--at", "2024-05-05T01:00:00Z")
             assert rc == 0, out + err
             rc, out, err = site.cli("replicate")

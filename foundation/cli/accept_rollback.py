@@ -19,7 +19,7 @@ def add_arguments(p):
 
 
 def run(args):
-    with open_store(args, writable=False) as s:
+    with open_store(args, writable=False, seed=True) as s:
         why, head = s.rolled_back, s.log.head
         if why:
             s.watch = watch(args)

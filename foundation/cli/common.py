@@ -121,13 +121,16 @@ def passphrase(args):
     return ask
 
 
-def open_store(args, writable=False, **kw):
+def open_store(args, writable=False, seed=None, **kw):
     """Open the store named by the arguments, with its key if it is encrypted; the host's record of
-    its newest commit (in the state directory) catches a store rolled back to an older copy."""
+    its newest commit (in the state directory) catches a store rolled back to an older copy. A
+    writer (or `seed`) on a host without that record first takes it from the replicas."""
     from foundation.store import Store
 
+    w = watch(args)
+    master = _seed(args, w) if (writable if seed is None else seed) else None
     s = Store.open(store_path(args), key_file=key_file(args), writable=writable, passphrase=passphrase(args),
-                   watch=watch(args), **kw)
+                   watch=w, master=master, **kw)
     if s.rolled_back:
         print(f"WARNING: {s.rolled_back}; reading it as it is (`foundation accept-rollback` takes it as the "
               "newest)", file=sys.stderr)
@@ -139,6 +142,27 @@ def watch(args):
     from foundation.store.rollback import Watch
 
     return Watch(settings(args).state_dir)
+
+
+def _seed(args, w):
+    """Before the first open of the store on this host, with replicas configured: the newest
+    commit they hold becomes the host's record (foundation.replica.seed). Returns the master key
+    it loaded (None if none), so a passphrase is asked once."""
+    from foundation.store.primary import read_config
+
+    try:
+        uuid = read_config(store_path(args))[0]["uuid"]
+        if w.seen(uuid) is not None:
+            return None
+        specs = replicas(args)
+    except Error:
+        return None   # no store (the open says so), no replica configured
+    from foundation.replica.seed import seed
+
+    with open_primary(args) as local:
+        if seed(w, local, specs):
+            log.info("this host had no record of store %s: it takes its replicas' newest commit", local.path)
+        return local.master
 
 
 def open_primary(args):

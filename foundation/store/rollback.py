@@ -15,9 +15,11 @@ A writer records the head it leaves behind, whatever it is (a
 compare-by-value gc rewrites the log shorter, and accepting a rollback
 moves the record back on purpose); a reader records only a newer one.
 `<state_dir>/heads.json`: {store uuid: {"arena", "end", "chain", "last",
-"tag", "seen"}}; best effort, like the replicas' last
+"tag", "seen", "from"}}; best effort, like the replicas' last
 runs (a state directory that cannot be written loses protection, never
-an archive). docs/format.md §6.1.
+an archive). A host without an entry takes its first from the store's
+replicas (foundation.replica.seed, `from` names the one). docs/format.md
+§6.2.
 """
 
 import json
@@ -43,6 +45,7 @@ class Seen:
     when: str = ""
     last: int = 0    # offset of the last record below `end` in `arena` (0: none)
     tag: bytes = b""  # and its tag
+    source: str = ""  # where the record came from when not from this host's own open ("replica NAME")
 
 
 def position(head):
@@ -67,10 +70,11 @@ def older(head, seen, chain_before, tag_at=lambda n, off: None):
 def explain(path, head, seen, why):
     """The one-line message of a rollback `why` (from older())."""
     when = f" on {seen.when[:10]}" if seen.when else ""
+    saw = f"{seen.source} holds" if seen.source else "this host saw"
     if why == "older":
-        return (f"store {path}'s newest commit is {position(head)}, but this host saw {position(seen)}{when}: "
+        return (f"store {path}'s newest commit is {position(head)}, but {saw} {position(seen)}{when}: "
                 "the disk holds an older copy (a restored image, an rsync copy, a cloned disk)")
-    return (f"store {path} holds another history than the one this host saw at {position(seen)}{when}: "
+    return (f"store {path} holds another history than the one {saw} at {position(seen)}{when}: "
             "the disk holds an older copy that was written to since (a restored image, a cloned disk)")
 
 
@@ -84,7 +88,7 @@ class Watch:
         e = self._read().get(uuid)
         try:
             return Seen(int(e["arena"]), int(e["end"]), bytes.fromhex(e["chain"]), str(e.get("seen", "")),
-                        int(e.get("last", 0)), bytes.fromhex(e.get("tag", "")))
+                        int(e.get("last", 0)), bytes.fromhex(e.get("tag", "")), str(e.get("from", "")))
         except (TypeError, KeyError, ValueError):
             return None
 
@@ -94,9 +98,10 @@ class Watch:
         why = older(head, seen, chain_before, tag_at) if seen else None
         return explain(path, head, seen, why) if why else None
 
-    def record(self, uuid, head, last=(0, b""), newer_only=False):
+    def record(self, uuid, head, last=(0, b""), newer_only=False, source=""):
         """Remember `head` as the newest commit of store uuid, with `last` (offset, tag) of the last
-        record below its end (with newer_only, only if it is newer than the one recorded)."""
+        record below its end (with newer_only, only if it is newer than the one recorded); `source`:
+        where it was seen, when not here (a replica's manifest)."""
         runs = self._read()
         old = self.seen(uuid)
         if newer_only and old and (head.arena, head.end) <= (old.arena, old.end):
@@ -104,6 +109,8 @@ class Watch:
         runs[uuid] = {"arena": head.arena, "end": head.end, "chain": head.chain.hex(),
                       "last": last[0], "tag": last[1].hex(),
                       "seen": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+        if source:
+            runs[uuid]["from"] = source
         try:
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
             atomic_write(self.path, json.dumps(runs, indent=1, sort_keys=True).encode() + b"\n", sync=False)
