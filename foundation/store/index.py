@@ -167,12 +167,12 @@ class Index:
         self._header(0, covered)
         self.disk.fsync(self.fd, "index")
 
-    def grow(self, entries, covered, want=0):
+    def grow(self, entries, covered):
         """Write an index sized for twice the entries (old ones and `entries`, sorted), in one pass
         over the old buckets, and rename it over this one; this object then is the new index."""
         h, es, kl = self.h, self.entsize, self.h.keylen
         total = h.entries + len(entries) // es
-        home, nfile = plan(max(2 * total, want, INITIAL), kl, h.bucket_size)
+        home, nfile = plan(max(2 * total, INITIAL), kl, h.bucket_size)
         new = Index.create(self.path, self.disk, kl, home, nfile, h.uuid, 0, h.bucket_size)
         mv, i, chunk = memoryview(entries), 0, bytearray()
         try:
@@ -203,7 +203,7 @@ class Index:
         flag: a crash leaves the old index, or none, in place)."""
         if chunk:
             native.sort_entries(chunk, self.entsize, self.h.keylen)
-            self._merge(bytes(chunk))
+            self._merge(chunk)
             self.h.entries += len(chunk) // self.entsize
 
     def _merge(self, entries):
