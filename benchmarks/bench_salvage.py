@@ -5,14 +5,15 @@ Builds the standard store (benchmarks/workload.py: DAYS days of a SIZE
 image, imported with their changed ranges), then, as after a disk fault
 that took the derived files, deletes every summary, the index and the
 Bloom filter, zeroes a 4 KiB page in a middle arena, and times
-`foundation rebuild --salvage` in a child (GNU time for its peak RSS):
+`foundation rebuild --salvage` in a child (GNU time for its CPU seconds and peak RSS):
 every arena is read and scanned once, stepping over the damaged page.
 The scan alone is timed too (in process, caches dropped only by the
-kernel's own eviction), since the rest of a rebuild writes an index and a
-Bloom filter sized for the store's max_log_size, not for its contents.
+kernel's own eviction): the rest of a rebuild writes the index and the
+Bloom filter (sized for the records found) and names the lost days (a
+walk of every day's tree).
 Results go to stdout and benchmarks/results/salvage-<size>-<time>.json.
 
-    python benchmarks/bench_salvage.py [--size 2G] [--days 8] [--keep DIR]
+    python benchmarks/bench_salvage.py [--size 2G] [--days 8] [--keep DIR] [--tree DIR ...] [--rounds N]
 """
 
 import argparse
@@ -66,8 +67,7 @@ def damage(store):
 
 
 def scan_seconds(store):
-    """Seconds for the salvage scan alone (read and check every record of every arena, in process):
-    the rest of a rebuild writes the index and Bloom filter, sized for the store's max_log_size."""
+    """Seconds for the salvage scan alone (read and check every record of every arena, in process)."""
     from foundation.store import Store
     from foundation.store.rebuild import scan_arena
     with Store.open(store) as s:
@@ -82,25 +82,30 @@ def main():
     ap.add_argument("--size", type=parse_size, default=2 << 30, help="image size (default 2G)")
     ap.add_argument("--days", type=int, default=8)
     ap.add_argument("--keep", help="build the store here and keep it (default: a temporary directory)")
+    ap.add_argument("--tree", action="append", help="a source tree whose `rebuild --salvage` is timed (default: "
+                    "this one; give several to compare them on the same store, each run after a fresh damage)")
+    ap.add_argument("--rounds", type=int, default=1, help="runs per tree, trees alternated")
     a = ap.parse_args()
+    trees = [os.path.abspath(t) for t in a.tree or [ROOT]]
     work = a.keep or tempfile.mkdtemp(prefix="bench-salvage-", dir=os.environ.get("TMPDIR", "/var/tmp"))
     store = os.path.join(work, "store")
     try:
         built = build(store, work, a.size, a.days)
-        scanned, arenas = damage(store)
-        secs, peak, out = measure.run([sys.executable, "-m", "foundation", "--store", store, "rebuild", "--salvage"],
-                                      env=dict(PYTHONPATH=ROOT), capture=True, ok=(0, 1))
+        runs = {t: [] for t in trees}
+        for _ in range(a.rounds):
+            for tree in trees:
+                scanned, arenas = damage(store)
+                t, out = measure.timed([sys.executable, "-m", "foundation", "--store", store, "rebuild", "--salvage"],
+                                       cwd=tree, env=dict(PYTHONPATH=tree), ok=(0, 1))
+                t["mb_per_s"] = round(scanned / 1e6 / t["wall_s"], 1)
+                t["report"] = out.decode().strip().splitlines()[-3:]
+                runs[tree].append(t)
+                print(tree, t, flush=True)
         scan = scan_seconds(store)
         res = {"image_bytes": a.size, "days": a.days, "arenas": arenas, "arena_bytes": scanned,
-               "import_seconds": round(built, 1), "salvage_seconds": round(secs, 2),
-               "scan_mb_per_s": round(scanned / 1e6 / secs, 1),
-               "scan_only_seconds": round(scan, 2), "scan_only_mb_per_s": round(scanned / 1e6 / scan, 1), "peak_rss_mib": round(peak / 2**20, 1),
-               "report": out.decode().strip().splitlines()[-3:]}
-        print(json.dumps(res, indent=1))
-        os.makedirs(os.path.join(ROOT, "benchmarks", "results"), exist_ok=True)
-        name = f"salvage-{a.size >> 20}M-{time.strftime('%Y%m%d-%H%M%S')}.json"
-        with open(os.path.join(ROOT, "benchmarks", "results", name), "w") as f:
-            json.dump(res, f, indent=1)
+               "import_seconds": round(built, 1), "load": os.getloadavg(), "salvage": runs,
+               "scan_only_seconds": round(scan, 2), "scan_only_mb_per_s": round(scanned / 1e6 / scan, 1)}
+        measure.save(f"salvage-{a.size >> 20}M", res)
     finally:
         if not a.keep:
             shutil.rmtree(work, ignore_errors=True)

@@ -37,3 +37,27 @@ def run(cmd, cwd=None, env=None, capture=False, ok=(0,)):
                 peak = int(lines[-1]) * 1024
         out.seek(0)
         return dt, peak, out.read() if capture else None
+
+
+def save(name, res):
+    """Print a result and write it to benchmarks/results/<name>-<time>.json -> its path."""
+    import json
+    print(json.dumps(res, indent=1))
+    d = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+    os.makedirs(d, exist_ok=True)
+    path = os.path.join(d, f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.json")
+    with open(path, "w") as f:
+        json.dump(res, f, indent=1)
+    return path
+
+
+def timed(cmd, cwd=None, env=None, ok=(0,)):
+    """Run a command under GNU time -> (dict(wall_s, cpu_s (user + sys), peak_rss_mib), stdout bytes);
+    raise on an exit status not in `ok`."""
+    with tempfile.NamedTemporaryFile("r") as out:
+        full = ["/usr/bin/time", "-f", "%e %U %S %M", "-o", out.name, *map(str, cmd)]
+        p = subprocess.run(full, cwd=cwd, env=dict(os.environ, **(env or {})), capture_output=True)
+        if p.returncode not in ok:
+            raise RuntimeError(f"{' '.join(map(str, cmd))} failed ({p.returncode}): {p.stderr.decode()[-2000:]}")
+        e, u, s, m = out.read().split()[-4:]
+    return dict(wall_s=float(e), cpu_s=round(float(u) + float(s), 2), peak_rss_mib=round(int(m) / 1024, 1)), p.stdout

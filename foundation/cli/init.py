@@ -31,7 +31,8 @@ def add_arguments(p):
     p.add_argument("--block-size", type=size, default=4096, help="block size (default 4096)")
     p.add_argument("--arena-size", type=size, default=16 << 20, help="arena size (default 16M)")
     p.add_argument("--max-log-size", type=size, default=256 << 30,
-                   help="expected largest log; sizes the index and Bloom filter (default 256G)")
+                   help="expected largest log; kept in the config (the index and Bloom filter grow with "
+                        "the store; default 256G)")
     p.add_argument("--no-encrypt", action="store_true", help="store blocks in the clear (still checksummed)")
     p.add_argument("--passphrase", action="store_true",
                    help="protect the key file with a passphrase (asked, or FOUNDATION_PASSPHRASE)")

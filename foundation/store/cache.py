@@ -16,10 +16,9 @@ import sys
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-import pybloomfilter
-
 from foundation import native
 from foundation.errors import DataCorrupt, DerivedCorrupt
+from foundation.store import bloom
 from foundation.store import format as F
 from foundation.store.disk import atomic_write
 
@@ -31,10 +30,13 @@ class Tuning:
     """Memory and policy knobs; none of them changes a byte on disk."""
 
     index_cache_bytes: int = 64 << 20  # loaded arena summaries (LRU)
-    write_buffer_bytes: int = 128 << 20  # index entries waiting for a flush
+    # Index entries waiting for a flush, counted at K + 8 bytes each; in memory the buffer takes
+    # about 4x that (a lookup table and the arrays a flush sorts): ~64 MiB at 400k entries (hash).
+    write_buffer_bytes: int = 16 << 20
     block_cache_bytes: int = 32 << 20  # decoded blocks (LRU)
     policy: str = "foundation"  # or "venti": no Bloom filter, summaries or write buffer
-    flush_at_close: float = 0.25  # flush the write buffer at close when at least this full
+    flush_at_close: float = 0.25  # flush the write buffer at close when at least this full,
+    flush_arenas: int = 4  # or when it holds records of more sealed arenas than this (the next open re-reads them)
     zlevel: int = 1  # zstd level 1: ~3x faster than 3 for ~5 % more bytes
     threads: int = field(default_factory=lambda: min(4, os.cpu_count() or 1))
 
@@ -81,13 +83,9 @@ class IndexCache:
         # The write buffer: entries of records not yet merged into the index,
         # as a lookup table and as parallel arrays of keys and addresses.
         self.wbuf = native.Table(self.keylen, 1024)
+        self.holding, self.held_arenas = set(), set()  # intact records' addresses of arenas unreadable() asked about
         self.pkeys = bytearray()
         self.paddrs = array.array("Q")
-        # Summaries of arenas sealed since the last flush: the write buffer
-        # holds their entries and answers for them, so they join the index
-        # cache only at the flush. Probing them too would cost a cache miss
-        # per arena per block: seconds on a day 0 of a hundred arenas.
-        self.held = {}
         oa = self.log.open
         self.open_table = native.Table(self.keylen, oa.count + 1024)
         if oa.count and not self.venti:  # Venti starts every session with a cold index cache
@@ -128,7 +126,7 @@ class IndexCache:
                 covered = json.load(f).get("covered")
             if not isinstance(covered, int) or not self.index.h.covered <= covered <= self.log.end_addr:
                 raise ValueError("stale")
-            self.bloom = pybloomfilter.BloomFilter.open(p)
+            self.adopt_bloom(bloom.Bloom.open(p))
         except (OSError, ValueError):
             self.repaired.append("rebuilt the Bloom filter")
             from foundation.store.rebuild import rebuild_bloom
@@ -137,27 +135,52 @@ class IndexCache:
         # Keys written after that are in the write buffer; add them.
         kl = self.keylen
         first = bisect.bisect_left(self.paddrs, covered)
-        self.bloom.update(bytes(self.pkeys[i * kl:(i + 1) * kl]) for i in range(first, len(self.paddrs)))
+        self.bloom.count = self.index.h.entries + first
+        self.bloom.update([bytes(self.pkeys[i * kl:(i + 1) * kl]) for i in range(first, len(self.paddrs))])
+
+    def adopt_bloom(self, bf):
+        """Make bf the store's Bloom filter, grown (made again twice as large) once it is full."""
+        self.bloom = bf
+        bf.count = self.index.h.entries
+        bf.on_full = self._grow_bloom
+
+    def _grow_bloom(self):
+        """The filter holds more keys than it was made for: make it again from the index and the write buffer."""
+        old = self.bloom
+        self.adopt_bloom(bloom.build(self, self.pkeys))
+        self.bloom.count += len(self.paddrs)
+        old.close()
 
     def _save_bloom(self):
         self.bloom.sync()
         atomic_write(os.path.join(self.path, F.BLOOM_STATE),
                      json.dumps({"covered": self.log.end_addr}).encode(), sync=False)
 
-    def _sealed(self, oa):
-        """An arena was sealed: its in-memory summary joins the index cache."""
-        t = native.Table(self.keylen, oa.count + 1)
-        t.add(bytes(oa.keys), oa.addrs)
+    def _flush_due(self):
+        """At a clean close: is the write buffer worth merging into the index now? A flush is a pass
+        over the index, so a few entries wait for the next session; but the next open puts every
+        record past the index's `covered` back into the buffer, re-reading their arenas' summaries."""
         if self.venti:
+            return True
+        full = len(self.paddrs) * (self.keylen + 8) >= self.tuning.write_buffer_bytes * self.tuning.flush_at_close
+        return full or self.log.open.n - F.split(self.index.h.covered)[0] > self.tuning.flush_arenas
+
+    def _sealed(self, oa):
+        """An arena was sealed. The write buffer holds its entries and answers for them until the
+        flush (probing its summary too would cost a cache miss per arena per block: seconds on a day
+        0 of a hundred arenas), and a second table of them would double the buffer's memory: its
+        summary joins the index cache when a lookup asks for it, read from disk. Venti's cache
+        keeps it."""
+        if self.venti:
+            t = native.Table(self.keylen, oa.count + 1)
+            t.add(bytes(oa.keys), oa.addrs)
             self.summaries[oa.n] = t
             self.summary_entries += len(t)
-        else:
-            self.held[oa.n] = t
         self.open_table = native.Table(self.keylen, 4096)
 
     def forget_summary(self, n):
         """Arena n was replaced (gc, repair): its summary leaves the index cache."""
-        self.held.pop(n, None)
+        self.holding, self.held_arenas = set(), set()
         t = self.summaries.pop(n, None)
         if t is not None:
             self.summary_entries -= len(t)
@@ -207,9 +230,6 @@ class IndexCache:
             return t
         if n == self.log.open.n:
             return self.open_table
-        t = self.held.get(n)
-        if t is not None:
-            return t
         keys, addrs, _ = self._summary_arrays(n)
         t = native.Table(self.keylen, len(addrs) + 1)
         t.add(bytes(keys), addrs)
@@ -224,13 +244,6 @@ class IndexCache:
         while self.summary_entries > limit and len(self.summaries) > 1:
             _, old = self.summaries.popitem(last=False)
             self.summary_entries -= len(old)
-
-    def _release_held(self):
-        """After a flush: the held summaries join the index cache."""
-        for n, t in self.held.items():
-            if n not in self.summaries:
-                self._cache_summary(n, t)
-        self.held = {}
 
     def _tables(self):
         return [self.open_table, self.wbuf] + list(reversed(self.summaries.values()))

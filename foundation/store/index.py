@@ -8,6 +8,12 @@ the buckets in file order; a full bucket spills into the next one (linear
 probing) and the file ends with overflow buckets instead of wrapping. The
 index is derived: it is rebuilt from the arenas whenever it is missing,
 stale or left dirty by a crash mid-flush.
+
+The index grows with the store instead of being made at its largest: a
+new one holds INITIAL entries (about 1.5 MiB), and a flush that would load
+it past GROW_LOAD writes a new one twice as large instead, in one pass
+that streams the old buckets and the new entries in key order into a
+fresh file renamed over the old one (a crash leaves the old index).
 """
 
 import math
@@ -15,14 +21,19 @@ import os
 
 from foundation import native
 from foundation.errors import DerivedCorrupt
+from foundation.faults import crash_point
 from foundation.store import format as F
 from foundation.store.disk import fsync_dir
 
 BUCKET_SIZE = 4096
-FILL = 0.9  # sized for this load at the maximum log
+FILL = 0.9  # a new or grown index is sized for this load at its planned entries
+INITIAL = 32768  # entries a new store's index and Bloom filter are sized for
+GROW_LOAD = 0.75  # a flush past this load grows the index (linear probing stays short below it)
+CHUNK = 1 << 20  # entries sorted and merged at a time while growing (40 MiB in hash mode)
 REGION = 4096  # at most this many buckets per read/write of a flush (16 MiB)
 GAP = 128  # buckets (512 KiB): about what one seek costs in transfer time
 SLACK = 2  # extra buckets read after a region for entries that overflow
+CRASH_ENV = "FOUNDATION_INDEX_CRASH"  # tests: "index.grow" or "bloom.grow" exits before the new file is renamed
 
 
 class IndexFull(Exception):
@@ -43,7 +54,7 @@ class Index:
         self.path, self.disk, self.fd, self.h = path, disk, fd, header
         self.entsize = header.keylen + 8
         self.cap = (header.bucket_size - 4) // self.entsize
-        self.blank = False   # every bucket is known to be empty: a merge need not read them
+        self.zero_from = header.nfile   # buckets from here on are known to be zeros: a merge need not read them
 
     @classmethod
     def create(cls, path, disk, keylen, home, nfile, uuid, covered=0, bucket_size=BUCKET_SIZE):
@@ -54,7 +65,7 @@ class Index:
         os.ftruncate(fd, F.INDEX_HEADER_SIZE + nfile * bucket_size)
         disk.pwrite(fd, "index", 0, h.pack())
         idx = cls(tmp, disk, fd, h)
-        idx.blank = True
+        idx.zero_from = 0
         return idx
 
     def install(self, path):
@@ -92,6 +103,15 @@ class Index:
         return F.INDEX_HEADER_SIZE + bucket * self.h.bucket_size
 
     def reread_header(self):
+        """For a reader: a writer may have merged into this file since, or grown the index into a new
+        one renamed over it (installed only once clean): then read that one."""
+        try:
+            if os.stat(self.path).st_ino != os.fstat(self.fd).st_ino:
+                fd = os.open(self.path, os.O_RDONLY)
+                os.close(self.fd)
+                self.fd = fd
+        except OSError:
+            pass   # gone (a writer rebuilding it): keep the old file, whose entries still hold
         self.h = F.IndexHeader.unpack(os.pread(self.fd, F.INDEX_HEADER_SIZE, 0))
 
     # ---- lookup: one seek and one bucket read, more only on overflow ---------
@@ -126,21 +146,65 @@ class Index:
             self.h.covered = covered
         self.disk.pwrite(self.fd, "index", 0, self.h.pack())
 
+    def slots(self):
+        return self.h.nbuckets * self.cap
+
     def flush(self, entries, covered):
-        """Merge sorted entries (bytes, entsize each) in one sequential pass.
-        Raises IndexFull if the last bucket overflows (the caller grows the index)."""
+        """Merge sorted entries (bytes, entsize each) in one sequential pass, or grow the index
+        around them when they would load it past GROW_LOAD. Raises IndexFull if the last bucket
+        overflows (the caller rebuilds the index larger)."""
         h = self.h
         n = len(entries) // self.entsize
+        if n and h.entries + n > GROW_LOAD * self.slots():
+            return self.grow(entries, covered)
         if n:
             self._header(1)
             self.disk.fsync(self.fd, "index")
             self._merge(entries)
-            self.blank = False
             h.entries += n
             # The buckets must be on disk before the header calls them clean.
             self.disk.fsync(self.fd, "index")
         self._header(0, covered)
         self.disk.fsync(self.fd, "index")
+
+    def grow(self, entries, covered):
+        """Write an index sized for twice the entries (old ones and `entries`, sorted), in one pass
+        over the old buckets, and rename it over this one; this object then is the new index."""
+        h, es, kl = self.h, self.entsize, self.h.keylen
+        total = h.entries + len(entries) // es
+        home, nfile = plan(max(2 * total, INITIAL), kl, h.bucket_size)
+        new = Index.create(self.path, self.disk, kl, home, nfile, h.uuid, 0, h.bucket_size)
+        mv, i, chunk = memoryview(entries), 0, bytearray()
+        try:
+            # The old buckets come in key order but for entries spilled past their home; each
+            # chunk is sorted, and takes the new entries up to its last key along.
+            for part in self.scan():
+                chunk += part
+                if len(chunk) >= CHUNK * es:
+                    native.sort_entries(chunk, es, kl)
+                    j = _upper(mv, es, kl, bytes(chunk[-es:len(chunk) - es + kl]), i)
+                    chunk += mv[i * es:j * es]
+                    new.merge_sorted(chunk)
+                    i, chunk = j, bytearray()
+            chunk += mv[i * es:]
+            new.merge_sorted(chunk)
+            new.flush(b"", covered)
+            crash_point(CRASH_ENV, "index.grow")
+        except BaseException:
+            new.close()
+            os.unlink(new.path)
+            raise
+        new.install(self.path)
+        os.close(self.fd)
+        self.fd, self.h, self.zero_from = new.fd, new.h, new.zero_from
+
+    def merge_sorted(self, chunk):
+        """Sort a bytearray of entries and merge it into an index not yet installed (no dirty
+        flag: a crash leaves the old index, or none, in place)."""
+        if chunk:
+            native.sort_entries(chunk, self.entsize, self.h.keylen)
+            self._merge(chunk)
+            self.h.entries += len(chunk) // self.entsize
 
     def _merge(self, entries):
         h, es = self.h, self.entsize
@@ -173,15 +237,17 @@ class Index:
             stop = first + count
             j = self._first_home_at_or_after(mv, i, n, stop)
             batch = spill + bytes(mv[i * es:j * es])
-            if self.blank:  # a rebuild's first pass: the buckets are zeros, reading them is wasted time
-                region = bytearray(count * h.bucket_size)
-            else:
-                region = bytearray(self.disk.pread(self.fd, "index", self._off(first), count * h.bucket_size))
+            # Buckets a new index has not written yet are zeros: reading them is wasted time.
+            known = max(0, min(count, self.zero_from - first))
+            region = bytearray(self.disk.pread(self.fd, "index", self._off(first), known * h.bucket_size)) \
+                if known else bytearray()
+            region += bytes((count - known) * h.bucket_size)
             try:
                 spill = native.merge(region, first, count, h.bucket_size, h.keylen, batch, h.nbuckets)
             except native.BucketError as e:
                 raise DerivedCorrupt(f"the index is damaged ({e})") from None
             self.disk.pwrite(self.fd, "index", self._off(first), region)
+            self.zero_from = max(self.zero_from, stop)
             i = j
             nxt = stop
             if spill and stop >= h.nfile:
@@ -197,22 +263,20 @@ class Index:
                 hi = mid
         return lo
 
-    def entries(self):
-        """Every entry, read in one sequential pass (for growing and for the Bloom filter)."""
+    def scan(self):
+        """Every entry, region by region (bytes of whole entries), in one sequential pass."""
         h = self.h
-        out = bytearray()
-        for first in range(0, h.nfile, REGION):
-            count = min(REGION, h.nfile - first)
+        for first in range(0, h.nfile, REGION // 4):   # 4 MiB reads: sequential, and little memory
+            count = min(REGION // 4, h.nfile - first)
             region = self.disk.pread(self.fd, "index", self._off(first), count * h.bucket_size)
-            for k in range(count):
-                o = k * h.bucket_size
-                c = int.from_bytes(region[o:o + 4], "little")
-                out += region[o + 4:o + 4 + c * self.entsize]
-        return out
+            yield b"".join(_bucket_entries(region, count, h.bucket_size, self.entsize))
 
     def insert(self, entries):
         """Venti's path: each entry read-modify-writes its home bucket at once."""
         h, es = self.h, self.entsize
+        if h.entries + len(entries) // es > GROW_LOAD * self.slots():
+            self.grow(b"", h.covered)
+            h = self.h
         for i in range(0, len(entries), es):
             spill = bytes(entries[i:i + es])
             b = native.bucket_home(spill, h.nbuckets)
@@ -224,6 +288,26 @@ class Index:
                 self.disk.pwrite(self.fd, "index", self._off(b), region)
                 b += 1
             h.entries += 1
+
+
+def _bucket_entries(region, count, bucket_size, es):
+    for k in range(count):
+        o = k * bucket_size
+        c = int.from_bytes(region[o:o + 4], "little")
+        if c:
+            yield region[o + 4:o + 4 + c * es]
+
+
+def _upper(mv, es, kl, key, lo):
+    """Index past the last of the sorted entries in mv (from lo on) whose key is at most key."""
+    hi = len(mv) // es
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if bytes(mv[mid * es:mid * es + kl]) <= key:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
 
 
 class MemIndex:

@@ -21,8 +21,6 @@ import os
 import time
 from dataclasses import dataclass
 
-import pybloomfilter
-
 from foundation import native
 from foundation.crypto.keys import Keys, load_key_file
 from foundation.errors import (DataCorrupt, KeyMissing, StoreBusy, StoreConfigBad, StoreLocked, StoreMissing,
@@ -32,11 +30,10 @@ from foundation.store import layout as L
 from foundation.store import rollback, switch
 from foundation.store.arena import Commit, Log, read_head, write_heads
 from foundation.store.disk import Disk, atomic_write, flock, fsync_dir
-from foundation.store.index import Index, plan
+from foundation.store import bloom
+from foundation.store.index import INITIAL, Index, plan
 
 log = logging.getLogger(__name__)
-
-BLOOM_ERROR = 0.001  # the Bloom filter's false-positive rate: one index seek per 1000 fresh blocks
 
 
 # ---- config and keys -------------------------------------------------------------------------
@@ -210,26 +207,24 @@ def check_rollback(path, uuid, mac_key, watch, head=None):
 # ---- a new store's derived files -------------------------------------------------------------------
 
 def capacity(max_log_size, block_size):
-    """Records a full log holds at most (one per block): what index and Bloom filter are sized for."""
+    """Records a full log holds at most (one per block)."""
     return max_log_size // block_size
 
 
-def bloom_capacity(conf):
-    return max(1024, capacity(conf["max_log_size"], conf["block_size"]))
-
-
-def index_plan(conf, keylen):
-    """(home buckets, buckets in the file) of an index sized for the store's max_log_size."""
-    return plan(capacity(conf["max_log_size"], conf["block_size"]), keylen)
+def index_plan(max_log_size, block_size, keylen):
+    """(home buckets, buckets in the file) of a new store's index: INITIAL entries (fewer if the
+    whole log holds fewer); it grows as records come (foundation.store.index)."""
+    return plan(min(INITIAL, capacity(max_log_size, block_size)), keylen)
 
 
 def make_derived(path, disk, conf, keylen, log_uuid):
-    """An empty index and Bloom filter, as `init` makes them: the first writable open takes every
-    record in from the summaries (or scans) and merges them at its first flush."""
-    home, nfile = index_plan(conf, keylen)
+    """An empty index and Bloom filter, as `init` makes them, both small: they grow with the store.
+    The first writable open takes every record in from the summaries (or scans) and merges them
+    at its first flush."""
+    home, nfile = index_plan(conf["max_log_size"], conf["block_size"], keylen)
     Index.create(os.path.join(path, F.INDEX), disk, keylen, home, nfile, log_uuid).install(
         os.path.join(path, F.INDEX))
-    pybloomfilter.BloomFilter(bloom_capacity(conf), BLOOM_ERROR, os.path.join(path, F.BLOOM)).close()
+    bloom.create(os.path.join(path, F.BLOOM), bloom.size_for(0)).close()
     atomic_write(os.path.join(path, F.BLOOM_STATE), json.dumps({"covered": 0}).encode())
 
 

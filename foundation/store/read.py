@@ -259,16 +259,11 @@ class Reads:
         rs, oa = self.ref_size, self.log.open
         n_refs = len(refs) // rs
         refs = bytes(refs)
-        held = {}
 
         def holds(a):
             n, off = F.split(a)
-            if a in self.bad or n > oa.n or n in self.log.missing or \
-                    any(m == n and lo <= off < hi for m, lo, hi in self.log.lost):
-                return False
-            if n not in held:
-                held[n] = set(oa.addrs) if n == oa.n else set(self._summary_arrays(n)[1])
-            return a in held[n]
+            return not (a in self.bad or n > oa.n or n in self.log.missing or
+                        any(m == n and lo <= off < hi for m, lo, hi in self.log.lost))
 
         live = [i for i in range(n_refs) if refs[i * rs:(i + 1) * rs] != self.null_ref]
         if self.mode == "hash":
@@ -278,7 +273,17 @@ class Reads:
                      for j in range(len(live))]
         else:
             found = [int.from_bytes(refs[i * 8:(i + 1) * 8], "big") for i in live]
-        return [i for i, a in zip(live, found) if a is None or not holds(a)]
+        # The intact records' addresses of every sealed arena asked about, kept for the session (a
+        # salvage asks for every day in turn): one set lookup a ref, and the slower checks only
+        # for arenas with damage.
+        for n in {a >> 32 for a in found if a is not None} - self.held_arenas:
+            if n < oa.n:
+                self.holding.update(self._summary_arrays(n)[1])
+                self.held_arenas.add(n)
+        held, now = self.holding, set(oa.addrs)
+        dam = {a >> 32 for a in self.bad} | {m for m, _, _ in self.log.lost} | set(self.log.missing)
+        return [i for i, a in zip(live, found)
+                if a is None or a not in held and a not in now or a >> 32 in dam and not holds(a)]
 
     def _ref(self, keys, i, a):
         if self.mode == "hash":

@@ -6,23 +6,18 @@ into a new file and renamed into place, so a crash during a rebuild leaves
 the old structure (or none), and the next open simply rebuilds again.
 """
 
-import json
+import array
 import logging
 import os
+import sys
 
-import pybloomfilter
-
-from foundation import native
 from foundation.errors import DataCorrupt
+from foundation.store import bloom
 from foundation.store import format as F
-from foundation.store import primary
-from foundation.store import layout as L
 from foundation.store.disk import atomic_write
-from foundation.store.index import Index, plan
+from foundation.store.index import CHUNK, INITIAL, Index, IndexFull, plan
 
 log = logging.getLogger(__name__)
-
-CHUNK_ENTRIES = 4 << 20  # entries sorted and merged per pass while rebuilding
 
 
 def scan_arena(store, n):
@@ -74,6 +69,7 @@ def rebuild_summary(store, n, write=True):
     keys = b"".join(e[2] for e in entries)
     addrs = [F.addr(n, e[0]) for e in entries]
     types = bytes(e[1] for e in entries)
+    store.scanned.add(n)
     if write:
         b = F.pack_summary(n, store.keylen, tr.amac if tr else F.ZERO_CHAIN, keys, addrs, types)
         atomic_write(os.path.join(store.path, F.SUMMARIES, F.summary_name(n)), b, sync=False)
@@ -90,66 +86,82 @@ def _all_entries(store):
     yield bytes(oa.keys), list(oa.addrs)
 
 
+def estimate_records(store):
+    """Records in the log, from the summaries' sizes (an arena without one: a guess from its size),
+    without reading them: what a rebuilt index is sized for."""
+    per = store.keylen + 9
+    total = store.log.open.count
+    for n in range(store.log.open.n):
+        try:
+            total += (os.path.getsize(os.path.join(store.path, F.SUMMARIES, F.summary_name(n))) - 96) // per
+        except OSError:
+            try:
+                total += os.path.getsize(os.path.join(store.path, F.ARENAS, F.arena_name(n))) // 1024
+            except OSError:
+                pass  # a lost arena: no records
+    return total
+
+
 def rebuild_index(store, min_entries=0):
-    """Write a new index holding every record of the log, then rename it into place."""
+    """Write a new index holding every record of the log, sized for twice the records, then
+    rename it into place. Entries go in sorted chunks of CHUNK, one merge pass each."""
     path = os.path.join(store.path, F.INDEX)
     kl = store.keylen
-    records = sum(len(a) for _, a in _all_entries(store))
-    want = max(primary.capacity(store.conf["max_log_size"], store.block_size), 2 * records, min_entries)
-    home, nfile = plan(want, kl)
-    idx = Index.create(path, store.disk, kl, home, nfile, store.log.uuid, covered=0)
-    chunk = bytearray()
-    covered = store.log.end_addr
-
-    def merge():
-        native.sort_entries(chunk, kl + 8, kl)
-        idx.flush(bytes(chunk), 0)
-        chunk.clear()
-
-    for keys, addrs in _all_entries(store):
-        for i, a in enumerate(addrs):
-            chunk += keys[i * kl:(i + 1) * kl]
-            chunk += a.to_bytes(8, "little")
-        if len(chunk) >= CHUNK_ENTRIES * (kl + 8):
-            merge()
-    merge()
-    idx.flush(b"", covered)
+    want = max(INITIAL, 2 * estimate_records(store), min_entries)
+    while True:
+        home, nfile = plan(want, kl)
+        idx = Index.create(path, store.disk, kl, home, nfile, store.log.uuid, covered=0)
+        try:
+            _fill(store, idx)
+            break
+        except IndexFull:  # far more records than the summaries' sizes said
+            idx.close()
+            want *= 2
+    idx.flush(b"", store.log.end_addr)
     idx.install(path)
     if store.index is not None:
         store.index.close()
     store.index = idx
-    log.debug("index rebuilt: %d entries in %d buckets", records, nfile)
+    log.debug("index rebuilt: %d entries in %d buckets", idx.h.entries, nfile)
+
+
+def _fill(store, idx):
+    kl = store.keylen
+    chunk = bytearray()
+    for keys, addrs in _all_entries(store):
+        ab = array.array("Q", addrs)
+        if sys.byteorder != "little":
+            ab.byteswap()
+        ab = ab.tobytes()
+        chunk += b"".join(keys[i * kl:(i + 1) * kl] + ab[i * 8:(i + 1) * 8] for i in range(len(addrs)))
+        if len(chunk) >= CHUNK * (kl + 8):
+            idx.merge_sorted(chunk)
+            chunk = bytearray()
+    idx.merge_sorted(chunk)
 
 
 def grow_index(store, entries, covered):
-    """The index overflowed: rebuild it twice as large (it then covers the whole log)."""
+    """The index overflowed its last bucket: rebuild it twice as large (it then covers the whole log)."""
     log.warning("the index is full; rebuilding it twice as large")
-    rebuild_index(store, min_entries=2 * store.index.h.nbuckets * store.index.cap)
+    rebuild_index(store, min_entries=2 * store.index.slots())
 
 
 def rebuild_bloom(store):
-    """A new Bloom filter over every key in the index (one sequential index pass)."""
-    path = os.path.join(store.path, F.BLOOM)
-    tmp = path + ".new"
-    if os.path.exists(tmp):
-        os.unlink(tmp)
-    bf = pybloomfilter.BloomFilter(primary.bloom_capacity(store.conf), primary.BLOOM_ERROR, tmp)
-    kl, es = store.keylen, store.keylen + 8
-    ents = store.index.entries()
-    bf.update(bytes(ents[i:i + kl]) for i in range(0, len(ents), es))
-    bf.sync()
-    os.replace(tmp, path)
-    atomic_write(os.path.join(store.path, F.BLOOM_STATE), json.dumps({"covered": store.index.h.covered}).encode())
+    """A new Bloom filter over every key in the index (one sequential index pass), sized for them."""
+    bf = bloom.build(store)
     if store.bloom is not None:
         store.bloom.close()
-    store.bloom = bf
+    store.adopt_bloom(bf)
 
 
 def rebuild(store, progress=None):
     """`foundation rebuild`: summaries, index, Bloom filter and counters from the arenas."""
     records = 0
     for n in range(store.log.open.n):
-        _, _, types = rebuild_summary(store, n, write=True)
+        if n in store.scanned and store.writable:   # this very open scanned it (its summary was missing)
+            _, _, types = store.summary_records(n)
+        else:
+            _, _, types = rebuild_summary(store, n, write=True)
         records += len(types) - types.count(F.COMMIT)  # a commit record holds no block
         if progress:
             progress(n)

@@ -28,7 +28,7 @@ from foundation.store.arena import Log
 from foundation.store.cache import LRU, IndexCache, Tuning
 from foundation.store.dedup import Writes
 from foundation.store.disk import Disk, atomic_write
-from foundation.store.index import Index, IndexFull, plan
+from foundation.store.index import Index, IndexFull
 from foundation.store.read import Reads
 
 log = logging.getLogger(__name__)
@@ -79,7 +79,7 @@ class Store(Writes, Reads, IndexCache):
             master = create_key_file(key_file, su, passphrase)
             keys = Keys.derive(master, su)
         keylen = 32 if mode == "hash" else 8
-        home, _ = plan(primary.capacity(max_log_size, block_size), keylen)
+        home, _ = primary.index_plan(max_log_size, block_size, keylen)
         conf = dict(format="foundation-store", version=F.VERSION, uuid=su, mode=mode, block_size=block_size,
                     arena_size=arena_size, max_log_size=max_log_size, encrypted=bool(encrypt),
                     key_check=keys.check_value(), index_buckets=home, bucket_size=4096,
@@ -147,6 +147,7 @@ class Store(Writes, Reads, IndexCache):
         self.summary_entries = 0
         self.counters = self._load_counters()
         self.repaired = []
+        self.scanned = set()  # arenas whose summary this session rebuilt by scanning them
         self._recent = []  # summaries loaded by the current write batch
         try:
             self._check_rollback()
@@ -253,9 +254,6 @@ class Store(Writes, Reads, IndexCache):
         if self.writable and not self.venti:
             self._open_bloom()
 
-    def bloom_capacity(self):
-        return primary.bloom_capacity(self.conf)
-
     def forget_damaged(self, n):
         """Arena n was rewritten: the damaged records known there are gone (gc kept intact copies)."""
         self.bad = {a for a in self.bad if a >> 32 != n}
@@ -298,11 +296,7 @@ class Store(Writes, Reads, IndexCache):
         try:
             if self.writable and clean and self.log is not None and self.index is not None:
                 self.sync()
-                # A flush is a pass over the whole index: worth it only for a
-                # big buffer. Fewer entries are found again at the next open
-                # from the summaries of the arenas after the index's `covered`.
-                if self.venti or len(self.paddrs) * (self.keylen + 8) >= \
-                        self.tuning.write_buffer_bytes * self.tuning.flush_at_close:
+                if self._flush_due():
                     self.flush()
                 elif self.bloom is not None:
                     self._save_bloom()
@@ -359,7 +353,6 @@ class Store(Writes, Reads, IndexCache):
         self.wbuf = native.Table(self.keylen, 1024)
         self.pkeys = bytearray()
         self.paddrs = array.array("Q")
-        self._release_held()
 
     def _need_writable(self):
         if not self.writable:
