@@ -25,6 +25,7 @@ import zstandard
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
 
 import osdisk  # noqa: E402
 
@@ -134,7 +135,7 @@ WAYS = {
     "z1": lambda: per_block(1), "z2": lambda: per_block(2), "z3": lambda: per_block(3),
     "z6": lambda: per_block(6), "z9": lambda: per_block(9), "z19": lambda: per_block(19),
     "g4z1": lambda: grouped(1, 4), "g8z1": lambda: grouped(1, 8), "g16z1": lambda: grouped(1, 16),
-    "g16z3": lambda: grouped(3, 16), "g64z3": lambda: grouped(3, 64), "g256z3": lambda: grouped(3, 256),
+    "g16z3": lambda: grouped(3, 16), "g64z1": lambda: grouped(1, 64), "g64z3": lambda: grouped(3, 64), "g256z3": lambda: grouped(3, 256),
     "arena-d16k-z1": lambda: arena_dict(1, 16 << 10), "arena-d32k-z3": lambda: arena_dict(3, 32 << 10),
     "store-d64k-z1": lambda: store_dict(1, 64 << 10), "store-d64k-z3": lambda: store_dict(3, 64 << 10),
 }

@@ -186,7 +186,7 @@ def stores(args):
                            "allocated": [os.stat(p).st_blocks * 512 for p in images]},
               "loadavg": os.getloadavg(), "foundation": {}}
     with tempfile.TemporaryDirectory(prefix="osdisk-stores-", dir=args.work) as work:
-        if shutil.which("restic"):
+        if shutil.which("restic") and not args.no_restic:
             os.makedirs(os.path.join(work, "r"))
             result["restic"] = restic_days(images, os.path.join(work, "r"))
         for c in args.compression:
@@ -203,7 +203,7 @@ def stores(args):
 
 
 def table(r):
-    lines = ["day  image used  " + "  ".join(f"{n:>14}" for n in ["restic", *r["foundation"]])]
+    lines = ["day  image used  " + "  ".join(f"{n:>14}" for n in ["restic" if "restic" in r else "-", *r["foundation"]])]
     for day in range(r["workload"]["days"]):
         cells = [r["restic"][day]["allocated"]] if "restic" in r else [0]
         cells += [rows[day]["log_bytes"] for rows in r["foundation"].values()]
@@ -220,6 +220,7 @@ def main(argv=None):
     s = sub.add_parser("stores")
     s.add_argument("--days", type=int, default=len(DAYS) + 1)
     s.add_argument("--work", default=None, help="scratch directory (default: the system's temporary one)")
+    s.add_argument("--no-restic", action="store_true", help="Foundation only (restic's figures are in earlier results)")
     s.add_argument("--compression", action="append", default=None,
                    help="a Foundation store per setting (repeatable); '' = the default")
     args = p.parse_args(argv)
