@@ -99,6 +99,42 @@ def grouped(level, k):
     return way
 
 
+def slices(level, k):
+    """The run-slice design of benchmarks/README.md, record headers included (64 bytes a record):
+    flat blocks alone and raw, as the store does; each run of up to k other neighbours one frame,
+    cut into k equal zero-padded slices, one a record; a run that does not shrink goes block by
+    block. Compare with "z1h", the store's way with headers."""
+    from foundation.native.reference import flat
+    c = zstandard.ZstdCompressor(level=level, write_content_size=True)
+
+    def alone(b):
+        return 64 + (BS if flat(b) else min(len(c.compress(b)), BS))
+
+    def way(blocks):
+        out, run = [], []
+
+        def close():
+            if len(run) > 1:
+                s = -(-len(c.compress(b"".join(run))) // len(run))
+                if s < BS:
+                    out.extend([64 + s] * len(run))
+                    run.clear()
+                    return
+            out.extend(alone(b) for b in run)
+            run.clear()
+        for b in blocks:
+            if flat(b):
+                close()
+                out.append(64 + BS)
+                continue
+            run.append(b)
+            if len(run) == k:
+                close()
+        close()
+        return out
+    return way
+
+
 def arena_dict(level, size):
     """A dictionary trained on each arena's worth of fresh blocks, stored once per arena."""
     def way(blocks):
@@ -132,6 +168,8 @@ def store_dict(level, size, sample_mb=16):
 
 
 WAYS = {
+    "z1h": lambda: slices(1, 1), "s16z1": lambda: slices(1, 16), "s64z1": lambda: slices(1, 64),
+    "s64z3": lambda: slices(3, 64),
     "z1": lambda: per_block(1), "z2": lambda: per_block(2), "z3": lambda: per_block(3),
     "z6": lambda: per_block(6), "z9": lambda: per_block(9), "z19": lambda: per_block(19),
     "g4z1": lambda: grouped(1, 4), "g8z1": lambda: grouped(1, 8), "g16z1": lambda: grouped(1, 16),
