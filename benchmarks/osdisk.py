@@ -18,6 +18,7 @@ packages are whatever the mirror serves for bookworm that day.
 
     python3 benchmarks/osdisk.py build                 the days, cached
     python3 benchmarks/osdisk.py stores [--days N]     Foundation and restic, per day
+        [--compression zstd:N ...] [--block-size N ...] [--images DIR] [--no-restic]
 
 `stores` imports every day into a fresh encrypted Foundation store
 (by-hash mode; each day imported whole, compare-by-hash keeps the new
@@ -152,11 +153,11 @@ def timed(cmd, env):
     return wall, (after.children_user - before.children_user) + (after.children_system - before.children_system)
 
 
-def foundation_days(images, work, compression):
+def foundation_days(images, work, compression, block_size):
     store, keyf = os.path.join(work, "store"), os.path.join(work, "store.key")
     env = {"PYTHONPATH": ROOT}
     base = [sys.executable, "-m", "foundation", "--store", store, "--key-file", keyf]
-    init = [*base, "init", store, "--mode", "hash", "--max-log-size", "16G"]
+    init = [*base, "init", store, "--mode", "hash", "--max-log-size", "16G", "--block-size", block_size]
     if compression:
         init += ["--compression", compression]
     measure.run(init, env=env)
@@ -180,19 +181,22 @@ def restic_days(images, work):
 
 
 def stores(args):
-    d = build(args.days)
+    d = args.images or build(args.days)
     images = [os.path.join(d, f"day{i}.raw") for i in range(args.days)]
-    result = {"workload": {"key": key(), "days": args.days, "size": SIZE, "base": BASE, "added": DAYS[:args.days - 1],
-                           "allocated": [os.stat(p).st_blocks * 512 for p in images]},
+    what = {"images": args.images} if args.images else \
+        {"key": key(), "size": SIZE, "base": BASE, "added": DAYS[:args.days - 1]}
+    result = {"workload": {**what, "days": args.days, "allocated": [os.stat(p).st_blocks * 512 for p in images]},
               "loadavg": os.getloadavg(), "foundation": {}}
     with tempfile.TemporaryDirectory(prefix="osdisk-stores-", dir=args.work) as work:
         if shutil.which("restic") and not args.no_restic:
             os.makedirs(os.path.join(work, "r"))
             result["restic"] = restic_days(images, os.path.join(work, "r"))
         for c in args.compression:
-            w = os.path.join(work, f"f-{c or 'default'}")
-            os.makedirs(w)
-            result["foundation"][c or "default"] = foundation_days(images, w, c)
+            for bs in args.block_size:
+                name = (c or "default") + ("" if bs == "4096" else f"/{bs}")
+                w = os.path.join(work, f"f-{name.replace('/', '-')}")
+                os.makedirs(w)
+                result["foundation"][name] = foundation_days(images, w, c, bs)
     result["loadavg_after"] = os.getloadavg()
     os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
     out = os.path.join(HERE, "results", f"osdisk-{time.strftime('%Y%m%d-%H%M%S')}.json")
@@ -220,6 +224,10 @@ def main(argv=None):
     s = sub.add_parser("stores")
     s.add_argument("--days", type=int, default=len(DAYS) + 1)
     s.add_argument("--work", default=None, help="scratch directory (default: the system's temporary one)")
+    s.add_argument("--block-size", action="append", default=None,
+                   help="a Foundation store per block size (repeatable; default 4096)")
+    s.add_argument("--images", help="another workload's directory of day0.raw, day1.raw, ... "
+                   "(e.g. benchmarks/workload.py's) instead of the OS disk")
     s.add_argument("--no-restic", action="store_true", help="Foundation only (restic's figures are in earlier results)")
     s.add_argument("--compression", action="append", default=None,
                    help="a Foundation store per setting (repeatable); '' = the default")
@@ -228,6 +236,7 @@ def main(argv=None):
         print(build(args.days))
     else:
         args.compression = args.compression or [""]
+        args.block_size = args.block_size or ["4096"]
         stores(args)
 
 
