@@ -140,3 +140,24 @@ def test_both_backends_read_what_either_writes_at_the_store_levels():
                 rc = r.Codec(bytes(32), bytes(range(32)), level)
                 got = r.unpack_many(rc, 5, bytes(16), recs, 72, offs)
                 assert b"".join(g[2] for g in got) == data
+
+
+@pytest.mark.parametrize("encrypt", [False, True])
+def test_a_damaged_record_of_a_high_level_fails_loudly(make_store, encrypt):
+    """A flipped byte in a level-19 payload: the read names the record, never returns other bytes."""
+    from foundation.errors import DataCorrupt
+    op = make_store(encrypt=encrypt, compression="zstd:19")
+    data = text_blocks(4)
+    with op() as s:
+        refs = s.write_blocks(data)
+    arena = arena_files(op.path)[0]
+    with open(arena, "rb") as f:
+        buf = f.read()
+    off = F.ARENA_HEADER_SIZE
+    assert buf[off + L.H_CODEC] == 1 and L.btype(buf, off) == F.DATA
+    with open(arena, "r+b") as f:
+        f.seek(off + L.HEADER_SIZE + 5)
+        f.write(bytes([buf[off + L.HEADER_SIZE + 5] ^ 0x40]))
+    with op(writable=False) as s:
+        with pytest.raises(DataCorrupt, match=f"arena 0 offset {off}: .* damaged record"):
+            s.read_blocks(refs[:s.ref_size])
