@@ -127,7 +127,7 @@ umount {mnt}
             sh("unshare", "-m", "--propagation", "private", "sh", "-c", script, env=env, timeout=3600)
         finally:
             os.rmdir(mnt)
-        sh("fallocate", "--dig-holes", tmp)     # ext4 zeroes its inode tables: keep the cache small
+        sh("fallocate", "--dig-holes", tmp)     # blocks ext4 zeroed take no room in the cache
         os.rename(tmp, path)
         log(f"osdisk: day {day} (+ {pkgs}) built in {time.time() - t0:.0f} s")
     return d
