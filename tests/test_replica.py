@@ -435,11 +435,33 @@ def test_repair_stores_again_what_does_not_fit(site, monkeypatch):
         f.write(b"\xee")
     assert site.cli("restore", VM, site.tmp / "x.raw")[0] == 20       # the damage is seen
     monkeypatch.setattr(repair_mod, "ZLEVELS", (0,))                   # as if the store's level were unknown
+    monkeypatch.setattr(repair_mod.primary, "store_level", lambda conf: 0)
     res = repair_mod.repair(site.store, site.key, images=[(str(site.image), None)])
     assert res.restored == [(0, a)] and not res.lost
     site.restores()
     rc, out, _ = site.cli("verify")
     assert rc == 1 and f"arena 0 offset {a}" in out                    # the old record stays damaged
+
+
+def test_repair_re_encodes_at_the_store_compression_level(site):
+    """A store set to a level repair would not otherwise try (7) is healed in place, not stored again."""
+    conf_path = os.path.join(site.store, F.CONFIG)
+    with open(conf_path) as f:
+        conf = json.load(f)
+    conf["compression"] = "zstd:7"
+    with open(conf_path, "w") as f:
+        json.dump(conf, f)
+    assert 7 not in repair_mod.ZLEVELS
+    site.day(1)
+    (a,) = zstd_data_records(site.store, 0, 1)
+    with open(os.path.join(site.store, "arenas", F.arena_name(0)), "r+b") as f:
+        f.seek(a + 64 + 2)
+        f.write(b"\xee")
+    res = repair_mod.repair(site.store, site.key, images=[(str(site.image), None)])
+    assert not res.restored and not res.lost
+    assert any(f"arena 0 offset {a}: record written again in place" in h for h in res.healed), res.healed
+    assert site.cli("verify")[0] == 0
+    site.restores()
 
 
 # ---- refusals and errors leave the store untouched ---------------------------------------------

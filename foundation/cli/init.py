@@ -34,6 +34,8 @@ def add_arguments(p):
                    help="expected largest log; kept in the config (the index and Bloom filter grow with "
                         "the store; default 256G)")
     p.add_argument("--no-encrypt", action="store_true", help="store blocks in the clear (still checksummed)")
+    p.add_argument("--compression", metavar="SETTING",
+                   help="how blocks are compressed: zstd:N (a zstd level), zstd (= zstd:1, the default) or none")
     p.add_argument("--passphrase", action="store_true",
                    help="protect the key file with a passphrase (asked, or FOUNDATION_PASSPHRASE)")
 
@@ -55,7 +57,7 @@ def run(args):
                 raise UsageError("the passphrases differ")
     kf = Store.create(path, mode=args.mode, block_size=args.block_size, arena_size=args.arena_size,
                       max_log_size=args.max_log_size, encrypt=not args.no_encrypt,
-                      key_file=key_file(args), passphrase=pw)
+                      key_file=key_file(args), passphrase=pw, compression=args.compression)
     print(f"created {args.mode} store in {path}")
     if kf:
         print(f"key file: {kf}")

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from foundation import native
 from foundation.errors import Error
 from foundation.store import format as F
+from foundation.store import primary
 from foundation.store import verify
 from foundation.store.verify import Kind
 from foundation.store import layout as L
@@ -26,7 +27,7 @@ from foundation.replica.sync import Local, digest, own_prefix, read_remote, veri
 
 log = logging.getLogger(__name__)
 
-ZLEVELS = (1, 3, 2, 4, 5, 6, 0)   # the store writes at level 1 (Tuning.zlevel); others were possible
+ZLEVELS = (1, 3, 2, 4, 5, 6, 0)   # after the store's own `compression` level: others it may have had
 IMAGE_CHUNK = 1024                # blocks read and scored per image read
 
 
@@ -307,7 +308,7 @@ def _reencode(local, w, iv, block):
     """The record for block at w's place, if some zstd level gives back exactly its bytes: same
     length and tag. Another encoding of the same length would put other ciphertext under the same
     counter blocks (docs/format.md §5.2); in hash mode such a block is stored again instead."""
-    for level in ZLEVELS:
+    for level in dict.fromkeys((primary.store_level(local.conf), *ZLEVELS)):
         codec = native.Codec(local.keys.enc, local.keys.mac, level)
         rec, _ = native.pack(codec, w.arena, iv, w.offset, w.btype, block, len(block), w.key)
         if len(rec) == w.length and L.tag(rec, 0) == w.tag:

@@ -37,7 +37,7 @@ class Tuning:
     policy: str = "foundation"  # or "venti": no Bloom filter, summaries or write buffer
     flush_at_close: float = 0.25  # flush the write buffer at close when at least this full,
     flush_arenas: int = 4  # or when it holds records of more sealed arenas than this (the next open re-reads them)
-    zlevel: int = 1  # zstd level 1: ~3x faster than 3 for ~5 % more bytes
+    zlevel: int | None = None  # the zstd level of writes; None: the store's `compression` setting
     threads: int = field(default_factory=lambda: min(4, os.cpu_count() or 1))
 
 

@@ -300,10 +300,33 @@ class IndexHeader:
 
 # ---- config: JSON, written once by init -----------------------------------
 CONFIG_KEYS = ("format", "version", "uuid", "mode", "block_size", "arena_size",
-               "max_log_size", "encrypted", "key_check", "index_buckets", "bucket_size", "created", "check")
+               "max_log_size", "encrypted", "key_check", "index_buckets", "bucket_size", "created", "check",
+               "compression")
 # The parameters a store is made with and their types; `check` MACs them (§2).
 CONFIG_TYPES = {"uuid": str, "mode": str, "block_size": int, "arena_size": int, "max_log_size": int,
                 "encrypted": bool, "key_check": str, "index_buckets": int, "bucket_size": int}
+
+
+# How the writer compresses blocks: a policy, not a parameter (any record may hold
+# any level, §5.2), so it is outside `check` and may be changed (§3).
+COMPRESSION_DEFAULT = "zstd:1"
+ZSTD_LEVELS = range(-7, 20)   # zstd's fast levels down to -7, and 1..19 (20+ need big windows)
+
+
+def compression_level(text):
+    """The zstd level of a `compression` setting: "zstd:N", "zstd" (level 1) or "none" (0, never
+    compress); ValueError naming the accepted forms."""
+    if text == "none":
+        return 0
+    name, _, level = text.partition(":")
+    try:
+        n = int(level) if level else 1
+    except ValueError:
+        n = None
+    if name != "zstd" or n not in ZSTD_LEVELS or n == 0:
+        raise ValueError(f"compression {text!r} is not \"none\", \"zstd\" or \"zstd:N\" with N a zstd level "
+                         f"from {ZSTD_LEVELS.start} to {ZSTD_LEVELS.stop - 1} (0 excluded)")
+    return n
 
 
 def config_check(mac_key, conf):

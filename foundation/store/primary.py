@@ -78,6 +78,18 @@ def check_types(conf, where):
     if conf["mode"] not in ("hash", "value") or bs < 512 or bs > 65536 or bs & (bs - 1) or \
             conf["arena_size"] < 64 * bs or conf["arena_size"] >= 1 << 32:
         raise StoreConfigBad(where, "has a mode, block_size or arena_size no store can have")
+    try:
+        store_level(conf)
+    except (TypeError, ValueError) as e:
+        raise StoreConfigBad(where, f"has an unusable compression setting: {e}") from None
+
+
+def store_level(conf):
+    """The zstd level the store's writers use: its `compression` setting (§3), or the default."""
+    setting = conf.get("compression", F.COMPRESSION_DEFAULT)
+    if not isinstance(setting, str):
+        raise TypeError(f"compression = {setting!r}, which is not a string")
+    return F.compression_level(setting)
 
 
 def check_config(conf, keys, where):

@@ -51,8 +51,9 @@ class Store(Writes, Reads, IndexCache):
 
     @staticmethod
     def create(path, mode="hash", block_size=4096, arena_size=16 << 20, max_log_size=256 << 30,
-               encrypt=True, key_file=None, passphrase=None):
-        """Make a new store in the empty directory `path`; returns the key file path (or None)."""
+               encrypt=True, key_file=None, passphrase=None, compression=None):
+        """Make a new store in the empty directory `path`; returns the key file path (or None).
+        `compression`: the writers' setting (format §3), None for the default."""
         if mode not in ("hash", "value"):
             raise BadInput(f"mode must be 'hash' or 'value', not {mode!r}")
         if block_size < 512 or block_size > 65536 or block_size & (block_size - 1):
@@ -61,6 +62,11 @@ class Store(Writes, Reads, IndexCache):
             raise BadInput(f"arena size must be at least 64 blocks ({64 * block_size}) and below 4 GiB, not {arena_size}")
         if max_log_size < arena_size:
             raise BadInput("the maximum log size must be at least one arena")
+        if compression is not None:
+            try:
+                F.compression_level(compression)
+            except ValueError as e:
+                raise BadInput(str(e)) from None
         if not os.path.isdir(path):
             raise StoreMissing(path)
         if os.listdir(path):
@@ -85,6 +91,8 @@ class Store(Writes, Reads, IndexCache):
                     key_check=keys.check_value(), index_buckets=home, bucket_size=4096,
                     created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
         conf["check"] = F.config_check(keys.mac, conf)
+        if compression is not None:
+            conf["compression"] = compression
         os.makedirs(os.path.join(path, F.ARENAS))
         os.makedirs(os.path.join(path, F.SUMMARIES))
         disk = Disk(path)
@@ -140,7 +148,7 @@ class Store(Writes, Reads, IndexCache):
         else:
             self._share()
         self.disk = Disk(path)
-        self.codec = primary.codec(self.keys, tuning.zlevel)
+        self.codec = primary.codec(self.keys, primary.store_level(conf) if tuning.zlevel is None else tuning.zlevel)
         self.venti = tuning.policy == "venti"
         self.blocks = LRU(tuning.block_cache_bytes)
         self.summaries = OrderedDict()  # arena -> native.Table (the index cache)
