@@ -1,23 +1,28 @@
 #!/usr/bin/env python3
-"""Cold restores of the same day by Foundation and restic, alternated, with wall and CPU seconds.
+"""Cold restores of the same day by Foundation and restic, and reads of it through the /snapshot tree.
 
 Runs on the repositories that `compare_tools.py --keep` left in its work
 directory (repo-foundation-hash, repo-restic and the workload's manifest):
 each round restores the last day with every entry in turn, the page cache
 dropped before each restore, and checks each output against the day's
-SHA-256. An entry is `restic`, `foundation` (this tree) or
-`foundation=DIR` (the tree at DIR: a before/after pair on one store).
-Reports per entry the median wall seconds, median CPU seconds (user+sys of
-the process and its children) and MB/s of the image size.
+SHA-256. An entry is `restic`, `foundation` (this tree's `restore`),
+`foundation=DIR` (the tree at DIR: a before/after pair on one store), or
+`fuse` / `fuse=DIR`: `foundation mount` of that tree serves the store, and
+the run is `dd bs=1M` of the day's vda.raw to /dev/null, as a user copying
+a past disk (its CPU seconds are the server's and dd's; its bytes are
+checked once, warm, untimed). Reports per entry the median wall seconds,
+median CPU seconds (user+sys of the process and its children) and MB/s of
+the image size.
 
     sudo python benchmarks/bench_restore_peers.py --work /tmp/foundation-bench [--runs 5]
-        [--entry foundation --entry restic --entry foundation=/path/to/other/tree]
+        [--entry foundation --entry restic --entry fuse --entry foundation=/path/to/other/tree]
 
 Results: stdout and benchmarks/results/restore-peers-TIMESTAMP.json.
 """
 
 import argparse
 import glob
+import hashlib
 import json
 import os
 import resource
@@ -45,6 +50,39 @@ def drop_caches():
 def children_cpu():
     r = resource.getrusage(resource.RUSAGE_CHILDREN)
     return r.ru_utime + r.ru_stime
+
+
+def proc_cpu(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Mount:
+    """`foundation mount` of one tree on the store, for `fuse` entries."""
+
+    def __init__(self, entry, work, day):
+        tree = entry.partition("=")[2] or ROOT
+        self.mnt = os.path.join(work, "mnt-" + hashlib.sha1(tree.encode()).hexdigest()[:8])
+        os.makedirs(self.mnt, exist_ok=True)
+        self.p = subprocess.Popen([sys.executable, "-m", "foundation", "--store",
+                                   os.path.join(work, "repo-foundation-hash"),
+                                   "--key-file", os.path.join(work, "foundation-hash.key"),
+                                   "mount", self.mnt, "--utc", "--no-allow-other"],
+                                  cwd=tree, env=dict(os.environ, PYTHONPATH=tree))
+        self.path = os.path.join(self.mnt, f"2024/01/{day + 1:02d}/bench/vda.raw")
+        for _ in range(300):
+            if os.path.exists(self.path):
+                break
+            time.sleep(0.1)
+        else:
+            self.close()
+            raise SystemExit(f"the tree of {tree} did not come up on {self.mnt}")
+        self.checked = None
+
+    def close(self):
+        self.p.terminate()
+        self.p.wait()
 
 
 def command(entry, work, day, out_dir):
@@ -75,25 +113,16 @@ def main():
     with open(days[-1]) as f:
         man = json.load(f)
     day = len(man["day"]) - 1
+    load0 = os.getloadavg()
     want, size = man["day"][day]["sha256"], man["size"]
     out_dir = os.path.join(a.work, "restore-peers")
     res = {e: [] for e in entries}
-    for k in range(a.runs):
-        order = entries if k % 2 == 0 else entries[::-1]
-        for e in order:
-            shutil.rmtree(out_dir, ignore_errors=True)
-            os.makedirs(out_dir)
-            argv, env, path = command(e, a.work, day, out_dir)
-            drop_caches()
-            c0, t0 = children_cpu(), time.perf_counter()
-            subprocess.run(argv, env=dict(os.environ, **env), cwd=env.get("PWD", out_dir), check=True,
-                           stdout=subprocess.DEVNULL)
-            wall, cpu = time.perf_counter() - t0, children_cpu() - c0
-            ok = sha256_file(path) == want
-            res[e].append({"wall_s": round(wall, 3), "cpu_s": round(cpu, 3), "correct": ok})
-            print(f"  run {k} {e}: {wall:.2f} s wall, {cpu:.2f} s CPU, {size / wall / 1e6:.0f} MB/s, correct={ok}",
-                  flush=True)
-    shutil.rmtree(out_dir, ignore_errors=True)
+    mounts = {e: Mount(e, a.work, day) for e in entries if e.startswith("fuse")}
+    try:
+        measure(a, entries, mounts, res, day, want, size, out_dir)
+    finally:
+        for m in mounts.values():
+            m.close()
     summary = {}
     for e, rs in res.items():
         w = statistics.median(r["wall_s"] for r in rs)
@@ -103,9 +132,40 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     path = os.path.join(a.out, f"restore-peers-{time.strftime('%Y%m%d-%H%M%S')}.json")
     with open(path, "w") as f:
-        json.dump({"size": size, "day": day, "runs": a.runs, "load_before": os.getloadavg(),
+        json.dump({"size": size, "day": day, "runs": a.runs, "load_before": load0, "load_after": os.getloadavg(),
                    "summary": summary, "raw": res}, f, indent=1)
     print(f"results: {path}")
+
+
+def measure(a, entries, mounts, res, day, want, size, out_dir):
+    for k in range(a.runs):
+        order = entries if k % 2 == 0 else entries[::-1]
+        for e in order:
+            shutil.rmtree(out_dir, ignore_errors=True)
+            os.makedirs(out_dir)
+            if e.startswith("fuse"):
+                m = mounts[e]
+                drop_caches()
+                s0, c0, t0 = proc_cpu(m.p.pid), children_cpu(), time.perf_counter()
+                subprocess.run(["dd", f"if={m.path}", "of=/dev/null", "bs=1M"], check=True,
+                               stderr=subprocess.DEVNULL)
+                wall = time.perf_counter() - t0
+                cpu = children_cpu() - c0 + proc_cpu(m.p.pid) - s0
+                if m.checked is None:
+                    m.checked = sha256_file(m.path) == want
+                ok = m.checked
+            else:
+                argv, env, path = command(e, a.work, day, out_dir)
+                drop_caches()
+                c0, t0 = children_cpu(), time.perf_counter()
+                subprocess.run(argv, env=dict(os.environ, **env), cwd=env.get("PWD", out_dir), check=True,
+                               stdout=subprocess.DEVNULL)
+                wall, cpu = time.perf_counter() - t0, children_cpu() - c0
+                ok = sha256_file(path) == want
+            res[e].append({"wall_s": round(wall, 3), "cpu_s": round(cpu, 3), "correct": ok})
+            print(f"  run {k} {e}: {wall:.2f} s wall, {cpu:.2f} s CPU, {size / wall / 1e6:.0f} MB/s, correct={ok}",
+                  flush=True)
+    shutil.rmtree(out_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -162,6 +162,15 @@ class ImageReader:
         lo = offset - w0 * bs
         return bytes(memoryview(wdata)[lo:lo + end - offset])
 
+    def read_window(self, offset, length):
+        """`length` bytes from a block-aligned `offset` as one buffer, read in log order when large;
+        kept by the caller, not by this reader's own window."""
+        bs = self.sh.bs
+        end = min(offset + length, self.size)
+        if offset % bs or offset >= end:
+            return self.read(offset, length)
+        return memoryview(self._fetch(offset // bs, -(-end // bs)))[:end - offset]
+
     # ---- whole-tree walk ----------------------------------------------------------
     def iter_leaves(self, b0=0, b1=None, batch=BATCH):
         """Yield (first leaf, count, refs) in order; refs is None for a run of null leaves."""
