@@ -132,10 +132,25 @@ class ImageReader:
         # a read-ahead window: the log read front to back in large spans, as a restore does
         out = bytearray(n * bs)  # null blocks stay zeros
         view = memoryview(out)
-        for positions, data in self.s.read_blocks_in_log_order(refs):
+        scratch = bytearray()
+
+        def alloc(size):  # each span is copied out before the next is decoded: one buffer serves all
+            nonlocal scratch
+            if len(scratch) < size:
+                scratch = bytearray(size)
+            return scratch
+
+        for positions, data in self.s.read_blocks_in_log_order(refs, alloc):
             src = memoryview(data)
-            for k, p in enumerate(positions):
-                view[p * bs:(p + 1) * bs] = src[k * bs:(k + 1) * bs]
+            i, m = 0, len(positions)
+            while i < m:  # a run of blocks that follow each other in the image is one copy
+                j = i + 1
+                while j < m and positions[j] == positions[j - 1] + 1:
+                    j += 1
+                p = positions[i]
+                view[p * bs:(p + j - i) * bs] = src[i * bs:j * bs]
+                i = j
+            del src
         return out
 
     def read(self, offset, length):

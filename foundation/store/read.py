@@ -26,6 +26,17 @@ LOG_GAP = 256 << 10  # records closer than this share a read: the bytes between 
 AHEAD = 2  # spans read ahead of the one being decoded
 
 
+_pool = None
+
+
+def _reader():
+    """The thread that reads spans ahead of the decoding: one for the process, not one a pass."""
+    global _pool
+    if _pool is None:
+        _pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="log-read")
+    return _pool
+
+
 class Reads:
     """Store's read path (mixed into foundation.store.store.Store)."""
 
@@ -141,44 +152,45 @@ class Reads:
             return
         split = [refs[i:i + rs] for i in range(0, len(refs), rs)]
         lg = self.log
-        with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="log-read") as pool:
-            def fetch(sp):
-                arena, start, size, _, _ = sp
-                return self.disk.pread(lg.fd(arena), "arena", start, size)
+        pool = _reader()
 
-            pending = [pool.submit(fetch, sp) for sp in spans[:AHEAD]]
-            try:
-                for k, (arena, start, size, i, j) in enumerate(spans):
-                    b = pending.pop(0).result()
-                    if k + AHEAD < len(spans):
-                        pending.append(pool.submit(fetch, spans[k + AHEAD]))
-                    pos = positions[i:j]
-                    want = b"".join(map(split.__getitem__, pos))
-                    bad = True
-                    if len(b) == size:
-                        offs = array.array("Q", [a & 0xFFFFFFFF for a in addrs[i:j]])
-                        data, keys, bad = native.unpack_blocks(self.codec, arena, lg.iv(arena), b, start, offs, bs,
-                                                               alloc(len(pos) * bs) if alloc else None, lg.threads)
-                    del b
-                    if bad:
-                        # Damage (a record that fails, an arena cut short): the block-by-block path
-                        # names it as every other read does, and takes an intact copy where the
-                        # store holds one.
-                        datas = self.read_blocks(want)
-                        for d in datas:
-                            if len(d) != bs:
-                                raise DataCorrupt(f"arena {arena}: a block of an image holds {len(d)} bytes, "
-                                                  f"not {bs}")
-                        yield pos, b"".join(datas)
-                        continue
-                    if self.mode == "hash" and keys != want:
-                        x = next(x for x in range(len(pos)) if keys[x * rs:(x + 1) * rs] != want[x * rs:(x + 1) * rs])
-                        raise DerivedCorrupt(f"the index names arena {arena} offset {addrs[i + x] & 0xFFFFFFFF} "
-                                             "for a block it does not hold")
-                    yield pos, data
-            finally:
-                for f in pending:
-                    f.cancel()
+        def fetch(sp):
+            arena, start, size, _, _ = sp
+            return self.disk.pread(lg.fd(arena), "arena", start, size)
+
+        pending = [pool.submit(fetch, sp) for sp in spans[:AHEAD]]
+        try:
+            for k, (arena, start, size, i, j) in enumerate(spans):
+                b = pending.pop(0).result()
+                if k + AHEAD < len(spans):
+                    pending.append(pool.submit(fetch, spans[k + AHEAD]))
+                pos = positions[i:j]
+                want = b"".join(map(split.__getitem__, pos))
+                bad = True
+                if len(b) == size:
+                    offs = array.array("Q", [a & 0xFFFFFFFF for a in addrs[i:j]])
+                    data, keys, bad = native.unpack_blocks(self.codec, arena, lg.iv(arena), b, start, offs, bs,
+                                                           alloc(len(pos) * bs) if alloc else None, lg.threads)
+                del b
+                if bad:
+                    # Damage (a record that fails, an arena cut short): the block-by-block path
+                    # names it as every other read does, and takes an intact copy where the
+                    # store holds one.
+                    datas = self.read_blocks(want)
+                    for d in datas:
+                        if len(d) != bs:
+                            raise DataCorrupt(f"arena {arena}: a block of an image holds {len(d)} bytes, "
+                                              f"not {bs}")
+                    yield pos, b"".join(datas)
+                    continue
+                if self.mode == "hash" and keys != want:
+                    x = next(x for x in range(len(pos)) if keys[x * rs:(x + 1) * rs] != want[x * rs:(x + 1) * rs])
+                    raise DerivedCorrupt(f"the index names arena {arena} offset {addrs[i + x] & 0xFFFFFFFF} "
+                                         "for a block it does not hold")
+                yield pos, data
+        finally:
+            for f in pending:
+                f.cancel()
 
     def read_in_log_order(self, refs):
         """read_blocks_in_log_order with each block as its own bytes: (positions, [data])."""
