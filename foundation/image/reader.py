@@ -4,14 +4,17 @@ Reads are the paper's weak spot (§5.3, §7.2): a day's blocks lie wherever
 dedup found them in the log, and after a year of nights the newest day's
 blocks are spread over a year of arenas. So a restore never reads in image
 order: it takes a window of the image (1 GiB) at a time, gathers the leaf
-refs of the window, has `store.read_in_log_order` read their records
-front to back in large spans (each arena once per window, decoding on
-every core) and writes each span's blocks where they belong. Null refs are
-never read: a restore seeks over them and leaves a hole, so the output is
-as sparse as the image. ImageReader serves the random reads of the
-/snapshot tree and of booted clones: interior nodes stay in an LRU cache,
-and a run of sequential reads grows a read-ahead window up to 8 MiB, read
-in log order like a restore once it holds LOG_ORDER_MIN blocks.
+refs of the window, has `store.read_blocks_in_log_order` read their
+records front to back in large spans (each arena once per window, decoded
+on every core into one buffer a span, no Python object per block) and
+writes each run of consecutive blocks where it belongs with one pwrite.
+Null refs are never read: a restore seeks over them and leaves a hole, so
+the output is as sparse as the image. ImageReader serves the random reads
+of the /snapshot tree and of booted clones: interior nodes stay in an LRU
+cache, and a run of sequential reads grows a read-ahead window up to 8 MiB,
+read in log order like a restore once it holds LOG_ORDER_MIN blocks;
+`read_window` hands a whole window to a caller that keeps it (the tree's
+stream of a sequentially read vda.raw).
 """
 
 import collections
@@ -30,6 +33,7 @@ BATCH = 8192  # leaves per read_blocks call
 WINDOW = 1 << 30  # bytes of image whose blocks one restore pass reads in log order
 LOG_ORDER_MIN = 256  # a random read below this many blocks goes through read_blocks and its cache
 WRITES_AHEAD = 2  # spans decoded ahead of the writer thread
+SPAN_BUFFERS = 4  # more than the spans the store decodes ahead of the one handed out (store.read.AHEAD)
 
 
 class RestoreFailed(Error):
@@ -132,13 +136,14 @@ class ImageReader:
         # a read-ahead window: the log read front to back in large spans, as a restore does
         out = bytearray(n * bs)  # null blocks stay zeros
         view = memoryview(out)
-        scratch = bytearray()
+        ring, turn = [bytearray() for _ in range(SPAN_BUFFERS)], 0
 
-        def alloc(size):  # each span is copied out before the next is decoded: one buffer serves all
-            nonlocal scratch
-            if len(scratch) < size:
-                scratch = bytearray(size)
-            return scratch
+        def alloc(size):  # a span's buffer is free again once it is copied out: a few serve them all
+            nonlocal turn
+            turn = (turn + 1) % len(ring)
+            if len(ring[turn]) < size:
+                ring[turn] = bytearray(size)
+            return ring[turn]
 
         for positions, data in self.s.read_blocks_in_log_order(refs, alloc):
             src = memoryview(data)

@@ -22,18 +22,21 @@ from foundation.store import layout as L
 from foundation.store.arena import Log, read_head
 
 LOG_SPAN = 16 << 20  # largest single read of a log-order pass
+SPAN_BLOCKS = 4096  # most blocks a span decodes into one buffer (16 MiB of 4 KiB blocks)
 LOG_GAP = 256 << 10  # records closer than this share a read: the bytes between cost less than a seek
-AHEAD = 2  # spans read ahead of the one being decoded
+AHEAD = 2  # spans read and decoded ahead of the consumer, in as many threads
 
 
 _pool = None
 
 
-def _reader():
-    """The thread that reads spans ahead of the decoding: one for the process, not one a pass."""
+def _workers():
+    """The threads that read and decode spans ahead of the consumer: AHEAD for the process, not a
+    pool a pass. Each span is one read and one C call with the GIL released, so AHEAD spans are
+    read and decoded at once while the consumer (a restore's writer, a window's copy) runs."""
     global _pool
     if _pool is None:
-        _pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="log-read")
+        _pool = concurrent.futures.ThreadPoolExecutor(max_workers=AHEAD, thread_name_prefix="log-read")
     return _pool
 
 
@@ -132,9 +135,10 @@ class Reads:
         data holds len(positions) blocks of block_size bytes: block k is the
         block refs[positions[k]] names. A block named several times comes
         once for each of its positions. Null refs are skipped. Each span of
-        the log is read once with one large read, spans front to back, AHEAD
-        of the decoding, which runs on `tuning.threads` cores in the C core
-        straight into data: no Python object per block. A damaged record is
+        the log is read once with one large read, spans front to back, and
+        decoded on `tuning.threads` cores in the C core straight into data (no
+        Python object per block), AHEAD spans at once in worker threads while
+        the consumer handles the one before. A damaged record is
         read again block by block (read_blocks), which names its arena and
         offset in DataCorrupt or takes an intact copy the store holds.
         alloc(nbytes), when given, supplies the writable buffers to decode
@@ -152,26 +156,27 @@ class Reads:
             return
         split = [refs[i:i + rs] for i in range(0, len(refs), rs)]
         lg = self.log
-        pool = _reader()
+        pool = _workers()
 
-        def fetch(sp):
-            arena, start, size, _, _ = sp
-            return self.disk.pread(lg.fd(arena), "arena", start, size)
+        def decode(sp, out):  # a worker: read the span, decode it (the GIL released in both)
+            arena, start, size, i, j = sp
+            b = self.disk.pread(lg.fd(arena), "arena", start, size)
+            if len(b) != size:
+                return None, None, True
+            offs = array.array("Q", [a & 0xFFFFFFFF for a in addrs[i:j]])
+            return native.unpack_blocks(self.codec, arena, lg.iv(arena), b, start, offs, bs, out, lg.threads)
 
-        pending = [pool.submit(fetch, sp) for sp in spans[:AHEAD]]
+        def submit(sp):
+            return pool.submit(decode, sp, alloc((sp[4] - sp[3]) * bs) if alloc else None)
+
+        pending = [submit(sp) for sp in spans[:AHEAD]]
         try:
             for k, (arena, start, size, i, j) in enumerate(spans):
-                b = pending.pop(0).result()
+                data, keys, bad = pending.pop(0).result()
                 if k + AHEAD < len(spans):
-                    pending.append(pool.submit(fetch, spans[k + AHEAD]))
+                    pending.append(submit(spans[k + AHEAD]))
                 pos = positions[i:j]
                 want = b"".join(map(split.__getitem__, pos))
-                bad = True
-                if len(b) == size:
-                    offs = array.array("Q", [a & 0xFFFFFFFF for a in addrs[i:j]])
-                    data, keys, bad = native.unpack_blocks(self.codec, arena, lg.iv(arena), b, start, offs, bs,
-                                                           alloc(len(pos) * bs) if alloc else None, lg.threads)
-                del b
                 if bad:
                     # Damage (a record that fails, an arena cut short): the block-by-block path
                     # names it as every other read does, and takes an intact copy where the
@@ -191,6 +196,9 @@ class Reads:
         finally:
             for f in pending:
                 f.cancel()
+            for f in pending:  # a span under way still writes into its buffer: let it finish first
+                if not f.cancelled():
+                    concurrent.futures.wait([f])
 
     def read_in_log_order(self, refs):
         """read_blocks_in_log_order with each block as its own bytes: (positions, [data])."""
@@ -256,7 +264,7 @@ class Reads:
             base = arena << 32
             while j < len(addrs):
                 o = addrs[j] - base  # past this arena when >= 1 << 32
-                if o - last > LOG_GAP or o + most - start > LOG_SPAN:
+                if o - last > LOG_GAP or o + most - start > LOG_SPAN or j - i >= SPAN_BLOCKS:
                     break
                 last = o
                 j += 1
