@@ -60,6 +60,7 @@ class ImageReader:
         self._ra = 0
         self._seq = None  # offset where the last read ended
         self._win = (0, b"")  # read-ahead window: first leaf, its blocks' data (never mutated)
+        self._ring = [bytearray() for _ in range(SPAN_BUFFERS)]  # spans decoded for a window, reused
         self._lock = threading.Lock()
 
     # ---- interior nodes -------------------------------------------------------
@@ -127,23 +128,24 @@ class ImageReader:
     def _fetch(self, b0, b1):
         """Data of leaves b0..b1-1, one buffer of (b1 - b0) blocks."""
         refs = self.leaf_refs(b0, b1)
-        bs, rs, null = self.sh.bs, self.sh.rs, self._null
+        bs, rs = self.sh.bs, self.sh.rs
         n = len(refs) // rs
-        if n - native.zero_flags(refs, rs).count(1) < LOG_ORDER_MIN:  # the null ref is all zeros
-            split = split_refs(refs, rs)
-            got = iter(self.s.read_blocks(b"".join(r for r in split if r != null)))
-            return b"".join(self._zero if r == null else next(got) for r in split)
-        # a read-ahead window: the log read front to back in large spans, as a restore does
         out = bytearray(n * bs)  # null blocks stay zeros
         view = memoryview(out)
-        ring, turn = [bytearray() for _ in range(SPAN_BUFFERS)], 0
+        flags = native.zero_flags(refs, rs)  # the null ref is all zeros
+        if n - flags.count(1) < LOG_ORDER_MIN:  # a few blocks: through read_blocks and its cache
+            live = [i for i in range(n) if not flags[i]]
+            for i, data in zip(live, self.s.read_blocks(b"".join(refs[i * rs:(i + 1) * rs] for i in live))):
+                view[i * bs:(i + 1) * bs] = data
+            return out
+        # a read-ahead window: the log read front to back in large spans, as a restore does
+        ring = self._ring
 
         def alloc(size):  # a span's buffer is free again once it is copied out: a few serve them all
-            nonlocal turn
-            turn = (turn + 1) % len(ring)
-            if len(ring[turn]) < size:
-                ring[turn] = bytearray(size)
-            return ring[turn]
+            ring.append(ring.pop(0))
+            if len(ring[-1]) < size:
+                ring[-1] = bytearray(size)
+            return ring[-1]
 
         for positions, data in self.s.read_blocks_in_log_order(refs, alloc):
             src = memoryview(data)
@@ -189,7 +191,8 @@ class ImageReader:
         end = min(offset + length, self.size)
         if offset % bs or offset >= end:
             return self.read(offset, length)
-        return memoryview(self._fetch(offset // bs, -(-end // bs)))[:end - offset]
+        with self._lock:  # _fetch's span buffers are the reader's own
+            return memoryview(self._fetch(offset // bs, -(-end // bs)))[:end - offset]
 
     # ---- whole-tree walk ----------------------------------------------------------
     def iter_leaves(self, b0=0, b1=None, batch=BATCH):

@@ -132,11 +132,7 @@ class _Native:
 
     @staticmethod
     def unpack_many(codec, arena, iv, buf, base, offsets, threads=1):
-        checks.where(arena, iv, base)
-        c = _codec(codec, _Native)
-        size = checks.span(buf, base)
-        threads = checks.thread_count(threads)
-        offs = _offsets(offsets, base, size)
+        c, size, threads, offs = _many_args(codec, arena, iv, buf, base, offsets, threads)
         n = len(offs)
         if n == 0:
             return []
@@ -184,11 +180,7 @@ class _Native:
 
     @staticmethod
     def unpack_blocks(codec, arena, iv, buf, base, offsets, bs, out=None, threads=1):
-        checks.where(arena, iv, base)
-        c = _codec(codec, _Native)
-        size = checks.span(buf, base)
-        threads = checks.thread_count(threads)
-        offs = _offsets(offsets, base, size)
+        c, size, threads, offs = _many_args(codec, arena, iv, buf, base, offsets, threads)
         n = len(offs)
         out = checks.blocks_out(out, n, bs)
         keys = bytearray(n * SCORE_SIZE)
@@ -395,6 +387,14 @@ def _take(size):
     if buf is None or len(buf) < size:
         buf = _alloc("uint8_t[]", max(size, SCRATCH_MIN))
     return buf
+
+
+def _many_args(codec, arena, iv, buf, base, offsets, threads):
+    """unpack_many's and unpack_blocks's arguments, checked: (codec, span size, threads, offsets)."""
+    checks.where(arena, iv, base)
+    c = _codec(codec, _Native)
+    size = checks.span(buf, base)
+    return c, size, checks.thread_count(threads), _offsets(offsets, base, size)
 
 
 def _offsets(offsets, base, size):
