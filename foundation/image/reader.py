@@ -135,7 +135,11 @@ class ImageReader:
         flags = native.zero_flags(refs, rs)  # the null ref is all zeros
         if n - flags.count(1) < LOG_ORDER_MIN:  # a few blocks: through read_blocks and its cache
             live = [i for i in range(n) if not flags[i]]
-            for i, data in zip(live, self.s.read_blocks(b"".join(refs[i * rs:(i + 1) * rs] for i in live))):
+            datas = self.s.read_blocks(b"".join(refs[i * rs:(i + 1) * rs] for i in live))
+            if any(len(d) != bs for d in datas):  # not the image's block size (an edited config): as they are
+                got = iter(datas)
+                return b"".join(self._zero if flags[i] else next(got) for i in range(n))
+            for i, data in zip(live, datas):
                 view[i * bs:(i + 1) * bs] = data
             return out
         # a read-ahead window: the log read front to back in large spans, as a restore does
