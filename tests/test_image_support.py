@@ -92,6 +92,11 @@ class MemStore:
         if placed:
             yield [p for p, _ in placed], [d for _, d in placed]
 
+    def read_blocks_in_log_order(self, refs, alloc=None):
+        """The same batch as one buffer of blocks, like Store.read_blocks_in_log_order."""
+        for positions, datas in self.read_in_log_order(refs):
+            yield positions, b"".join(datas)
+
     def latest(self, btype):
         for r in reversed(self.log[:self.synced]):
             if self.blocks[r][0] == btype:

@@ -4,22 +4,27 @@ Reads are the paper's weak spot (§5.3, §7.2): a day's blocks lie wherever
 dedup found them in the log, and after a year of nights the newest day's
 blocks are spread over a year of arenas. So a restore never reads in image
 order: it takes a window of the image (1 GiB) at a time, gathers the leaf
-refs of the window, has `store.read_in_log_order` read their records
-front to back in large spans (each arena once per window, decoding on
-every core) and writes each span's blocks where they belong. Null refs are
-never read: a restore seeks over them and leaves a hole, so the output is
-as sparse as the image. ImageReader serves the random reads of the
-/snapshot tree and of booted clones: interior nodes stay in an LRU cache,
-and a run of sequential reads grows a read-ahead window up to 8 MiB, read
-in log order like a restore once it holds LOG_ORDER_MIN blocks.
+refs of the window, has `store.read_blocks_in_log_order` read their
+records front to back in large spans (each arena once per window, decoded
+on every core into one buffer a span, no Python object per block) and
+writes each run of consecutive blocks where it belongs with one pwrite.
+Null refs are never read: a restore seeks over them and leaves a hole, so
+the output is as sparse as the image. ImageReader serves the random reads
+of the /snapshot tree and of booted clones: interior nodes stay in an LRU
+cache, and a run of sequential reads grows a read-ahead window up to 8 MiB,
+read in log order like a restore once it holds LOG_ORDER_MIN blocks;
+`read_window` hands a whole window to a caller that keeps it (the tree's
+stream of a sequentially read vda.raw).
 """
 
+import collections
 import concurrent.futures
 import os
 import stat
 import threading
 from collections import OrderedDict
 
+from foundation import native
 from foundation.errors import DataCorrupt, Error, NotFound
 from foundation.image import qemuimg
 from foundation.image.shape import Shape, split_refs
@@ -27,7 +32,8 @@ from foundation.image.shape import Shape, split_refs
 BATCH = 8192  # leaves per read_blocks call
 WINDOW = 1 << 30  # bytes of image whose blocks one restore pass reads in log order
 LOG_ORDER_MIN = 256  # a random read below this many blocks goes through read_blocks and its cache
-IOV_MAX = 1024
+WRITES_AHEAD = 2  # spans decoded ahead of the writer thread
+SPAN_BUFFERS = 4  # more than the spans the store decodes ahead of the one handed out (store.read.AHEAD)
 
 
 class RestoreFailed(Error):
@@ -53,7 +59,8 @@ class ImageReader:
         self._ra_max = max(1, readahead // self.sh.bs)
         self._ra = 0
         self._seq = None  # offset where the last read ended
-        self._win = (0, [])  # read-ahead window: first leaf, leaf data
+        self._win = (0, b"")  # read-ahead window: first leaf, its blocks' data (never mutated)
+        self._ring = [bytearray() for _ in range(SPAN_BUFFERS)]  # spans decoded for a window, reused
         self._lock = threading.Lock()
 
     # ---- interior nodes -------------------------------------------------------
@@ -119,19 +126,42 @@ class ImageReader:
 
     # ---- data -----------------------------------------------------------------------
     def _fetch(self, b0, b1):
-        """Data of leaves b0..b1-1 as a list of block-size bytes."""
-        refs = split_refs(self.leaf_refs(b0, b1), self.sh.rs)
-        null = self._null
-        live = [r for r in refs if r != null]
-        if len(live) < LOG_ORDER_MIN:
-            got = iter(self.s.read_blocks(b"".join(live)) if live else ())
-            return [self._zero if r == null else next(got) for r in refs]
+        """Data of leaves b0..b1-1, one buffer of (b1 - b0) blocks."""
+        refs = self.leaf_refs(b0, b1)
+        bs, rs = self.sh.bs, self.sh.rs
+        n = len(refs) // rs
+        out = bytearray(n * bs)  # null blocks stay zeros
+        view = memoryview(out)
+        flags = native.zero_flags(refs, rs)  # the null ref is all zeros
+        if n - flags.count(1) < LOG_ORDER_MIN:  # a few blocks: through read_blocks and its cache
+            live = [i for i in range(n) if not flags[i]]
+            datas = self.s.read_blocks(b"".join(refs[i * rs:(i + 1) * rs] for i in live))
+            if any(len(d) != bs for d in datas):  # not the image's block size (an edited config): as they are
+                got = iter(datas)
+                return b"".join(self._zero if flags[i] else next(got) for i in range(n))
+            for i, data in zip(live, datas):
+                view[i * bs:(i + 1) * bs] = data
+            return out
         # a read-ahead window: the log read front to back in large spans, as a restore does
-        where = [i for i, r in enumerate(refs) if r != null]
-        out = [self._zero] * len(refs)
-        for positions, datas in self.s.read_in_log_order(b"".join(live)):
-            for p, d in zip(positions, datas):
-                out[where[p]] = d
+        ring = self._ring
+
+        def alloc(size):  # a span's buffer is free again once it is copied out: a few serve them all
+            ring.append(ring.pop(0))
+            if len(ring[-1]) < size:
+                ring[-1] = bytearray(size)
+            return ring[-1]
+
+        for positions, data in self.s.read_blocks_in_log_order(refs, alloc):
+            src = memoryview(data)
+            i, m = 0, len(positions)
+            while i < m:  # a run of blocks that follow each other in the image is one copy
+                j = i + 1
+                while j < m and positions[j] == positions[j - 1] + 1:
+                    j += 1
+                p = positions[i]
+                view[p * bs:(p + j - i) * bs] = src[i * bs:j * bs]
+                i = j
+            del src
         return out
 
     def read(self, offset, length):
@@ -145,7 +175,7 @@ class ImageReader:
         b0, b1 = offset // bs, -(-end // bs)
         with self._lock:
             w0, wdata = self._win
-            if not (w0 <= b0 and b1 <= w0 + len(wdata)):
+            if not (w0 <= b0 and b1 * bs <= w0 * bs + len(wdata)):
                 if offset == self._seq:
                     self._ra = min(max(2 * self._ra, 16), self._ra_max)
                 else:
@@ -160,12 +190,20 @@ class ImageReader:
                     self._ra, stop = 0, b1
                     wdata = self._fetch(b0, stop)
                 w0 = b0
-                self._win = (w0, wdata) if stop > b1 or b1 - b0 <= self._ra_max else (0, [])
+                self._win = (w0, wdata) if stop > b1 or b1 - b0 <= self._ra_max else (0, b"")
             self._seq = end
-            blocks = wdata[b0 - w0:b1 - w0]
-        buf = blocks[0] if len(blocks) == 1 else b"".join(blocks)
-        lo = offset - b0 * bs
-        return bytes(buf[lo:lo + end - offset])
+        lo = offset - w0 * bs
+        return bytes(memoryview(wdata)[lo:lo + end - offset])
+
+    def read_window(self, offset, length):
+        """`length` bytes from a block-aligned `offset` as one buffer, read in log order when large;
+        kept by the caller, not by this reader's own window."""
+        bs = self.sh.bs
+        end = min(offset + length, self.size)
+        if offset % bs or offset >= end:
+            return self.read(offset, length)
+        with self._lock:  # _fetch's span buffers are the reader's own
+            return memoryview(self._fetch(offset // bs, -(-end // bs)))[:end - offset]
 
     # ---- whole-tree walk ----------------------------------------------------------
     def iter_leaves(self, b0=0, b1=None, batch=BATCH):
@@ -214,105 +252,104 @@ class ImageReader:
         yield from walk(sh.depth, 0, self.root.ref)
 
 
-def _pwrite_all(fd, bufs, offset):
-    for i in range(0, len(bufs), IOV_MAX):
-        part = bufs[i:i + IOV_MAX]
-        want = sum(len(b) for b in part)
-        n = os.pwritev(fd, part, offset)
-        if n != want:  # rare: finish byte by byte
-            data = b"".join(part)[n:]
-            while data:
-                m = os.pwrite(fd, data, offset + n)
-                n += m
-                data = data[m:]
-        offset += want
-    return offset
-
-
 def write_raw(store, root, fd, sparse=True, progress=None, window=None):
     """Write the image to an open file descriptor; holes stay holes when `sparse`.
 
     A window of the image (`window` bytes) at a time: its leaf refs are
-    gathered, its blocks read in log order (`store.read_in_log_order`: each
-    arena once, front to back) and each span's blocks written where they
-    belong by a writer thread, so memory holds the window's refs, not its data.
+    gathered, its blocks read in log order (`store.read_blocks_in_log_order`:
+    each arena once, front to back, decoded in the C core into one buffer a
+    span) and each run of consecutive blocks written where it belongs with
+    one pwrite by a writer thread, so memory holds the window's refs and a
+    few spans, not its data.
     """
     r = ImageReader(store, root)
-    bs, size, null, rs = r.block_size, root.size, store.null_ref, store.ref_size
+    bs, size, rs = r.block_size, root.size, store.ref_size
     per = max(1, (window or WINDOW) // bs)
     zero = bytes(min(size, 8 << 20)) if not sparse else b""
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="restore-write") as pool:
-        pending = None
+    free = []  # decode buffers whose blocks are written: reused, their pages already mapped
 
-        def submit(jobs):
-            nonlocal pending
-            if pending is not None:
-                pending.result()
-            pending = pool.submit(_write_jobs, fd, jobs) if jobs else None
+    def alloc(n):
+        for i, b in enumerate(free):
+            if len(b) >= n:
+                return free.pop(i)
+        return bytearray(n)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="restore-write") as pool:
+        pending = collections.deque()
+
+        def submit(jobs, buf=None):
+            while len(pending) >= WRITES_AHEAD:
+                done = pending.popleft()
+                if done.result() is not None:
+                    free.append(done.result())
+            if jobs:
+                pending.append(pool.submit(_write_jobs, fd, jobs, buf))
 
         runs, leaves = [], 0
         for run in r.iter_leaves(batch=per):
             runs.append(run)
             leaves += run[1]
             if leaves >= per:
-                _window(store, runs, bs, size, null, rs, zero, submit, progress)
+                _window(store, runs, bs, size, rs, zero, submit, alloc, progress)
                 runs, leaves = [], 0
         if runs:
-            _window(store, runs, bs, size, null, rs, zero, submit, progress)
-        if pending is not None:
-            pending.result()
+            _window(store, runs, bs, size, rs, zero, submit, alloc, progress)
+        while pending:
+            pending.popleft().result()
 
 
-def _window(store, runs, bs, size, null, rs, zero, submit, progress):
+def _window(store, runs, bs, size, rs, zero, submit, alloc, progress):
     """Restore one window of leaf runs [(first leaf, count, refs or None)]."""
-    leaf, live, nulls = [], [], []  # leaf of each live ref, the live refs, null runs
+    leaf, parts, nulls = [], [], []  # leaf of each ref, the refs, runs of null leaves
     for start, count, refs in runs:
         if refs is None:
             nulls.append((start, count))
-            continue
-        for i, x in enumerate(split_refs(refs, rs)):
-            if x == null:
-                nulls.append((start + i, 1))
-            else:
-                leaf.append(start + i)
-                live.append(x)
+        else:
+            leaf.extend(range(start, start + count))
+            parts.append(refs)
+    refs = b"".join(parts)
     if zero:  # a device keeps whatever it held: write the zeros too
+        flags = native.zero_flags(refs, rs) if refs else b""  # the null ref is all zeros
+        nulls += [(leaf[i], 1) for i in range(len(flags)) if flags[i]]
         jobs = []
         for start, count in nulls:
             off, end = start * bs, min(size, (start + count) * bs)
             while off < end:
                 m = min(len(zero), end - off)
-                jobs.append(([zero[:m]], off))
+                jobs.append((zero[:m], off))
                 off += m
         submit(jobs)
-    if live:
-        for positions, datas in store.read_in_log_order(b"".join(live)):
-            submit(_runs(sorted(zip((leaf[p] for p in positions), datas)), bs, size))
+    if refs:
+        for positions, data in store.read_blocks_in_log_order(refs, alloc):
+            submit(_runs([leaf[p] for p in positions], memoryview(data), bs, size),
+                   data if isinstance(data, bytearray) else None)
     if progress is not None:
         progress(min(size, sum(c for _, c, _ in runs) * bs))
 
 
-def _runs(placed, bs, size):
-    """Sorted [(leaf, data)] -> pwritev jobs [(buffers, offset)], one per run of consecutive leaves."""
+def _runs(leaves, data, bs, size):
+    """Blocks in data and the leaf of each -> pwrite jobs [(buffer, offset)], one per run of consecutive leaves."""
     jobs = []
-    i = 0
-    while i < len(placed):
+    i, n = 0, len(leaves)
+    while i < n:
         j = i + 1
-        while j < len(placed) and placed[j][0] == placed[j - 1][0] + 1:
+        while j < n and leaves[j] == leaves[j - 1] + 1:
             j += 1
-        off = placed[i][0] * bs
-        bufs = [d for _, d in placed[i:j]]
-        end = off + len(bufs) * bs
-        if end > size:  # the last block of an image whose size is not a multiple of it
-            bufs[-1] = bufs[-1][:bs - (end - size)]
-        jobs.append((bufs, off))
+        off = leaves[i] * bs
+        end = min(size, off + (j - i) * bs)  # the last block of an image whose size is not a multiple of it
+        jobs.append((data[i * bs:i * bs + end - off], off))
         i = j
     return jobs
 
 
-def _write_jobs(fd, jobs):
-    for bufs, off in jobs:
-        _pwrite_all(fd, bufs, off)
+def _write_jobs(fd, jobs, done=None):
+    """Write [(buffer, offset)]; -> done, the buffer they were cut from, now free."""
+    for buf, off in jobs:
+        n = os.pwrite(fd, buf, off)
+        while n < len(buf):  # rare: a short write
+            n += os.pwrite(fd, buf[n:], off + n)
+    jobs.clear()  # drop the views of done
+    return done
 
 
 def restore_image(store, root, path, fmt="raw", progress=None):

@@ -28,6 +28,8 @@ when bs == len(buf).
     pack(codec, arena, iv, offset, btype, buf, bs, keys, threads=1) -> (records, offsets)
     unpack(codec, arena, iv, offset, rec) -> (btype, key32, data)   or RecordError
     unpack_many(codec, arena, iv, buf, base, offsets, threads=1) -> [(btype, key32, data) | RecordError]
+    unpack_blocks(codec, arena, iv, buf, base, offsets, bs, out=None, threads=1)
+        -> (out, keys n * 32, {i: RecordError})
     scan(codec, arena, iv, buf, base, verify=True) -> (entries, end, error)
     bucket_home(key, nbuckets) -> int
     bucket_find(bucket, keylen, key) -> [addr]
@@ -45,6 +47,14 @@ unpack(codec, arena, iv, offsets[i], buf[offsets[i] - base:]) returns, or
 the RecordError it would raise: bad records are returned, never raised, so
 the caller can name the arena and decide. threads splits the work and never
 changes the result.
+
+unpack_blocks is unpack_many for records that each hold one block of bs
+bytes (an image's leaves), with no Python object per record: item i's data
+goes to out[i * bs:(i + 1) * bs] (out: a writable buffer of at least n * bs
+bytes, or a new bytearray), its key to keys[i * 32:(i + 1) * 32]. A record
+that fails, or holds other than bs bytes, is in the dict of bad items (a
+RecordError, kind "length" for a wrong size); its slot and key are
+unspecified (zeros in the reference).
 """
 
 import os
@@ -88,6 +98,7 @@ Codec = _impl.Codec
 pack = _impl.pack
 unpack = _impl.unpack
 unpack_many = _impl.unpack_many
+unpack_blocks = _impl.unpack_blocks
 scan = _impl.scan
 bucket_home = _impl.bucket_home
 bucket_find = _impl.bucket_find

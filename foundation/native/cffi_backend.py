@@ -132,19 +132,7 @@ class _Native:
 
     @staticmethod
     def unpack_many(codec, arena, iv, buf, base, offsets, threads=1):
-        checks.where(arena, iv, base)
-        c = _codec(codec, _Native)
-        size = checks.span(buf, base)
-        threads = checks.thread_count(threads)
-        if isinstance(offsets, array.array) and offsets.itemsize == 8 and offsets.typecode in "QL":
-            offs = _ffi.from_buffer("uint64_t[]", offsets)
-        else:
-            if not isinstance(offsets, (list, tuple)):
-                offsets = list(offsets)
-            try:
-                offs = _ffi.new("uint64_t[]", offsets)
-            except (TypeError, OverflowError):
-                raise checks.outside(offsets, base, size) or ValueError("offsets must be integers") from None
+        c, size, threads, offs = _many_args(codec, arena, iv, buf, base, offsets, threads)
         n = len(offs)
         if n == 0:
             return []
@@ -189,6 +177,48 @@ class _Native:
                 elif rc:
                     items[i] = RecordError(_KINDS[rc], offs[i])
         return items
+
+    @staticmethod
+    def unpack_blocks(codec, arena, iv, buf, base, offsets, bs, out=None, threads=1):
+        c, size, threads, offs = _many_args(codec, arena, iv, buf, base, offsets, threads)
+        n = len(offs)
+        out = checks.blocks_out(out, n, bs)
+        keys = bytearray(n * SCORE_SIZE)
+        bad = {}
+        if n == 0:
+            return out, bytes(keys), bad
+        o, kb, b, ivb = _rw(out), _ffi.from_buffer("uint8_t[]", keys), _ro(buf), _ro(iv)
+        pos = _alloc("uint64_t[]", n + 1)
+        errs = _alloc("int32_t[]", n)
+        btypes = _alloc("uint8_t[]", n)
+        done = 0
+        while done < n:
+            # out's room is exactly the blocks left: records of bs bytes each land in their own slot
+            k = _lib.fdn_unpack_many(c, arena, ivb, b, size, base, offs + done, n - done, o + done * bs,
+                                     (n - done) * bs, pos, errs + done, btypes + done, kb + done * SCORE_SIZE,
+                                     (n - done) * SCORE_SIZE, threads)
+            if k == _lib.FDN_EARG:
+                raise checks.outside(offs, base, size) or ValueError("the C core refused its arguments")
+            if _ok(k) == 0:
+                raise RuntimeError("the C core decoded no record")
+            if _ffi.buffer(pos, (k + 1) * 8)[:] != array.array("Q", range(0, (k + 1) * bs, bs)).tobytes():
+                # a record of another size (or a header too damaged to plan) moved its followers:
+                # decode these one by one
+                view = memoryview(out).cast("B")
+                for i, item in enumerate(_Native.unpack_many(codec, arena, iv, buf, base, offs[done:done + k])):
+                    j = done + i
+                    if isinstance(item, RecordError) or len(item[2]) != bs:
+                        bad[j] = item if isinstance(item, RecordError) else RecordError("length", offs[j])
+                        keys[j * SCORE_SIZE:(j + 1) * SCORE_SIZE] = bytes(SCORE_SIZE)
+                    else:
+                        view[j * bs:(j + 1) * bs] = item[2]
+                        keys[j * SCORE_SIZE:(j + 1) * SCORE_SIZE] = item[1]
+            elif _ffi.buffer(errs + done, 4 * k)[:].count(0) != 4 * k:
+                for i, rc in enumerate(_ffi.unpack(errs + done, k)):
+                    if rc:
+                        bad[done + i] = RecordError(_KINDS[rc], offs[done + i])
+            done += k
+        return out, bytes(keys), bad
 
     @staticmethod
     def scan(codec, arena, iv, buf, base, verify=True):
@@ -357,6 +387,26 @@ def _take(size):
     if buf is None or len(buf) < size:
         buf = _alloc("uint8_t[]", max(size, SCRATCH_MIN))
     return buf
+
+
+def _many_args(codec, arena, iv, buf, base, offsets, threads):
+    """unpack_many's and unpack_blocks's arguments, checked: (codec, span size, threads, offsets)."""
+    checks.where(arena, iv, base)
+    c = _codec(codec, _Native)
+    size = checks.span(buf, base)
+    return c, size, checks.thread_count(threads), _offsets(offsets, base, size)
+
+
+def _offsets(offsets, base, size):
+    """offsets as a uint64_t[] for the C core (an array of 8-byte items is used in place)."""
+    if isinstance(offsets, array.array) and offsets.itemsize == 8 and offsets.typecode in "QL":
+        return _ffi.from_buffer("uint64_t[]", offsets)
+    if not isinstance(offsets, (list, tuple)):
+        offsets = list(offsets)
+    try:
+        return _ffi.new("uint64_t[]", offsets)
+    except (TypeError, OverflowError):
+        raise checks.outside(offsets, base, size) or ValueError("offsets must be integers") from None
 
 
 def _give(buf):

@@ -19,7 +19,7 @@ ZLEVEL_MIN, ZLEVEL_MAX = -(1 << 17), 22  # zstd's own bounds; 0 = never compress
 MAX_THREADS = 64
 
 API = ("zero_flags", "scores", "weak_hashes", "Codec", "pack", "unpack", "unpack_many",
-       "scan", "bucket_home", "bucket_find", "sort_entries", "merge", "lookup", "Table",
+       "unpack_blocks", "scan", "bucket_home", "bucket_find", "sort_entries", "merge", "lookup", "Table",
        "tables_lookup", "equal")
 
 
@@ -139,6 +139,18 @@ def outside(offsets, base, size):
             return ValueError(f"offset {off!r} is not inside the buffer "
                               f"(arena offsets {base}..{base + size - 1})")
     return None
+
+
+def blocks_out(out, n, bs):
+    """The buffer unpack_blocks writes n blocks of bs bytes into: out, checked, or a new bytearray."""
+    uint(bs, 1 << 32, "bs")
+    if bs == 0:
+        raise ValueError("bs must be at least 1")
+    if out is None:
+        return bytearray(n * bs)
+    if nbytes(out) < n * bs:
+        raise ValueError(f"out holds {nbytes(out)} bytes, not the {n * bs} of {n} blocks")
+    return out
 
 
 def index_args(region, first, nregion, bucket_size, keylen, nbuckets):

@@ -245,6 +245,23 @@ def unpack_many(codec, arena, iv, buf, base, offsets, threads=1):
     return out
 
 
+def unpack_blocks(codec, arena, iv, buf, base, offsets, bs, out=None, threads=1):
+    """unpack_many of records that each hold one block of bs bytes, the data of item i at out[i * bs]."""
+    offsets = list(offsets)
+    got = unpack_many(codec, arena, iv, buf, base, offsets, threads)
+    out = checks.blocks_out(out, len(offsets), bs)
+    keys, bad = [], {}
+    view = memoryview(out).cast("B")
+    for i, item in enumerate(got):
+        if isinstance(item, RecordError) or len(item[2]) != bs:
+            bad[i] = item if isinstance(item, RecordError) else RecordError("length", offsets[i])
+            keys.append(bytes(SCORE_SIZE))
+            continue
+        view[i * bs:(i + 1) * bs] = item[2]
+        keys.append(item[1])
+    return out, b"".join(keys), bad
+
+
 def _decompress(payload, R, offset):
     """Exactly one zstd frame, declaring exactly R bytes, decoding to them."""
     try:

@@ -170,6 +170,13 @@ class _Clipped:
             return b""
         return self.reader.read(offset, end - offset)
 
+    def window(self, offset, length):
+        """Like read, for a large aligned piece read whole in log order (a stream's window)."""
+        end = min(offset + length, self.size)
+        if offset >= end:
+            return b""
+        return self.reader.read_window(offset, end - offset)
+
 
 # -- a stand-in archive over loose raw image files ---------------------------
 

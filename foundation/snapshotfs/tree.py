@@ -28,8 +28,8 @@ change when a night is archived and time out after a second.
 
 All archive and file-system work runs in one worker thread (a trio
 capacity limiter of 1: the store and the readers are not assumed
-thread-safe), so the event loop keeps answering cached lookups while a
-large read runs.
+thread-safe), so the event loop keeps answering cached lookups, and reads
+of windows already decoded (rawstream.py), while a large read runs.
 Any failure to read archived bytes is EIO with a log line naming the
 path, the offset and the store's own description of the damage.
 """
@@ -50,6 +50,7 @@ from foundation.errors import DataCorrupt, FilesUnreadable
 from foundation.snapshotfs import MARKER
 from foundation.snapshotfs import changes as ch
 from foundation.snapshotfs import timeindex as ti
+from foundation.snapshotfs.rawstream import RawStream
 from foundation.snapshotfs.volumes import DiskFiles, ReadFailed, scrub
 
 log = logging.getLogger(__name__)
@@ -250,6 +251,10 @@ class SnapshotFS(pyfuse3.Operations):
             raise pyfuse3.FUSEError(value)
         log.error("EIO: %s: %s", what, value)
         raise pyfuse3.FUSEError(errno.EIO)
+
+    async def _attempt(self, fn, *args):
+        """(True, result) or (False, why) of fn run in the worker thread; never raises a read failure."""
+        return await trio.to_thread.run_sync(_guarded, fn, args, limiter=self.limiter)
 
     def _refresh(self):
         """Pick up snapshots archived since (rate-limited inside the archive)."""
@@ -609,7 +614,7 @@ class SnapshotFS(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EROFS)
         if n.kind == "raw":
             reader = await self._work(f"open {n.path}", self.archive.disk_reader, n.snap, n.disk)
-            h = ReadAhead(reader.read, n.snap.disks[n.disk].size)
+            h = RawStream(reader, n.snap.disks[n.disk].size)
         elif n.kind == "blob":
             h = ReadAhead(lambda o, k, d=n.data: d[o:o + k], len(n.data))
         elif n.kind == "changes":
@@ -634,6 +639,8 @@ class SnapshotFS(pyfuse3.Operations):
         h = self.handles[fh]
         if off >= h.size:
             return b""
+        if isinstance(h, RawStream):
+            return await h.read(off, size, self)
         data = h.cached(off, size)
         if data is None and h.pending is not None and h.pending[0] <= off < h.pending[1]:
             await h.pending[2].wait()         # being fetched ahead right now

@@ -11,7 +11,9 @@ first, then the log is read once, front to back, in large spans, so an
 arena is visited once however the image's blocks are scattered over years.
 """
 
+import array
 import concurrent.futures
+import struct
 
 from foundation import native
 from foundation.errors import BadInput, DataCorrupt, DerivedCorrupt, NotFound
@@ -20,8 +22,22 @@ from foundation.store import layout as L
 from foundation.store.arena import Log, read_head
 
 LOG_SPAN = 16 << 20  # largest single read of a log-order pass
+SPAN_BLOCKS = 4096  # most blocks a span decodes into one buffer (16 MiB of 4 KiB blocks)
 LOG_GAP = 256 << 10  # records closer than this share a read: the bytes between cost less than a seek
-AHEAD = 2  # spans read ahead of the one being decoded
+AHEAD = 2  # spans read and decoded ahead of the consumer, in as many threads
+
+
+_pool = None
+
+
+def _workers():
+    """The threads that read and decode spans ahead of the consumer: AHEAD for the process, not a
+    pool a pass. Each span is one read and one C call with the GIL released, so AHEAD spans are
+    read and decoded at once while the consumer (a restore's writer, a window's copy) runs."""
+    global _pool
+    if _pool is None:
+        _pool = concurrent.futures.ThreadPoolExecutor(max_workers=AHEAD, thread_name_prefix="log-read")
+    return _pool
 
 
 class Reads:
@@ -113,80 +129,105 @@ class Reads:
 
     # ---- whole images: the log read once, in order ---------------------------------
 
-    def read_in_log_order(self, refs):
-        """Yield (positions, datas) for the blocks named by the concatenated refs, in log order.
+    def read_blocks_in_log_order(self, refs, alloc=None):
+        """Yield (positions, data) for the blocks named by the concatenated refs, in log order.
 
-        positions index `refs`; a block named several times comes with each of
-        its positions. Each span of the log is read once with one large read,
-        spans front to back, one read ahead of the decoding (which runs on
-        `tuning.threads` cores in the C core). Null refs are skipped. A
-        damaged record raises DataCorrupt naming its arena and offset.
+        data holds len(positions) blocks of block_size bytes: block k is the
+        block refs[positions[k]] names. A block named several times comes
+        once for each of its positions. Null refs are skipped. Each span of
+        the log is read once with one large read, spans front to back, and
+        decoded on `tuning.threads` cores in the C core straight into data (no
+        Python object per block), AHEAD spans at once in worker threads while
+        the consumer handles the one before. A damaged record is
+        read again block by block (read_blocks), which names its arena and
+        offset in DataCorrupt or takes an intact copy the store holds.
+        alloc(nbytes), when given, supplies the writable buffers to decode
+        into (a reader that recycles them saves fresh memory's page faults);
+        data may then be longer than its blocks.
         """
-        rs = self.ref_size
+        rs, bs = self.ref_size, self.block_size
         n = len(refs) // rs
         if len(refs) != n * rs:
             raise BadInput(f"refs must be a multiple of {rs} bytes")
         refs = bytes(refs)
-        where = self._log_addresses(refs, n)
-        spans = self._log_spans(sorted(where))
+        addrs, positions = self._log_order(refs, n)
+        spans = self._log_spans(addrs)
         if not spans:
             return
+        split = [refs[i:i + rs] for i in range(0, len(refs), rs)]
         lg = self.log
-        with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="log-read") as pool:
-            def fetch(sp):
-                arena, start, size, _ = sp
-                return self.disk.pread(lg.fd(arena), "arena", start, size)
+        pool = _workers()
 
-            pending = [pool.submit(fetch, sp) for sp in spans[:AHEAD]]
-            try:
-                for k, (arena, start, size, group) in enumerate(spans):
-                    b = pending.pop(0).result()
-                    if k + AHEAD < len(spans):
-                        pending.append(pool.submit(fetch, spans[k + AHEAD]))
-                    got = None
-                    if len(b) == size:
-                        got = native.unpack_many(self.codec, arena, lg.iv(arena), b, start,
-                                                 [a & 0xFFFFFFFF for a in group], lg.threads)
-                    del b
-                    if got is None or any(isinstance(v, native.RecordError) for v in got):
-                        # Damage (a record that fails, an arena cut short): the block-by-block path
-                        # names it as every other read does, and takes an intact copy where the
-                        # store holds one.
-                        firsts = [where[a][0] for a in group]
-                        datas = self.read_blocks(b"".join(refs[p * rs:(p + 1) * rs] for p in firsts))
-                        positions, out = [], []
-                        for a, d in zip(group, datas):
-                            positions += where[a]
-                            out += [d] * len(where[a])
-                        yield positions, out
-                        continue
-                    positions, datas = [], []
-                    for a, v in zip(group, got):
-                        pos = where[a]
-                        if self.mode == "hash" and v[1] != refs[pos[0] * rs:(pos[0] + 1) * rs]:
-                            raise DerivedCorrupt(f"the index names arena {arena} offset {a & 0xFFFFFFFF} "
-                                                 "for a block it does not hold")
-                        positions += pos
-                        datas += [v[2]] * len(pos)
-                    yield positions, datas
-            finally:
-                for f in pending:
-                    f.cancel()
+        def decode(sp, out):  # a worker: read the span, decode it (the GIL released in both)
+            arena, start, size, i, j = sp
+            b = self.disk.pread(lg.fd(arena), "arena", start, size)
+            if len(b) != size:
+                return None, None, True
+            offs = array.array("Q", [a & 0xFFFFFFFF for a in addrs[i:j]])
+            return native.unpack_blocks(self.codec, arena, lg.iv(arena), b, start, offs, bs, out, lg.threads)
 
-    def _log_addresses(self, refs, n):
-        """{log address: [positions in refs]} of the non-null refs."""
-        rs, null = self.ref_size, self.null_ref
-        where = {}
-        live = [i for i in range(n) if refs[i * rs:(i + 1) * rs] != null]
+        def submit(sp):
+            return pool.submit(decode, sp, alloc((sp[4] - sp[3]) * bs) if alloc else None)
+
+        pending = [submit(sp) for sp in spans[:AHEAD]]
+        try:
+            for k, (arena, start, size, i, j) in enumerate(spans):
+                data, keys, bad = pending.pop(0).result()
+                if k + AHEAD < len(spans):
+                    pending.append(submit(spans[k + AHEAD]))
+                pos = positions[i:j]
+                want = b"".join(map(split.__getitem__, pos))
+                if bad:
+                    # Damage (a record that fails, an arena cut short): the block-by-block path
+                    # names it as every other read does, and takes an intact copy where the
+                    # store holds one.
+                    datas = self.read_blocks(want)
+                    for d in datas:
+                        if len(d) != bs:
+                            raise DataCorrupt(f"arena {arena}: a block of an image holds {len(d)} bytes, "
+                                              f"not {bs}")
+                    yield pos, b"".join(datas)
+                    continue
+                if self.mode == "hash" and keys != want:
+                    x = next(x for x in range(len(pos)) if keys[x * rs:(x + 1) * rs] != want[x * rs:(x + 1) * rs])
+                    raise DerivedCorrupt(f"the index names arena {arena} offset {addrs[i + x] & 0xFFFFFFFF} "
+                                         "for a block it does not hold")
+                yield pos, data
+        finally:
+            for f in pending:
+                f.cancel()
+            for f in pending:  # a span under way still writes into its buffer: let it finish first
+                if not f.cancelled():
+                    concurrent.futures.wait([f])
+
+    def read_in_log_order(self, refs):
+        """read_blocks_in_log_order with each block as its own bytes: (positions, [data])."""
+        bs = self.block_size
+        for pos, data in self.read_blocks_in_log_order(refs):
+            yield pos, [bytes(data[k * bs:(k + 1) * bs]) for k in range(len(pos))]
+
+    def _log_order(self, refs, n):
+        """(log addresses, positions in refs) of the non-null refs, sorted by address; a repeated
+        block has one entry per position."""
+        rs = self.ref_size
+        flags = native.zero_flags(refs, rs)  # the null ref is all zeros
+        if flags.count(0) == n:
+            live, keys = range(n), refs
+        else:
+            live = [i for i, z in enumerate(flags) if not z]
+            keys = b"".join(refs[i * rs:(i + 1) * rs] for i in live)
         if self.mode != "hash":
-            for i in live:
-                where.setdefault(int.from_bytes(refs[i * 8:(i + 1) * 8], "big"), []).append(i)
-            return where
+            found = list(struct.unpack(f">{len(live)}Q", keys))
+        else:
+            found = self._locate_all(keys)
+        order = sorted(range(len(live)), key=found.__getitem__)
+        return [found[j] for j in order], [live[j] for j in order]
+
+    def _locate_all(self, keys):
+        """The log address of each 32-byte score in keys (NotFound/DataCorrupt for one nothing holds)."""
         self._recent = []
-        keys = b"".join(refs[i * 32:(i + 1) * 32] for i in live)
-        addrs, which = native.tables_lookup(self._tables(), keys, None)
-        found = {j: addrs[j] for j in range(len(live)) if which[j] >= 0}
-        miss = [j for j in range(len(live)) if which[j] < 0]
+        found, which = native.tables_lookup(self._tables(), keys, None)
+        miss = [j for j, w in enumerate(which) if w < 0]
         checked = []  # summaries already asked
         i = 0
         while i < len(miss):
@@ -204,14 +245,14 @@ class Reads:
                 checked.append(t)
                 rest = miss[i:]
                 got, hit = native.tables_lookup([t], b"".join(keys[k * 32:(k + 1) * 32] for k in rest), None)
-                found.update((k, got[x]) for x, k in enumerate(rest) if hit[x] >= 0)
+                for x, k in enumerate(rest):
+                    if hit[x] >= 0:
+                        found[k] = got[x]
                 miss, i = [k for x, k in enumerate(rest) if hit[x] < 0], 0
-        for j, i in enumerate(live):
-            where.setdefault(found[j], []).append(i)
-        return where
+        return found
 
     def _log_spans(self, addrs):
-        """Sorted addresses -> [(arena, start, size, addresses)]: large reads, each in one arena."""
+        """Sorted addresses -> [(arena, start, size, i, j)]: large reads, each in one arena, of addrs[i:j]."""
         spans = []
         most = L.HEADER_SIZE + self.block_size  # a record's largest size
         i = 0
@@ -220,15 +261,16 @@ class Reads:
             limit = self.log._limit(arena)
             j = i + 1
             last = start
+            base = arena << 32
             while j < len(addrs):
-                m, o = F.split(addrs[j])
-                if m != arena or o - last > LOG_GAP or o + most - start > LOG_SPAN:
+                o = addrs[j] - base  # past this arena when >= 1 << 32
+                if o - last > LOG_GAP or o + most - start > LOG_SPAN or j - i >= SPAN_BLOCKS:
                     break
                 last = o
                 j += 1
             if start >= limit:
                 raise DataCorrupt(f"arena {arena} offset {start}: no record there (beyond the end of the log)")
-            spans.append((arena, start, min(last + most, limit) - start, addrs[i:j]))
+            spans.append((arena, start, min(last + most, limit) - start, i, j))
             i = j
         return spans
 

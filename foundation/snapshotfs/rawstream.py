@@ -1,0 +1,94 @@
+"""Reads of one open vda.raw: a copy streams whole decoded windows, a booting guest reads small.
+
+A user copying a past disk (`cp`, `dd bs=1M`) reads it front to back: as
+soon as reads follow each other, the stream reads the disk in aligned
+windows of WINDOW bytes, each the image reader's log-order pass (each
+arena once, decoded on every core in the C core into one buffer), AHEAD
+windows ahead of the reader, while the event loop answers the kernel's
+requests from windows already decoded, without a trip to the worker
+thread. A guest booting from a past day reads small pieces here and there:
+those go straight to the image reader, block by block through the store's
+block cache, so a first read never waits for a window it does not need.
+A window that fails to decode is dropped: the requests in it are then
+read alone, so only a request touching the damaged block fails (EIO).
+"""
+
+import trio
+
+WINDOW = 16 << 20  # bytes of image a sequential window decodes at once
+AHEAD = 2  # windows fetched ahead of a sequential reader
+KEEP = AHEAD + 2  # decoded windows kept per open file
+SEQUENTIAL = 2  # consecutive reads that make a reader sequential
+
+
+class RawStream:
+    """The handle of one open raw image (tree.py's read dispatches to read())."""
+
+    def __init__(self, reader, size, path=""):
+        self.reader, self.size, self.path = reader, size, path
+        self._window = getattr(reader, "window", reader.read)
+        self.wins = {}  # window number -> its bytes (never mutated)
+        self.pending = {}  # window number -> trio.Event set when its fetch ends
+        self.failed = set()  # windows that did not decode: their requests are read alone
+        self.next_off = None
+        self.run = 0  # reads in a row that began where the previous one ended
+        self.cur = 0  # the window read last
+
+    async def read(self, off, n, fs):
+        """Bytes [off, off + n) clipped to the image; fs runs blocking work (SnapshotFS._work)."""
+        end = min(off + n, self.size)
+        if off >= end:
+            return b""
+        self.run = self.run + 1 if off == self.next_off else 0
+        self.next_off = end
+        w0, w1 = off // WINDOW, (end - 1) // WINDOW
+        if self.run >= SEQUENTIAL or all(w in self.wins for w in range(w0, w1 + 1)):
+            if self.run >= SEQUENTIAL:
+                for w in range(w0, min(w1 + AHEAD, (self.size - 1) // WINDOW) + 1):
+                    self._start(w, fs)
+            parts = []
+            for w in range(w0, w1 + 1):
+                buf = await self._get(w, fs)
+                if buf is None:
+                    break
+                lo = max(off, w * WINDOW) - w * WINDOW
+                parts.append(memoryview(buf)[lo:min(end, (w + 1) * WINDOW) - w * WINDOW])
+            else:
+                return parts[0] if len(parts) == 1 else b"".join(parts)
+        return await fs._work(f"read {self.path} at offset {off} ({n} bytes)", self.reader.read, off, end - off)
+
+    def _start(self, w, fs):
+        """Fetch window w in the background (when the server gave a nursery to run it in)."""
+        if fs.nursery is None or w in self.wins or w in self.pending or w in self.failed:
+            return
+        ev = self.pending[w] = trio.Event()
+        fs.nursery.start_soon(self._fetch, w, ev, fs)
+
+    async def _get(self, w, fs):
+        """Window w's bytes, fetched now or awaited; None if it failed."""
+        self.cur = w
+        buf = self.wins.get(w)
+        if buf is not None or w in self.failed:
+            return buf
+        ev = self.pending.get(w)
+        if ev is None:
+            ev = self.pending[w] = trio.Event()
+            await self._fetch(w, ev, fs)
+        else:
+            await ev.wait()
+        return self.wins.get(w)
+
+    async def _fetch(self, w, ev, fs):
+        try:
+            lo = w * WINDOW
+            ok, value = await fs._attempt(self._window, lo, min(WINDOW, self.size - lo))
+            if ok:
+                self.wins[w] = value
+                # keep the windows nearest the reader, those ahead of it first
+                while len(self.wins) > KEEP:
+                    del self.wins[max(self.wins, key=lambda x: (x < self.cur, abs(x - self.cur)))]
+            else:
+                self.failed.add(w)
+        finally:
+            self.pending.pop(w, None)
+            ev.set()

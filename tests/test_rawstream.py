@@ -1,0 +1,160 @@
+"""rawstream.RawStream: the reads of an open vda.raw, sequential from decoded windows, small ones alone."""
+
+import errno
+import random
+
+import pyfuse3
+import pytest
+import trio
+from test_image_support import BS, make_store, open_store
+
+from foundation.errors import DataCorrupt
+from foundation.image import BytesSource, ImageReader, write_image
+from foundation.snapshotfs import rawstream
+from foundation.snapshotfs.archive import _Clipped
+from foundation.snapshotfs.tree import SnapshotFS
+
+WIN = 64 << 10
+
+
+@pytest.fixture(autouse=True)
+def small_windows(monkeypatch):
+    monkeypatch.setattr(rawstream, "WINDOW", WIN)
+
+
+class Disk:
+    """Bytes read as a disk; reads touching `bad` raise DataCorrupt, as a damaged block does."""
+
+    def __init__(self, data, bad=()):
+        self.data, self.bad = data, bad
+        self.windows, self.reads = [], []
+
+    def _check(self, off, n):
+        for b0, b1 in self.bad:
+            if off < b1 and b0 < off + n:
+                raise DataCorrupt(f"damaged block at byte {b0}")
+
+    def read(self, off, n):
+        self.reads.append((off, n))
+        self._check(off, n)
+        return self.data[off:off + n]
+
+    def window(self, off, n):
+        self.windows.append(off)
+        self._check(off, n)
+        return memoryview(self.data)[off:off + n]
+
+
+class FS:
+    """What RawStream needs of SnapshotFS: its worker thread and its EIO mapping."""
+
+    _attempt = SnapshotFS._attempt
+    _work = SnapshotFS._work
+
+    def __init__(self, nursery):
+        self.nursery = nursery
+        self.limiter = trio.CapacityLimiter(1)
+
+
+def stream_reads(disk, size, reads, background=True):
+    """Run reads [(offset, length)] one after the other -> [bytes or errno]."""
+    out = []
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            fs = FS(nursery if background else None)
+            s = rawstream.RawStream(disk, size, "vda.raw")
+            for off, n in reads:
+                try:
+                    out.append(bytes(await s.read(off, n, fs)))
+                except pyfuse3.FUSEError as e:
+                    out.append(e.errno)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    return out
+
+
+@pytest.mark.parametrize("background", [True, False])
+def test_sequential_reads_are_served_from_windows(background):
+    data = random.Random(1).randbytes(5 * WIN + 1234)
+    disk = Disk(data)
+    step = 20 << 10  # requests cross window boundaries
+    reads = [(o, step) for o in range(0, len(data) + step, step)]
+    got = stream_reads(disk, len(data), reads, background)
+    assert b"".join(got) == data
+    assert sorted(disk.windows) == [w * WIN for w in range(6)]  # each window decoded once
+    assert len(disk.reads) == rawstream.SEQUENTIAL  # only the reads before the run was seen
+
+
+def test_random_small_reads_never_wait_for_a_window():
+    data = random.Random(2).randbytes(8 * WIN)
+    disk = Disk(data)
+    rng = random.Random(3)
+    reads = [(rng.randrange(len(data) // 4096) * 4096, 4096) for _ in range(50)]
+    got = stream_reads(disk, len(data), reads)
+    assert got == [data[o:o + n] for o, n in reads]
+    assert disk.windows == [] and disk.reads == reads
+
+
+def test_a_damaged_block_fails_only_the_reads_that_touch_it():
+    data = random.Random(4).randbytes(4 * WIN)
+    bad = (2 * WIN + 5000, 2 * WIN + 5001)
+    disk = Disk(data, [bad])
+    step = 8 << 10
+    got = stream_reads(disk, len(data), [(o, step) for o in range(0, len(data), step)])
+    for k, o in enumerate(range(0, len(data), step)):
+        if o < bad[1] and bad[0] < o + step:
+            assert got[k] == errno.EIO
+        else:
+            assert got[k] == data[o:o + step], o
+
+
+def test_a_store_image_read_through_windows_in_log_order(tmp_path, monkeypatch):
+    """The real reader: windows of an image read in log order equal the image; a damaged record is EIO
+    for the request that reads it, and the bytes around it are still right."""
+    from foundation.image import reader as reader_mod
+    from foundation.store import Store
+
+    monkeypatch.setattr(reader_mod, "LOG_ORDER_MIN", 4)  # these small windows go the log-order way too
+    passes = []
+    log_order = Store.read_blocks_in_log_order
+
+    def spy(self, refs, alloc=None):
+        passes.append(len(refs))
+        return log_order(self, refs, alloc)
+
+    monkeypatch.setattr(Store, "read_blocks_in_log_order", spy)
+    path = make_store(tmp_path / "store", mode="hash")
+    rng = random.Random(5)
+    img = bytearray(rng.randbytes(3 * WIN + 3 * BS))
+    img[BS * 7:BS * 9] = bytes(2 * BS)  # null blocks
+    img[BS * 40:BS * 41] = img[BS * 3:BS * 4]  # one record, two places
+    img += b"tail"
+    with open_store(path) as s:
+        root = write_image(s, BytesSource(bytes(img)), len(img))
+        s.sync()
+    step = 12 << 10
+    reads = [(o, step) for o in range(0, len(img), step)]
+    with open_store(path, writable=False) as s:
+        got = stream_reads(_Clipped(ImageReader(s, root), len(img)), len(img), reads)
+    assert b"".join(got) == bytes(img)
+    assert passes[-4:] == [WIN // BS * 32] * 3 + [4 * 32]  # each window once, in log order
+    del passes[:]
+    # damage the record of the block at 2 * WIN + BS (random data: stored raw, in write order)
+    with open_store(path, writable=False) as s:
+        addr = s.address(bytes(ImageReader(s, root).leaf_refs(2 * WIN // BS + 1, 2 * WIN // BS + 2)))
+    arena, off = addr >> 32, addr & 0xFFFFFFFF
+    with open(tmp_path / "store" / "arenas" / sorted(p.name for p in (tmp_path / "store" / "arenas").iterdir())[arena],
+              "r+b") as f:
+        f.seek(off + 200)
+        f.write(b"\xff\xfe")
+    with open_store(path, writable=False) as s:
+        got = stream_reads(_Clipped(ImageReader(s, root), len(img)), len(img), reads)
+    assert passes.count(WIN // BS * 32) >= 3  # the windows went the log-order way, the damaged one too
+    hit = 2 * WIN + BS
+    for (o, n), g in zip(reads, got):
+        if o < hit + BS and hit < o + n:
+            assert g == errno.EIO
+        else:
+            assert g == bytes(img[o:o + n]), o
