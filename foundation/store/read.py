@@ -319,10 +319,10 @@ class Reads:
             return not (a in self.bad or n > oa.n or n in lg.missing or
                         any(m == n and lo <= off < hi for m, lo, hi in lg.lost))
 
-        parts = [self._summary_arrays(n)[:2] for n in range(oa.n)] + [(bytes(oa.keys), list(oa.addrs))]
-        t = native.Table(self.ref_size, sum(len(a) for _, a in parts) + 1)
+        t = native.Table(self.ref_size, min(self.index.h.entries + oa.count + 1, 1 << 30))  # grows if short
         kl = self.keylen
-        for n, (keys, addrs) in enumerate(parts):
+        for n in range(oa.n + 1):   # an arena at a time: only the table stays in memory
+            keys, addrs = self._summary_arrays(n)[:2] if n < oa.n else (bytes(oa.keys), list(oa.addrs))
             if n in dam and addrs:
                 keep = [i for i, a in enumerate(addrs) if holds(a)]
                 keys, addrs = b"".join(keys[i * kl:(i + 1) * kl] for i in keep), [addrs[i] for i in keep]
