@@ -77,6 +77,27 @@ def test_holes_are_not_read(tmp_path):
     src.close()
 
 
+def test_unallocated_qcow2_clusters_are_not_read(tmp_path):
+    """A 64 GiB qcow2 with 200 KB written: only the written clusters go over NBD."""
+    img = tmp_path / "big.qcow2"
+    qemu_img("create", "-f", "qcow2", str(img), "64G")
+    qemu_io(str(img), "write -P 0x5a 1048576 200000")
+    qemu_io(str(img), f"write -P 0x33 {(64 << 30) - 65536} 65536")
+    src = open_image(str(img))
+    reads = []
+    orig = src.readinto
+    src.readinto = lambda o, view: reads.append((o, len(view))) or orig(o, view)
+    try:
+        with open_store(make_store(tmp_path / "store")) as s:
+            root = write_image(s, src, src.size)
+            assert 0 < sum(n for _, n in reads) <= 1 << 20
+            r = ImageReader(s, root)
+            assert r.read(1048576 - 1, 200002) == b"\0" + b"\x5a" * 200000 + b"\0"
+            assert r.read((64 << 30) - 65537, 65537) == b"\0" + b"\x33" * 65536
+    finally:
+        src.close()
+
+
 @pytest.mark.parametrize("mode", ["hash", "value"])
 def test_qcow2_with_backing_chain_and_compressed_clusters(tmp_path, chain, mode):
     top, expect = chain
