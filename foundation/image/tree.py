@@ -21,6 +21,7 @@ The byte layout is in docs/format.md (section "Image trees").
 
 import concurrent.futures
 import contextlib
+import mmap
 from collections import OrderedDict
 
 from foundation.errors import DataCorrupt
@@ -276,7 +277,8 @@ def write_image(store, src, size, prev=None, changed=None, zeros=(), progress=No
     per = max(1, CHUNK // bs) * bs
     # Three buffers: batch i+1 is read while batch i is hashed and batch i-1
     # appended (a pipelined store keeps a batch's buffer until its next call).
-    free = [bytearray(min(per, max(bs, R.total(reads) * bs))) for _ in range(min(3, len(batches)))]
+    # Anonymous maps, not bytearrays: their pages are zero until the first read fills them.
+    free = [mmap.mmap(-1, min(per, max(bs, R.total(reads) * bs))) for _ in range(min(3, len(batches)))]
     pipelined = getattr(store, "pipelined", None)
     with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="read-image") as pool, \
             (pipelined() if pipelined else contextlib.nullcontext()):
