@@ -1,6 +1,7 @@
 """Reading image files: raw directly, qcow2 (backing chains, compressed clusters) through qemu-nbd."""
 
 import json
+import os
 import subprocess
 
 import pytest
@@ -54,6 +55,30 @@ def test_raw_file_reads_and_holes(tmp_path):
         assert holes and holes[0] == (0, 3 << 20)
         assert src.read(3 << 20, 8) == b"datadata"
         assert src.read((8 << 20) - 4, 100) == bytes(4)  # short at the end
+    finally:
+        src.close()
+
+
+def test_raw_reads_around_the_page_cache_give_the_same_bytes(tmp_path):
+    """Aligned reads go through O_DIRECT, the rest (unaligned offset, length or buffer) buffered."""
+    import mmap
+    data = content(seeded(7), (3 << 20) + 1000)  # a size that is no multiple of the alignment
+    p = tmp_path / "img.raw"
+    p.write_bytes(data)
+    src = open_image(str(p))
+    try:
+        buf = memoryview(mmap.mmap(-1, 4 << 20))
+        for off, n, at in ((0, 1 << 20, 0), (4096, 2 << 20, 4096), (3 << 20, 4096, 0), (100, 8192, 0),
+                           (8192, 5000, 0), (8192, 8192, 1), ((3 << 20) - 4096, 8192, 0)):
+            view = buf[at:at + n]
+            got = src.readinto(off, view)
+            assert bytes(view[:got]) == data[off:off + n]
+        try:
+            os.close(os.open(p, os.O_RDONLY | os.O_DIRECT))
+            direct = True
+        except OSError:  # tmpfs, for one
+            direct = False
+        assert (src.dfd is not None) == direct  # where the file system takes it, aligned reads used it
     finally:
         src.close()
 
