@@ -8,10 +8,12 @@ whole all-zero subtree. The shape depends only on the size, so two trees of
 equal content are equal block for block and dedup completely.
 
 `write_image` walks the leaves that must be (re)computed in increasing
-order, 32 MiB of source at a time, one `write_blocks` call per batch of
-leaves and one per level for the interior nodes that batch completed; it
-keeps open only the nodes on the frontier, so memory stays bounded by the
-batch size whatever the image size. With a previous root and a list of
+order, 16 MiB of source at a time, one `write_blocks` call per batch of
+leaves (the store pipelined: a batch is read while the one before is
+hashed and the one before that appended) and one per level for the
+interior nodes completed, a few hundred at a time; it keeps open only the
+nodes on the frontier, so memory stays bounded by the batch size and
+OPEN_NODES whatever the image size. With a previous root and a list of
 changed byte ranges it opens just the nodes above changed leaves (one
 batched read per level), patches them and writes back only the nodes whose
 bytes changed: everything else is shared with the day before.

@@ -11,10 +11,11 @@ sorted batches. `Writes` is the part of Store that does this.
 
 Inside `pipelined()` (an image being archived), a compare-by-hash write
 returns as soon as its blocks are named and decided: the append of its
-fresh blocks (compress, encrypt, write, index) runs in one thread while the
+fresh blocks (compress, encrypt, index) runs in one thread while the
 caller reads and hashes the next batch, and the next store call waits for
-it first. So reading, hashing and appending overlap on every core, and the
-log is still written by one thread, in order.
+it first; the packed records are written by another thread while the next
+batch is packed (`Log.write_behind`). So reading, hashing, packing and
+writing overlap on every core, and the log is still written in order.
 """
 
 import array
@@ -47,19 +48,26 @@ class Writes:
         if self.mode != "hash" or self._pipe is not None:
             yield self
             return
-        self._pipe = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="store-append")
-        try:
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(self.log.write_behind())  # left last: its writes are drained
+            self._pipe = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="store-append")
+            stack.callback(self._stop_pipe)
             yield self
             self.settle()
-        finally:
-            f, self._inflight = self._inflight, None
-            if f is not None:  # the scope failed: its append ends before the store moves on
-                concurrent.futures.wait([f])
-            self._pipe.shutdown()
-            self._pipe = None
+
+    def _stop_pipe(self):
+        f, self._inflight = self._inflight, None
+        if f is not None:  # the scope failed: its append ends before the store moves on
+            concurrent.futures.wait([f])
+        self._pipe.shutdown()
+        self._pipe = None
 
     def settle(self):
-        """Wait for the append in flight, if any; its failure is raised here."""
+        """Wait for the append in flight and the log's writes, if any; a failure is raised here."""
+        self._settle_append()
+        self.log.drain()
+
+    def _settle_append(self):
         f, self._inflight = self._inflight, None
         if f is not None:
             f.result()
@@ -89,7 +97,7 @@ class Writes:
         c["offered_bytes"] += len(buf)
         if self.mode == "hash":
             keys = native.scores(buf, bs, btype, key=self.keys.score, skip=zero, threads=self.tuning.threads)
-            self.settle()  # the index must hold the batch before this one
+            self._settle_append()  # the index must hold the batch before this one
             return self._write_hash(buf, bs, btype, zero, keys, n)
         self.settle()
         weak = native.weak_hashes(buf, bs, btype, self.keys.weak_seed, skip=zero)
