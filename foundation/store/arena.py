@@ -20,6 +20,7 @@ fails every later one, so nothing past it is ever committed).
 import bisect
 import concurrent.futures
 import contextlib
+import ctypes
 import logging
 import os
 from collections import OrderedDict, deque
@@ -34,6 +35,26 @@ from foundation.store.disk import atomic_write, fsync_dir
 log = logging.getLogger(__name__)
 
 RH = L.HEADER_SIZE
+
+
+def _sync_file_range():
+    """libc's sync_file_range(2), or None where there is none."""
+    try:
+        f = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None
+    f.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    return f
+
+
+_SYNC_FILE_RANGE = _sync_file_range()
+SYNC_FILE_RANGE_WRITE = 2
+
+
+def _writeback(fd, off, n):
+    """Start writing a range of a file to the disk, without waiting (durability is still fsync's)."""
+    if _SYNC_FILE_RANGE is not None:
+        _SYNC_FILE_RANGE(fd, off, n, SYNC_FILE_RANGE_WRITE)
 MAX_FDS = 64
 WINDOW = 1 << 20  # read-ahead for sequential single-record reads
 SPAN_GAP = 64 << 10  # batched reads merge records closer than this
@@ -685,9 +706,15 @@ class Log:
         if self.writer is None:
             self.disk.pwrite(fd, "arena", off, data)
             return
-        self.queued.append(self.writer.submit(self.disk.pwrite, fd, "arena", off, data))
+        self.queued.append(self.writer.submit(self._write_out, fd, off, data))
         while len(self.queued) > 2:  # bounded: each holds a packed batch
             self._wait_one()
+
+    def _write_out(self, fd, off, data):
+        self.disk.pwrite(fd, "arena", off, data)
+        # Start the disk on these bytes now, so the sync at the end waits for
+        # the last batch only, not for the whole day's writes at once.
+        _writeback(fd, off, len(data))
 
     def _wait_one(self):
         try:
