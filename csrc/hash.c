@@ -81,7 +81,7 @@ int fdn_scores(const uint8_t *buf, size_t len, size_t bs, int btype,
 			return rc;
 		j.key = &hk;
 	}
-	rc = fdn_parallel(threads, n, 64, score_range, &j);
+	rc = fdn_share(threads, n, 64, score_range, &j);
 	if (keyed)
 		fdn_hkey_free(&hk);
 	return rc;

@@ -76,6 +76,7 @@ int fdn_nblocks(size_t len, size_t bs, size_t *n);
 
 typedef int (*fdn_job)(void *arg, size_t lo, size_t hi);
 int fdn_parallel(int threads, size_t n, size_t grain, fdn_job fn, void *arg);
+int fdn_share(int threads, size_t n, size_t grain, fdn_job fn, void *arg);
 
 /* An HMAC-SHA256 key with ipad and opad already absorbed: keyed once, then
  * each message costs a context copy instead of two extra compressions. */

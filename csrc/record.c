@@ -398,7 +398,7 @@ int64_t fdn_pack(fdn_codec *c, uint32_t arena, const uint8_t *iv,
 		work_put(c, w);
 		goto out;
 	}
-	if ((rc = fdn_parallel(threads, n, GRAIN, fill_range, &j)) != FDN_OK)
+	if ((rc = fdn_share(threads, n, GRAIN, fill_range, &j)) != FDN_OK)
 		goto out;
 	for (i = 0; i < n; i++) {
 		/* compact: every record moves down or stays, in order */
@@ -408,7 +408,7 @@ int64_t fdn_pack(fdn_codec *c, uint32_t arena, const uint8_t *iv,
 		offs[i] = pos;
 		pos += FDN_HEADER_SIZE + j.slen[i];
 	}
-	rc = fdn_parallel(threads, n, GRAIN, seal_range, &j);
+	rc = fdn_share(threads, n, GRAIN, seal_range, &j);
 out:
 	free(j.slen);
 	free(j.codec);
