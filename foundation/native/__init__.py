@@ -29,6 +29,8 @@ when bs == len(buf).
     unpack(codec, arena, iv, offset, rec) -> (btype, key32, data)   or RecordError
     unpack_many(codec, arena, iv, buf, base, offsets, threads=1) -> [(btype, key32, data) | RecordError]
     scan(codec, arena, iv, buf, base, verify=True) -> (entries, end, error)
+    check_span(codec, arena, iv, buf, base, scored=False, score_key=None, threads=1)
+        -> ([(off, btype, S, R, tag, problem)], end, error)
     bucket_home(key, nbuckets) -> int
     bucket_find(bucket, keylen, key) -> [addr]
     sort_entries(entries, entsize, keylen)                in place
@@ -45,6 +47,13 @@ unpack(codec, arena, iv, offsets[i], buf[offsets[i] - base:]) returns, or
 the RecordError it would raise: bad records are returned, never raised, so
 the caller can name the arena and decide. threads splits the work and never
 changes the result.
+
+check_span is verify's check of one span of an arena in one call: the walk
+of scan(verify=False), then each record found unpacked and, if scored, its
+data scored (key=score_key) against its key field, on `threads` threads;
+problem is None, or "tag", "decompress" or "score" for a record that fails.
+Each record's tag is computed once, and no Python runs per record but the
+one tuple returned.
 """
 
 import os
@@ -89,6 +98,7 @@ pack = _impl.pack
 unpack = _impl.unpack
 unpack_many = _impl.unpack_many
 scan = _impl.scan
+check_span = _impl.check_span
 bucket_home = _impl.bucket_home
 bucket_find = _impl.bucket_find
 sort_entries = _impl.sort_entries

@@ -19,7 +19,7 @@ ZLEVEL_MIN, ZLEVEL_MAX = -(1 << 17), 22  # zstd's own bounds; 0 = never compress
 MAX_THREADS = 64
 
 API = ("zero_flags", "scores", "weak_hashes", "Codec", "pack", "unpack", "unpack_many",
-       "scan", "bucket_home", "bucket_find", "sort_entries", "merge", "lookup", "Table",
+       "scan", "check_span", "bucket_home", "bucket_find", "sort_entries", "merge", "lookup", "Table",
        "tables_lookup", "equal")
 
 

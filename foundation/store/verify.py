@@ -151,24 +151,23 @@ def verify_arena(store, n, buf, sealed, chain, committed=None):
             committed = lg.open.end if lg.open is not None and lg.open.n == n else lg.head.end
         limit = min(size, committed)  # past the commit point lies an unfinished write, not damage
     while off < limit:
-        entries, end, err = lg.scan(n, header.iv, buf[off:limit], off)
-        for e_off, btype, key, stored, raw, tag in entries:
+        # Every record's tag, decoding and score, in the C core on lg.threads cores.
+        entries, end, err = native.check_span(store.codec, n, header.iv, buf[off:limit], off,
+                                              store.mode == "hash", store.keys.score, lg.threads)
+        for e_off, btype, stored, raw, tag, problem in entries:
+            if problem == "tag":  # its length is not to be believed, but leads to the next record
+                damage.append(Damage(n, e_off, Kind.RECORD, "record is damaged (tag)"))
+                ok = False
+                continue
             tags += tag
             count += 1
             checked += btype != F.COMMIT  # a commit record holds no block
             if raw > lg.block_size or (btype == F.TREE and raw != lg.block_size):
                 odd.append((e_off, raw))
-            rec = buf[e_off:e_off + L.HEADER_SIZE + stored]
-            try:
-                _, fullkey, data = native.unpack(store.codec, n, header.iv, e_off, rec)
-            except native.RecordError as e:
-                damage.append(Damage(n, e_off, Kind.RECORD, f"record does not decode ({e.kind})"))
+            if problem:
+                damage.append(Damage(n, e_off, Kind.RECORD, "block content does not match its score"
+                                     if problem == "score" else f"record does not decode ({problem})"))
                 ok = False
-                continue
-            if store.mode == "hash" and data:
-                if native.scores(data, len(data), btype, key=store.keys.score) != fullkey:
-                    damage.append(Damage(n, e_off, Kind.RECORD, "block content does not match its score"))
-                    ok = False
         off = end
         if off >= limit:
             break
