@@ -96,9 +96,9 @@ def start(kind, d):
 def delayed(srv, delay_ms, proxies):
     """srv (MinIO) reached through a DelayProxy of delay_ms each way."""
     import servers
-    from delayproxy import DelayProxy
+    from delayproxy import Spawned
     from urllib.parse import urlsplit
-    proxy = DelayProxy(urlsplit(srv.options["endpoint"]).port, delay_ms / 1000).__enter__()
+    proxy = Spawned(urlsplit(srv.options["endpoint"]).port, delay_ms / 1000)
     proxies.append(proxy)
     return servers.Server("s3", srv.url, dict(srv.options, endpoint=f"http://127.0.0.1:{proxy.port}"),
                           client=srv.client)

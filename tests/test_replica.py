@@ -293,6 +293,22 @@ def test_parallel_replicate_commits_the_manifest_last(request, tmp_path, capsys)
             with lock:
                 log.append(("end", name))
 
+        def get(self, name, *args, **kw):
+            return self.timed(f"get {name}", self.inner.get, name, *args, **kw)
+
+        def list(self, prefix=""):
+            return self.timed("list", self.inner.list, prefix)
+
+        def timed(self, what, fn, *args, **kw):
+            with lock:
+                log.append(("start", what))
+            time.sleep(0.05)
+            try:
+                return fn(*args, **kw)
+            finally:
+                with lock:
+                    log.append(("end", what))
+
     names = []
 
     class Names(Recorder):
@@ -311,6 +327,11 @@ def test_parallel_replicate_commits_the_manifest_last(request, tmp_path, capsys)
     manifest_at = [i for i, (what, name) in enumerate(log) if name == "manifest" and what == "start"]
     last_object_end = max(i for i, (what, name) in enumerate(log) if what == "end" and name.startswith(("arenas/", "open/")))
     assert manifest_at and manifest_at[0] > last_object_end
+    # The replica's state is read in one round trip, and store.json is up before any arena starts.
+    assert sorted(log[:3]) == [("start", x) for x in ("get manifest", "get store.json", "list")], log[:6]
+    claim_end = log.index(("end", "store.json"))
+    first_object = min(i for i, (what, name) in enumerate(log) if name.startswith(("arenas/", "open/")))
+    assert claim_end < first_object
 
     # Day 2 on a fresh replica, with one arena refused while the others are in flight: no manifest.
     srv2 = fresh(request, "s3")
