@@ -906,6 +906,47 @@ def test_a_replica_ahead_of_a_restored_store_is_kept_unless_forced(request, site
     assert site.cli("audit", "--sample", "100")[0] == 0
 
 
+def test_recover_checks_every_record_once(request, site, tmp_path, monkeypatch):
+    """Arenas come down several at once (S3) and each record is checked once: as its arena comes down,
+    or by the final verify (the open arena); a damaged record is named as a verify of the store names it."""
+    from foundation import native
+    from foundation.store import Store
+    srv = fresh(request, "s3")
+    site.use(srv)
+    site.day(1)
+    site.day(2)
+    sealed = objects(srv)
+    assert len(sealed) >= 4
+    flip(srv, sealed[2])
+    checked, calls = {}, []
+    real = native.check_span
+
+    def counting(codec, n, *args, **kw):
+        got = real(codec, n, *args, **kw)
+        for e in got[0]:
+            checked[n, e[0]] = checked.get((n, e[0]), 0) + 1
+        return got
+    monkeypatch.setattr(native, "check_span", counting)
+    gets = []
+    with srv.backend() as b:
+        real_get = b.inner.get_file
+
+        def get_file(name, *args, **kw):
+            gets.append(("start", name))
+            time.sleep(0.05)
+            real_get(name, *args, **kw)
+            gets.append(("end", name))
+        monkeypatch.setattr(b.inner, "get_file", get_file)
+        res = recover(b, str(tmp_path / "recovered"), site.key)
+    assert res.snapshots == 2 and set(checked.values()) == {1}
+    assert {n for n, _ in checked} == set(range(len(sealed) + 1))     # every arena, the open one too
+    assert [what for what, _ in gets[:4]] == ["start"] * 4                       # at once
+    with Store.open(str(tmp_path / "recovered"), key_file=site.key) as s:
+        again = verify_mod.verify(s)
+    assert res.damage and [str(d) for d in res.damage] == [str(d) for d in again[0]] and res.records == again[1]
+    assert {d.arena for d in res.damage} == {2}
+
+
 def test_recover_names_a_damaged_segment_and_resumes(request, site, tmp_path):
     srv = fresh(request, "file")
     site.use(srv)

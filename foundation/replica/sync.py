@@ -310,8 +310,8 @@ class ByteProgress:
         self.last = done  # a retried transfer starts again from 0
 
 
-def _locked(sink):
-    """sink, callable from several upload threads at once."""
+def shared_sink(sink):
+    """sink, callable from several transfer threads at once."""
     lock = threading.Lock()
 
     def call(n):
@@ -385,7 +385,7 @@ def replicate(local, backend, allow_plaintext=False, progress=None, resend=(), f
         # way while the first arena is checked.
         claimed = begun(put_bytes, backend, STORE_JSON, local.config, now=backend.concurrent > 1) \
             if conf_b != local.config else lambda: None
-        sink = _locked(progress(_to_send(files, old, have, head))) if progress else None
+        sink = shared_sink(progress(_to_send(files, old, have, head))) if progress else None
 
         def put(name, path, offset, length, token):
             claimed()

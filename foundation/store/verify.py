@@ -64,9 +64,11 @@ class Damage:
         return f"arena {self.arena} offset {self.offset}: {self.what}"
 
 
-def verify(store, progress=None, notes=None):
+def verify(store, progress=None, notes=None, known=None):
     """-> (list of Damage, number of records checked). What is not damage but worth saying (an
-    uncommitted tail, Kind.TAIL) goes into the list `notes`, if given."""
+    uncommitted tail, Kind.TAIL) goes into the list `notes`, if given. `known`: {n: what
+    verify_arena returned} for sealed arenas whose very bytes the caller has just checked (recover,
+    as each arena came down): taken as they are, not read and checked again."""
     lg = store.log
     damage = head_copies(lg)
     checked = 0
@@ -82,12 +84,15 @@ def verify(store, progress=None, notes=None):
             damage.append(Damage(n, 0, Kind.MISSING, "arena file is missing"))
             chain = None
             continue
-        fd = lg.fd(n)
-        size = os.fstat(fd).st_size
-        if n == lg.torn:
-            size = lg.open.end   # a torn tail, known to the writer: the arena is sealed there at its next write
-        buf = memoryview(store.disk.pread(fd, "arena", 0, size))
-        found, count, _tr, chain = verify_arena(store, n, buf, n < last, chain)
+        if known and n in known and n < last:
+            found, count, _tr, chain = known[n]
+        else:
+            fd = lg.fd(n)
+            size = os.fstat(fd).st_size
+            if n == lg.torn:
+                size = lg.open.end   # a torn tail, known to the writer: the arena is sealed there at its next write
+            buf = memoryview(store.disk.pread(fd, "arena", 0, size))
+            found, count, _tr, chain = verify_arena(store, n, buf, n < last, chain)
         damage += found
         checked += count
         if progress:
