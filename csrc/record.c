@@ -717,8 +717,9 @@ static int check_range(void *arg, size_t lo, size_t hi)
 
 int64_t fdn_check(fdn_codec *c, uint32_t arena, const uint8_t *iv,
 	const uint8_t *buf, size_t len, uint64_t base, int scored,
-	const uint8_t *skey, size_t skeylen, fdn_entry *ents, int32_t *errs,
-	size_t nents, uint64_t *end, int *err, int threads)
+	const uint8_t *skey, size_t skeylen, fdn_entry *ents, size_t nents,
+	uint64_t *offs, uint32_t *raws, uint8_t *btypes, uint8_t *tags,
+	int32_t *errs, uint64_t *end, int *err, int threads)
 {
 	checkjob j = { c, arena, iv, buf, base, scored, NULL, ents, errs, 0, 0 };
 	fdn_hkey hk;
@@ -732,6 +733,12 @@ int64_t fdn_check(fdn_codec *c, uint32_t arena, const uint8_t *iv,
 	if ((k = fdn_scan(c, arena, buf, len, base, 0, ents, nents, end, err)) < 0)
 		return k;
 	j.n = (size_t)k;
+	for (size_t i = 0; i < j.n; i++) {
+		offs[i] = ents[i].off;
+		raws[i] = ents[i].rlen;
+		btypes[i] = ents[i].btype;
+		memcpy(tags + i * FDN_TAG_SIZE, buf + (ents[i].off - base) + FDN_H_TAG, FDN_TAG_SIZE);
+	}
 	if (scored && skey != NULL) {
 		if ((rc = fdn_hkey_init(&hk, skey, skeylen)) != FDN_OK)
 			return rc;

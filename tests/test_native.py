@@ -520,8 +520,13 @@ def scored_arena(impl, codec, batches, base, skey=SK):
 
 
 def checked(impl, codec, data, base, **kw):
-    ents, end, err = impl.check_span(codec, 4, IV, data, base, **kw)
-    return ents, end, (err.kind, err.offset) if err else None
+    """check_span's answer as plain values: ([(off, btype, R, tag, problem)], end, (error kind, offset))."""
+    got, end, err = impl.check_span(codec, 4, IV, data, base, **kw)
+    assert isinstance(got, N.Checked) and len(got.tags) == 16 * len(got.offs) == 16 * len(got.btypes)
+    recs = [(o, b, r, got.tags[16 * i:16 * i + 16], got.problems.get(i))
+            for i, (o, b, r) in enumerate(zip(got.offs, got.btypes, got.raws))]
+    assert set(got.problems) <= set(range(len(recs))) and None not in got.problems.values()
+    return recs, end, (err.kind, err.offset) if err else None
 
 
 @pytest.mark.parametrize("zlevel", [0, 3])
@@ -535,7 +540,7 @@ def test_check_span(impl, other, enc, zlevel, skey):
     data, offs = scored_arena(impl, c, batches, base, skey)
     end = base + len(data)
     scanned, s_end, s_err = impl.scan(c, 4, IV, data, base)
-    want = [(o, b, S, R, data[o - base + 48:o - base + H], None) for o, b, _, S, R in scanned]
+    want = [(o, b, R, data[o - base + 48:o - base + H], None) for o, b, _, S, R in scanned]
     assert [w[0] for w in want] == offs and (s_end, s_err) == (end, None)
     for impl_, codec in ((impl, c), (other, oc)):
         for t in (1, 2, 64):
@@ -559,12 +564,13 @@ def test_check_span(impl, other, enc, zlevel, skey):
     for impl_, codec in ((impl, c), (other, oc)):
         for t in (1, 3):
             got, g_end, g_err = checked(impl_, codec, bad, base, scored=True, score_key=skey, threads=t)
-            assert {g[0]: g[5] for g in got if g[5]} == problems
+            assert {g[0]: g[4] for g in got if g[4]} == problems
             assert [g[0] for g in got] == offs + sorted(problems)[1:]
+            assert [g[3] for g in got] == [bad[o - base + 48:o - base + H] for o in offs + sorted(problems)[1:]]
             assert (g_end, g_err) == (torn, ("truncated", torn))
             # unscored, the forged block passes: only verify's tag and decoding remain
             got = checked(impl_, codec, bad, base, score_key=skey, threads=t)[0]
-            assert {g[0]: g[5] for g in got if g[5]} == {k: v for k, v in problems.items() if v != "score"}
+            assert {g[0]: g[4] for g in got if g[4]} == {k: v for k, v in problems.items() if v != "score"}
     # where scan stops, check_span stops
     cut = bytearray(data)
     cut[offs[5] - base:offs[5] - base + 4] = b"XXXX"
@@ -572,7 +578,7 @@ def test_check_span(impl, other, enc, zlevel, skey):
     assert checked(impl, c, b"", base) == ([], base, None)
     # the wrong mac key fails every tag, and each record is still found
     got = checked(impl, impl.Codec(enc, b"wrong", zlevel), data, base, threads=2)[0]
-    assert [(g[0], g[5]) for g in got] == [(o, "tag") for o in offs]
+    assert [(g[0], g[4]) for g in got] == [(o, "tag") for o in offs]
 
 
 def encrypt(enc, pos, data):
@@ -587,7 +593,13 @@ def test_check_span_batches(impl, monkeypatch):
     c = impl.Codec(ENC, MAC, 3)
     data, offs = scored_arena(impl, c, [(mixed(50, 512, seed=42), 512)], 64)
     got, end, err = impl.check_span(c, 4, IV, data, 64, scored=True, score_key=SK, threads=2)
-    assert [g[0] for g in got] == offs and all(g[5] is None for g in got) and (end, err) == (64 + len(data), None)
+    assert got.offs == offs and got.problems == {} and (end, err) == (64 + len(data), None)
+    assert got.tags == b"".join(data[o - 64 + 48:o - 64 + H] for o in offs)
+    bad = bytearray(data)
+    for i in (3, 20, 41):
+        bad[offs[i] - 64 + H] ^= 1
+    got = impl.check_span(c, 4, IV, bytes(bad), 64, threads=2)[0]
+    assert got.offs == offs and got.problems == {3: "tag", 20: "tag", 41: "tag"}
     with pytest.raises(ValueError):
         impl.check_span(c, 4, IV[:8], data, 64)
     with pytest.raises(TypeError):

@@ -923,8 +923,8 @@ def test_recover_checks_every_record_once(request, site, tmp_path, monkeypatch):
 
     def counting(codec, n, *args, **kw):
         got = real(codec, n, *args, **kw)
-        for e in got[0]:
-            checked[n, e[0]] = checked.get((n, e[0]), 0) + 1
+        for off in got[0].offs:
+            checked[n, off] = checked.get((n, off), 0) + 1
         return got
     monkeypatch.setattr(native, "check_span", counting)
     gets = []

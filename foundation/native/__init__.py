@@ -30,7 +30,7 @@ when bs == len(buf).
     unpack_many(codec, arena, iv, buf, base, offsets, threads=1) -> [(btype, key32, data) | RecordError]
     scan(codec, arena, iv, buf, base, verify=True) -> (entries, end, error)
     check_span(codec, arena, iv, buf, base, scored=False, score_key=None, threads=1)
-        -> ([(off, btype, S, R, tag, problem)], end, error)
+        -> (Checked(offs, btypes, raws, tags, problems), end, error)
     bucket_home(key, nbuckets) -> int
     bucket_find(bucket, keylen, key) -> [addr]
     sort_entries(entries, entsize, keylen)                in place
@@ -50,10 +50,10 @@ changes the result.
 
 check_span is verify's check of one span of an arena in one call: the walk
 of scan(verify=False), then each record found unpacked and, if scored, its
-data scored (key=score_key) against its key field, on `threads` threads;
-problem is None, or "tag", "decompress" or "score" for a record that fails.
-Each record's tag is computed once, and no Python runs per record but the
-one tuple returned.
+data scored (key=score_key) against its key field, on `threads` threads.
+Checked holds each record's offset, type, raw length and tag in arrays, and
+{index: "tag" | "decompress" | "score"} for the records that fail: each
+tag is computed once, and no Python runs per record unless one is bad.
 """
 
 import os
@@ -62,10 +62,10 @@ from foundation.native import cffi_backend
 from foundation.native import reference as reference_impl
 from foundation.native.checks import (  # the API's sizes and errors, one definition for both backends
     API, API_VERSION, ARENA_LIMIT, HEADER_SIZE, IV_SIZE, KEY_SIZE, MAX_THREADS, RECORD_MAGIC, SCORE_SIZE,
-    TAG_SIZE, WEAK_SIZE, ZLEVEL_MAX, ZLEVEL_MIN, BucketError, RecordError)
+    TAG_SIZE, WEAK_SIZE, ZLEVEL_MAX, ZLEVEL_MIN, BucketError, Checked, RecordError)
 
 __all__ = ["API", "API_VERSION", "ARENA_LIMIT", "HEADER_SIZE", "IV_SIZE", "KEY_SIZE", "MAX_THREADS", "RECORD_MAGIC",
-           "SCORE_SIZE", "TAG_SIZE", "WEAK_SIZE", "ZLEVEL_MAX", "ZLEVEL_MIN", "BucketError", "RecordError",
+           "SCORE_SIZE", "TAG_SIZE", "WEAK_SIZE", "ZLEVEL_MAX", "ZLEVEL_MIN", "BucketError", "Checked", "RecordError",
            "backend", "get", "native_impl", "reference_impl", *API]
 
 

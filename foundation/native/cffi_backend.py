@@ -221,28 +221,32 @@ class _Native:
         c = _codec(codec, _Native)
         size = checks.span(buf, base)
         threads = checks.thread_count(threads)
-        b, mv = _ro(buf), memoryview(buf).cast("B")
+        b = _ro(buf)
         k = _ffi.NULL if score_key is None else _ro(score_key)
         cap = min(size // HEADER_SIZE + 1, CHECK_BATCH)
-        ents = _alloc("fdn_entry[]", cap)
-        errs = _alloc("int32_t[]", cap)
+        ents, errs = _alloc("fdn_entry[]", cap), _alloc("int32_t[]", cap)
+        offs, raws = _alloc("uint64_t[]", cap), _alloc("uint32_t[]", cap)
+        btypes, tags = _alloc("uint8_t[]", cap), _alloc("uint8_t[]", cap * TAG_SIZE)
         end = _ffi.new("uint64_t *", base)
         err = _ffi.new("int *")
-        entries = []
+        got = checks.Checked([], b"", [], b"", {})
         while True:
             done = end[0] - base
             n = _ok(_lib.fdn_check(c, arena, _ro(iv), b + done, size - done, end[0], bool(scored), k,
-                                   0 if score_key is None else checks.nbytes(score_key), ents, errs, cap,
-                                   end, err, threads))
-            t = HEADER_SIZE - TAG_SIZE - base
-            entries += [(e.off, e.btype, e.slen, e.rlen, bytes(mv[e.off + t:e.off + t + TAG_SIZE]), _PROBLEM[r])
-                        for e, r in zip(ents[0:n], _ffi.unpack(errs, n))]
+                                   0 if score_key is None else checks.nbytes(score_key), ents, cap, offs, raws,
+                                   btypes, tags, errs, end, err, threads))
+            if _ffi.buffer(errs, 4 * n)[:].count(0) != 4 * n:   # no Python per record unless one is bad
+                first = len(got.offs)
+                got.problems.update((first + i, _PROBLEM[r]) for i, r in enumerate(_ffi.unpack(errs, n)) if r)
+            got = got._replace(offs=got.offs + _ffi.unpack(offs, n), btypes=got.btypes + _ffi.buffer(btypes, n)[:],
+                               raws=got.raws + _ffi.unpack(raws, n),
+                               tags=got.tags + _ffi.buffer(tags, n * TAG_SIZE)[:])
             if err[0] != _lib.FDN_ESPACE:
                 break
         if err[0] == _lib.FDN_OK:
-            return entries, end[0], None
+            return got, end[0], None
         if err[0] in _KINDS:
-            return entries, end[0], RecordError(_KINDS[err[0]], end[0])
+            return got, end[0], RecordError(_KINDS[err[0]], end[0])
         _ok(err[0])
 
     @staticmethod
@@ -365,7 +369,7 @@ if _native is not None:
     _alloc = _ffi.new_allocator(should_clear_after_alloc=False)
     _KINDS = {_lib.FDN_EMAGIC: "magic", _lib.FDN_ELENGTH: "length", _lib.FDN_ETAG: "tag",
               _lib.FDN_EDECOMPRESS: "decompress", _lib.FDN_ETRUNCATED: "truncated"}
-    _PROBLEM = {_lib.FDN_OK: None, _lib.FDN_ETAG: "tag", _lib.FDN_EDECOMPRESS: "decompress",
+    _PROBLEM = {_lib.FDN_ETAG: "tag", _lib.FDN_EDECOMPRESS: "decompress",
                 _lib.FDN_ESCORE: "score"}
     if (_lib.FDN_HEADER_SIZE, _lib.FDN_TAG_SIZE, _lib.FDN_KEY_SIZE, _lib.FDN_SCORE_SIZE) != \
             (HEADER_SIZE, TAG_SIZE, KEY_SIZE, SCORE_SIZE):

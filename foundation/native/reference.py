@@ -282,28 +282,30 @@ def scan(codec, arena, iv, buf, base, verify=True):
 
 
 def check_span(codec, arena, iv, buf, base, scored=False, score_key=None, threads=1):
-    """Every record of buf checked completely -> ([(off, btype, S, R, tag, problem)], end, error).
+    """Every record of buf checked completely -> (checks.Checked, end, error).
 
     The walk is scan's without verifying, and stops where it stops (end,
     error); each record found is then unpacked (tag, decryption, decoding)
     and, if scored, its data scored (scores, keyed by score_key) against its
-    key field. problem is None, "tag", "decompress" or "score".
+    key field. A record that fails is named in Checked.problems by its
+    index: "tag", "decompress" or "score".
     """
     checks.where(arena, iv, base)
     checks.thread_count(threads)
     entries, end, err = scan(codec, arena, iv, buf, base, verify=False)
-    codec, data, iv, out = _codec(codec), memoryview(bytes(buf)), bytes(iv), []
-    for off, btype, key, S, R in entries:
+    codec, data, iv = _codec(codec), memoryview(bytes(buf)), bytes(iv)
+    tags, problems = bytearray(), {}
+    for i, (off, btype, key, S, R) in enumerate(entries):
         rec = data[off - base:off - base + HEADER_SIZE + S]
-        problem = None
+        tags += rec[HEAD.size:HEADER_SIZE]
         try:
             _, _, block = _unpack(codec, arena, iv, off, rec)
             if scored and block and scores(block, len(block), btype, key=score_key) != key:
-                problem = "score"
+                problems[i] = "score"
         except RecordError as e:
-            problem = e.kind
-        out.append((off, btype, S, R, bytes(rec[HEAD.size:HEADER_SIZE]), problem))
-    return out, end, err
+            problems[i] = e.kind
+    return checks.Checked([e[0] for e in entries], bytes(e[1] for e in entries), [e[4] for e in entries],
+                          bytes(tags), problems), end, err
 
 
 def bucket_home(key, nbuckets):

@@ -38,6 +38,9 @@ class Kind(enum.Enum):
     HEAD_COPY = "head-copy"    # one copy of the head is missing or damaged; the log or the other copy holds it
 
 
+_PROBLEMS = {"tag": "record is damaged (tag)", "decompress": "record does not decode (decompress)",
+             "score": "block content does not match its score"}
+
 SPANS = (Kind.SKIPPED, Kind.UNPARSABLE, Kind.SHORT, Kind.HEADER, Kind.MISSING)  # damage that costs a byte range
 
 
@@ -157,22 +160,24 @@ def verify_arena(store, n, buf, sealed, chain, committed=None):
         limit = min(size, committed)  # past the commit point lies an unfinished write, not damage
     while off < limit:
         # Every record's tag, decoding and score, in the C core on lg.threads cores.
-        entries, end, err = native.check_span(store.codec, n, header.iv, buf[off:limit], off,
-                                              store.mode == "hash", store.keys.score, lg.threads)
-        for e_off, btype, stored, raw, tag, problem in entries:
-            if problem == "tag":  # its length is not to be believed, but leads to the next record
-                damage.append(Damage(n, e_off, Kind.RECORD, "record is damaged (tag)"))
-                ok = False
-                continue
-            tags += tag
-            count += 1
-            checked += btype != F.COMMIT  # a commit record holds no block
-            if raw > lg.block_size or (btype == F.TREE and raw != lg.block_size):
-                odd.append((e_off, raw))
-            if problem:
-                damage.append(Damage(n, e_off, Kind.RECORD, "block content does not match its score"
-                                     if problem == "score" else f"record does not decode ({problem})"))
-                ok = False
+        got, end, err = native.check_span(store.codec, n, header.iv, buf[off:limit], off,
+                                          store.mode == "hash", store.keys.score, lg.threads)
+        for i, problem in sorted(got.problems.items()):
+            damage.append(Damage(n, got.offs[i], Kind.RECORD, _PROBLEMS[problem]))
+            ok = False
+        # A record whose tag fails is not one of the arena's (its length still led to the next).
+        mine = [i for i in range(len(got.offs)) if got.problems.get(i) != "tag"] if got.problems else None
+        if mine is None:
+            tags += got.tags
+            count += len(got.offs)
+            checked += len(got.offs) - got.btypes.count(F.COMMIT)  # a commit record holds no block
+        else:
+            tags += b"".join(got.tags[i * L.TAG_SIZE:(i + 1) * L.TAG_SIZE] for i in mine)
+            count += len(mine)
+            checked += sum(got.btypes[i] != F.COMMIT for i in mine)
+        if max(got.raws, default=0) > lg.block_size or F.TREE in got.btypes:
+            odd += [(got.offs[i], got.raws[i]) for i in (range(len(got.offs)) if mine is None else mine)
+                    if got.raws[i] > lg.block_size or (got.btypes[i] == F.TREE and got.raws[i] != lg.block_size)]
         off = end
         if off >= limit:
             break
