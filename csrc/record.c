@@ -690,26 +690,29 @@ static int check_one(checkjob *j, work *w, uint8_t **data, size_t *cap, size_t i
 	return FDN_OK;
 }
 
+/* Take the next STEAL of n records no thread has taken yet: [*i, *end); 0 when none is left. */
+static int take(size_t *next, size_t n, size_t *i, size_t *end)
+{
+	*i = __atomic_fetch_add(next, STEAL, __ATOMIC_RELAXED);
+	*end = *i < n && n - *i > STEAL ? *i + STEAL : n;
+	return *i < n;
+}
+
 /* As many_range: threads take STEAL records at a time, so a busy core holds up no one. */
 static int check_range(void *arg, size_t lo, size_t hi)
 {
 	checkjob *j = arg;
 	work *w = work_get(j->c);
 	uint8_t *data = NULL;
-	size_t cap = 0;
+	size_t cap = 0, i, end;
 	int rc = FDN_OK;
 
 	(void)lo, (void)hi;
 	if (w == NULL)
 		return FDN_ENOMEM;
-	while (rc == FDN_OK) {
-		size_t i = __atomic_fetch_add(&j->next, STEAL, __ATOMIC_RELAXED), end;
-		if (i >= j->n)
-			break;
-		end = j->n - i > STEAL ? i + STEAL : j->n;
+	while (rc == FDN_OK && take(&j->next, j->n, &i, &end))
 		for (; i < end && rc == FDN_OK; i++)
 			rc = check_one(j, w, &data, &cap, i);
-	}
 	free(data);
 	work_put(j->c, w);
 	return rc;

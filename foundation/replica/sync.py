@@ -29,8 +29,8 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
-from functools import partial
 from datetime import datetime, timezone
+from functools import partial
 
 from foundation import native
 from foundation.errors import DataCorrupt
@@ -264,8 +264,9 @@ def fetch_remote(backend, listing=False):
             return backend.get(name)
         except RemoteMissing:
             return None
-    calls = [lambda: get(STORE_JSON), lambda: get(MANIFEST)] + ([backend.list] if listing else [])
-    return (*gather(calls, backend.concurrent), None)[:3]
+    got = gather([partial(get, STORE_JSON), partial(get, MANIFEST)] + ([backend.list] if listing else []),
+                 backend.concurrent)
+    return got[0], got[1], got[2] if listing else None
 
 
 def read_remote(local, backend, fetched=None):
