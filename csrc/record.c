@@ -641,7 +641,7 @@ typedef struct {
 	const uint8_t *iv;
 	const uint8_t *buf;	/* buf[0] is at arena offset base */
 	uint64_t base;
-	int scored;
+	int depth;		/* FDN_TAGS, FDN_DECODED or FDN_SCORED */
 	const fdn_hkey *skey;	/* NULL: scores are plain SHA-256 */
 	const fdn_entry *ents;
 	int32_t *errs;
@@ -664,6 +664,8 @@ static int check_one(checkjob *j, work *w, uint8_t **data, size_t *cap, size_t i
 		j->errs[i] = FDN_ETAG;
 		return FDN_OK;
 	}
+	if (j->depth < FDN_DECODED)
+		return FDN_OK;
 	if (e->codec != FDN_CODEC_RAW || j->c->enc) {
 		/* the length is authentic now: room for it is no risk */
 		if (*cap < e->rlen) {
@@ -681,7 +683,7 @@ static int check_one(checkjob *j, work *w, uint8_t **data, size_t *cap, size_t i
 			return rc;
 		d = *data;
 	}
-	if (j->scored && e->rlen > 0) {
+	if (j->depth >= FDN_SCORED && e->rlen > 0) {
 		if ((rc = fdn_score(j->skey, w->md, e->btype, d, e->rlen, t)) != FDN_OK)
 			return rc;
 		if (memcmp(t, e->key, FDN_SCORE_SIZE) != 0)
@@ -719,17 +721,17 @@ static int check_range(void *arg, size_t lo, size_t hi)
 }
 
 int64_t fdn_check(fdn_codec *c, uint32_t arena, const uint8_t *iv,
-	const uint8_t *buf, size_t len, uint64_t base, int scored,
+	const uint8_t *buf, size_t len, uint64_t base, int depth,
 	const uint8_t *skey, size_t skeylen, fdn_entry *ents, size_t nents,
 	uint64_t *offs, uint32_t *raws, uint8_t *btypes, uint8_t *tags,
 	int32_t *errs, uint64_t *end, int *err, int threads)
 {
-	checkjob j = { c, arena, iv, buf, base, scored, NULL, ents, errs, 0, 0 };
+	checkjob j = { c, arena, iv, buf, base, depth, NULL, ents, errs, 0, 0 };
 	fdn_hkey hk;
 	int64_t k;
 	int rc;
 
-	if ((c->enc && iv == NULL) || (skey == NULL && skeylen != 0)) {
+	if ((c->enc && iv == NULL) || (skey == NULL && skeylen != 0) || depth < FDN_TAGS || depth > FDN_SCORED) {
 		*end = base;
 		return *err = FDN_EARG;
 	}
@@ -742,7 +744,7 @@ int64_t fdn_check(fdn_codec *c, uint32_t arena, const uint8_t *iv,
 		btypes[i] = ents[i].btype;
 		memcpy(tags + i * FDN_TAG_SIZE, buf + (ents[i].off - base) + FDN_H_TAG, FDN_TAG_SIZE);
 	}
-	if (scored && skey != NULL) {
+	if (depth >= FDN_SCORED && skey != NULL) {
 		if ((rc = fdn_hkey_init(&hk, skey, skeylen)) != FDN_OK)
 			return rc;
 		j.skey = &hk;

@@ -544,7 +544,7 @@ def test_check_span(impl, other, enc, zlevel, skey):
     assert [w[0] for w in want] == offs and (s_end, s_err) == (end, None)
     for impl_, codec in ((impl, c), (other, oc)):
         for t in (1, 2, 64):
-            assert checked(impl_, codec, data, base, scored=True, score_key=skey, threads=t) == (want, end, None)
+            assert checked(impl_, codec, data, base, depth=N.SCORED, score_key=skey, threads=t) == (want, end, None)
     assert checked(impl, c, memoryview(bytearray(data + bytes(100))), base) == (want, end, None)
     # a damaged payload (tag), a forged block (decompress), a block that is not its score
     bad = bytearray(data)
@@ -563,7 +563,7 @@ def test_check_span(impl, other, enc, zlevel, skey):
     assert impl.unpack(c, 4, IV, forged, bad[forged - base:])[2] == block
     for impl_, codec in ((impl, c), (other, oc)):
         for t in (1, 3):
-            got, g_end, g_err = checked(impl_, codec, bad, base, scored=True, score_key=skey, threads=t)
+            got, g_end, g_err = checked(impl_, codec, bad, base, depth=N.SCORED, score_key=skey, threads=t)
             assert {g[0]: g[4] for g in got if g[4]} == problems
             assert [g[0] for g in got] == offs + sorted(problems)[1:]
             assert [g[3] for g in got] == [bad[o - base + 48:o - base + H] for o in offs + sorted(problems)[1:]]
@@ -571,6 +571,9 @@ def test_check_span(impl, other, enc, zlevel, skey):
             # unscored, the forged block passes: only verify's tag and decoding remain
             got = checked(impl_, codec, bad, base, score_key=skey, threads=t)[0]
             assert {g[0]: g[4] for g in got if g[4]} == {k: v for k, v in problems.items() if v != "score"}
+            # tags alone: every authentic record passes, written right or not
+            got = checked(impl_, codec, bad, base, depth=N.TAGS, score_key=skey, threads=t)[0]
+            assert {g[0]: g[4] for g in got if g[4]} == {k: v for k, v in problems.items() if v == "tag"}
     # where scan stops, check_span stops
     cut = bytearray(data)
     cut[offs[5] - base:offs[5] - base + 4] = b"XXXX"
@@ -592,7 +595,7 @@ def test_check_span_batches(impl, monkeypatch):
     monkeypatch.setattr(cffi_backend, "CHECK_BATCH", 7)
     c = impl.Codec(ENC, MAC, 3)
     data, offs = scored_arena(impl, c, [(mixed(50, 512, seed=42), 512)], 64)
-    got, end, err = impl.check_span(c, 4, IV, data, 64, scored=True, score_key=SK, threads=2)
+    got, end, err = impl.check_span(c, 4, IV, data, 64, depth=N.SCORED, score_key=SK, threads=2)
     assert got.offs == offs and got.problems == {} and (end, err) == (64 + len(data), None)
     assert got.tags == b"".join(data[o - 64 + 48:o - 64 + H] for o in offs)
     bad = bytearray(data)
@@ -602,6 +605,8 @@ def test_check_span_batches(impl, monkeypatch):
     assert got.offs == offs and got.problems == {3: "tag", 20: "tag", 41: "tag"}
     with pytest.raises(ValueError):
         impl.check_span(c, 4, IV[:8], data, 64)
+    with pytest.raises(ValueError, match="depth must be"):
+        impl.check_span(c, 4, IV, data, 64, depth=3)
     with pytest.raises(TypeError):
         impl.check_span(object(), 4, IV, data, 64)
 

@@ -29,7 +29,7 @@ when bs == len(buf).
     unpack(codec, arena, iv, offset, rec) -> (btype, key32, data)   or RecordError
     unpack_many(codec, arena, iv, buf, base, offsets, threads=1) -> [(btype, key32, data) | RecordError]
     scan(codec, arena, iv, buf, base, verify=True) -> (entries, end, error)
-    check_span(codec, arena, iv, buf, base, scored=False, score_key=None, threads=1)
+    check_span(codec, arena, iv, buf, base, depth=DECODED, score_key=None, threads=1)
         -> (Checked(offs, btypes, raws, tags, problems), end, error)
     bucket_home(key, nbuckets) -> int
     bucket_find(bucket, keylen, key) -> [addr]
@@ -49,8 +49,9 @@ the caller can name the arena and decide. threads splits the work and never
 changes the result.
 
 check_span is verify's check of one span of an arena in one call: the walk
-of scan(verify=False), then each record found unpacked and, if scored, its
-data scored (key=score_key) against its key field, on `threads` threads.
+of scan(verify=False), then each record found checked on `threads` threads
+as deep as `depth` says: TAGS its tag; DECODED unpacked (tag, decryption,
+decoding); SCORED its data scored (key=score_key) against its key field too.
 Checked holds each record's offset, type, raw length and tag in arrays, and
 {index: "tag" | "decompress" | "score"} for the records that fail: each
 tag is computed once, and no Python runs per record unless one is bad.
@@ -62,11 +63,11 @@ from foundation.native import cffi_backend
 from foundation.native import reference as reference_impl
 from foundation.native.checks import (  # the API's sizes and errors, one definition for both backends
     API, API_VERSION, ARENA_LIMIT, HEADER_SIZE, IV_SIZE, KEY_SIZE, MAX_THREADS, RECORD_MAGIC, SCORE_SIZE,
-    TAG_SIZE, WEAK_SIZE, ZLEVEL_MAX, ZLEVEL_MIN, BucketError, Checked, RecordError)
+    DECODED, SCORED, TAG_SIZE, TAGS, WEAK_SIZE, ZLEVEL_MAX, ZLEVEL_MIN, BucketError, Checked, RecordError)
 
 __all__ = ["API", "API_VERSION", "ARENA_LIMIT", "HEADER_SIZE", "IV_SIZE", "KEY_SIZE", "MAX_THREADS", "RECORD_MAGIC",
            "SCORE_SIZE", "TAG_SIZE", "WEAK_SIZE", "ZLEVEL_MAX", "ZLEVEL_MIN", "BucketError", "Checked", "RecordError",
-           "backend", "get", "native_impl", "reference_impl", *API]
+           "TAGS", "DECODED", "SCORED", "backend", "get", "native_impl", "reference_impl", *API]
 
 
 # ---- the choice --------------------------------------------------------------------

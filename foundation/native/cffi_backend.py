@@ -216,8 +216,9 @@ class _Native:
         _ok(err[0])
 
     @staticmethod
-    def check_span(codec, arena, iv, buf, base, scored=False, score_key=None, threads=1):
+    def check_span(codec, arena, iv, buf, base, depth=checks.DECODED, score_key=None, threads=1):
         checks.where(arena, iv, base)
+        checks.depth(depth)
         c = _codec(codec, _Native)
         size = checks.span(buf, base)
         threads = checks.thread_count(threads)
@@ -232,7 +233,7 @@ class _Native:
         got = checks.Checked([], b"", [], b"", {})
         while True:
             done = end[0] - base
-            n = _ok(_lib.fdn_check(c, arena, _ro(iv), b + done, size - done, end[0], bool(scored), k,
+            n = _ok(_lib.fdn_check(c, arena, _ro(iv), b + done, size - done, end[0], depth, k,
                                    0 if score_key is None else checks.nbytes(score_key), ents, cap, offs, raws,
                                    btypes, tags, errs, end, err, threads))
             if _ffi.buffer(errs, 4 * n)[:].count(0) != 4 * n:   # no Python per record unless one is bad
@@ -371,8 +372,9 @@ if _native is not None:
               _lib.FDN_EDECOMPRESS: "decompress", _lib.FDN_ETRUNCATED: "truncated"}
     _PROBLEM = {_lib.FDN_ETAG: "tag", _lib.FDN_EDECOMPRESS: "decompress",
                 _lib.FDN_ESCORE: "score"}
-    if (_lib.FDN_HEADER_SIZE, _lib.FDN_TAG_SIZE, _lib.FDN_KEY_SIZE, _lib.FDN_SCORE_SIZE) != \
-            (HEADER_SIZE, TAG_SIZE, KEY_SIZE, SCORE_SIZE):
+    if (_lib.FDN_HEADER_SIZE, _lib.FDN_TAG_SIZE, _lib.FDN_KEY_SIZE, _lib.FDN_SCORE_SIZE,
+            _lib.FDN_TAGS, _lib.FDN_DECODED, _lib.FDN_SCORED) != \
+            (HEADER_SIZE, TAG_SIZE, KEY_SIZE, SCORE_SIZE, checks.TAGS, checks.DECODED, checks.SCORED):
         _native, _why = None, "the C core disagrees with foundation.native on record sizes"
 
 

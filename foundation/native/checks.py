@@ -25,6 +25,14 @@ API = ("zero_flags", "scores", "weak_hashes", "Codec", "pack", "unpack", "unpack
        "tables_lookup", "equal")
 
 
+TAGS, DECODED, SCORED = 0, 1, 2   # how deep check_span checks: tags; and decoding; and scores
+
+
+def depth(value):
+    if value not in (TAGS, DECODED, SCORED):
+        raise ValueError(f"depth must be TAGS, DECODED or SCORED (0, 1, 2), not {value!r}")
+
+
 class Checked(NamedTuple):
     """What check_span found: the records the walk met, each one's offset, type, raw length and tag
     (tags: 16 bytes each, end to end), and the problems of the bad ones {index: "tag" | "decompress"

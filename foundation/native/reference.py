@@ -281,16 +281,18 @@ def scan(codec, arena, iv, buf, base, verify=True):
     return entries, base + pos, None
 
 
-def check_span(codec, arena, iv, buf, base, scored=False, score_key=None, threads=1):
-    """Every record of buf checked completely -> (checks.Checked, end, error).
+def check_span(codec, arena, iv, buf, base, depth=checks.DECODED, score_key=None, threads=1):
+    """Every record of buf checked -> (checks.Checked, end, error).
 
     The walk is scan's without verifying, and stops where it stops (end,
-    error); each record found is then unpacked (tag, decryption, decoding)
-    and, if scored, its data scored (scores, keyed by score_key) against its
-    key field. A record that fails is named in Checked.problems by its
-    index: "tag", "decompress" or "score".
+    error); each record found then has its tag checked (depth TAGS), is
+    unpacked (DECODED: tag, decryption, decoding), and its data scored
+    (SCORED: scores, keyed by score_key) against its key field. A record
+    that fails is named in Checked.problems by its index: "tag",
+    "decompress" or "score".
     """
     checks.where(arena, iv, base)
+    checks.depth(depth)
     checks.thread_count(threads)
     entries, end, err = scan(codec, arena, iv, buf, base, verify=False)
     codec, data, iv = _codec(codec), memoryview(bytes(buf)), bytes(iv)
@@ -299,8 +301,11 @@ def check_span(codec, arena, iv, buf, base, scored=False, score_key=None, thread
         rec = data[off - base:off - base + HEADER_SIZE + S]
         tags += rec[HEAD.size:HEADER_SIZE]
         try:
+            if depth == checks.TAGS:
+                _check(codec, arena, off, rec, True)
+                continue
             _, _, block = _unpack(codec, arena, iv, off, rec)
-            if scored and block and scores(block, len(block), btype, key=score_key) != key:
+            if depth == checks.SCORED and block and scores(block, len(block), btype, key=score_key) != key:
                 problems[i] = "score"
         except RecordError as e:
             problems[i] = e.kind

@@ -214,11 +214,11 @@ class Local(Primary):
         super().share(lambda: ReplicaBusy(self.path))
 
 
-def verify_bytes(local, n, buf, sealed, chain=None, committed=None):
+def verify_bytes(local, n, buf, sealed, chain=None, committed=None, full=True):
     """foundation.store.verify.verify_arena on a buffer -> (damage, trailer, chain)."""
     from foundation.store.verify import verify_arena
 
-    damage, _count, tr, chain = verify_arena(local, n, memoryview(buf), sealed, chain, committed)
+    damage, _count, tr, chain = verify_arena(local, n, memoryview(buf), sealed, chain, committed, full)
     return damage, tr, chain
 
 
@@ -546,9 +546,15 @@ def _damaged(local, backend, p, chain, res, keeps, old, existing):
     """Check a local sealed arena before it goes up. True if it is damaged and the replica's
     copy (`keeps`) is to stay; a damaged arena with no better copy goes up as it is. If the
     replica holds a good copy of damaged bytes as segments of the arena (it was open at the last
-    replicate), nothing is sent: `repair` mends the arena from them first."""
-    damage, _, _ = verify_bytes(local, p.n, p.view(), True, chain)
+    replicate), nothing is sent: `repair` mends the arena from them first.
+
+    Where the replica holds nothing of the arena to keep or mend from, what the check finds
+    changes nothing that goes up, only the warning: the records' tags with the arena MAC and
+    the chain then suffice (they prove every byte is the one written, and so name any damage
+    since); decoding and scores, which catch a block written wrong, are checked where the
+    replica has a copy that could stay."""
     segs = old.open if old and old.open.n == p.n and old.open.parts else None
+    damage, _, _ = verify_bytes(local, p.n, p.view(), True, chain, full=keeps or segs is not None)
     if damage and not keeps and segs and any(d.offset < segs.end for d in damage) \
             and all(existing.get(name) == e - s for name, s, e, _ in segs.objects()) \
             and min(d.offset for d in damage) < _own_segments(local, backend, p.n, p.view(0, segs.end), segs,

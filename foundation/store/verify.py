@@ -123,7 +123,7 @@ def head_copies(lg):
             for s in lg.slots if s.head is None and not (s.problem == "missing" and best == 0)]
 
 
-def verify_arena(store, n, buf, sealed, chain, committed=None):
+def verify_arena(store, n, buf, sealed, chain, committed=None, full=True):
     """Check the bytes of arena n (a whole file) -> (damage, records checked, trailer, chain).
 
     `store` needs only .log (its header and scan), .codec, .keys and .mode,
@@ -131,7 +131,9 @@ def verify_arena(store, n, buf, sealed, chain, committed=None):
     same way. `chain` is the chain of arena n - 1, or None to skip the chain
     check; the chain returned is this arena's (None if unknown). An open
     arena (not `sealed`) must hold records up to `committed` (default: the
-    store's head).
+    store's head). Not `full`: records are checked by their tags alone, which
+    with the arena MAC and the chain still prove every byte is the one
+    written, but not that what was written decodes to its score.
     """
     lg = store.log
     damage = []
@@ -145,6 +147,7 @@ def verify_arena(store, n, buf, sealed, chain, committed=None):
         damage.append(Damage(n, 0, Kind.PARAMETER, f"the arena was made {header.size} bytes long, but {F.CONFIG} "
                              f"says arena_size {lg.arena_size}: the config was edited; put the value back"))
     odd = []  # records no block of this store's block size can be (the config's block_size was edited)
+    depth = native.TAGS if not full else native.SCORED if store.mode == "hash" else native.DECODED
     tags = bytearray()
     count, off, ok = 0, F.ARENA_HEADER_SIZE, True
     tr = None
@@ -160,8 +163,8 @@ def verify_arena(store, n, buf, sealed, chain, committed=None):
         limit = min(size, committed)  # past the commit point lies an unfinished write, not damage
     while off < limit:
         # Every record's tag, decoding and score, in the C core on lg.threads cores.
-        got, end, err = native.check_span(store.codec, n, header.iv, buf[off:limit], off,
-                                          store.mode == "hash", store.keys.score, lg.threads)
+        got, end, err = native.check_span(store.codec, n, header.iv, buf[off:limit], off, depth,
+                                          store.keys.score, lg.threads)
         for i, problem in sorted(got.problems.items()):
             damage.append(Damage(n, got.offs[i], Kind.RECORD, _PROBLEMS[problem]))
             ok = False
