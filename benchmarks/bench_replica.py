@@ -108,7 +108,7 @@ def delayed(srv, delay_ms, proxies):
 
 def main_(a):
     tmp = tempfile.mkdtemp(prefix="bench-replica-", dir=a.tmp)
-    srvs, proxies = {}, []
+    srvs, proxies, started = {}, [], []
     rows = []
     try:
         for kind in a.servers:
@@ -117,6 +117,7 @@ def main_(a):
             except Exception as e:  # noqa: BLE001 - a missing server program skips its column
                 print(f"{kind}: not measured ({e})", flush=True)
                 continue
+            started.append(srv)    # stopped at the end even when only its delayed form is measured
             if kind != "s3":
                 srvs[kind] = srv
                 continue
@@ -174,7 +175,7 @@ def main_(a):
     finally:
         for p in proxies:
             p.stop()
-        for s in srvs.values():
+        for s in started:
             s.stop()
         shutil.rmtree(tmp, ignore_errors=True)
     label = f"-{a.label}" if a.label else ""
