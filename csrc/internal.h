@@ -90,4 +90,8 @@ void fdn_hkey_free(fdn_hkey *k);
 int fdn_hmac_begin(const fdn_hkey *k, EVP_MD_CTX *c);
 int fdn_hmac_end(const fdn_hkey *k, EVP_MD_CTX *c, uint8_t out[FDN_SCORE_SIZE]);
 
+/* hash.c: a block's score (key NULL: plain SHA-256) */
+int fdn_score(const fdn_hkey *key, EVP_MD_CTX *c, uint8_t btype,
+	const uint8_t *b, size_t len, uint8_t out[FDN_SCORE_SIZE]);
+
 #endif
