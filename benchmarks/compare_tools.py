@@ -75,6 +75,10 @@ class Tool:
     def env(self, work):
         return {}
 
+    def caches(self, work):
+        """Directories of the tool's own cache, removed with its repository."""
+        return [v for k, v in self.env(work).items() if k.endswith(("_CACHE_DIR", "_CACHE_DIRECTORY", "_BASE_DIR"))]
+
     def init(self, repo, work):
         pass
 
@@ -273,6 +277,9 @@ def summarize(r):
     }
     if r["restores"]:
         s["restore_s"] = statistics.median(x["seconds"] for x in r["restores"])
+        s["restore_cpu_s"] = statistics.median(x["cpu_seconds"] for x in r["restores"])
+        if all("sync_seconds" in x for x in r["restores"]):
+            s["restore_sync_s"] = statistics.median(x["seconds"] + x["sync_seconds"] for x in r["restores"])
         s["restore_mb_s"] = round(r["size"] / 1e6 / s["restore_s"], 1)
         s["restore_correct"] = all(x["correct"] for x in r["restores"])
     if "idle_day" in r:
@@ -281,12 +288,14 @@ def summarize(r):
 
 
 def workload_table(rows):
-    head = ["tool", "day 0 s (CPU)", "day 0 MB/s", "later day s (CPU), median", "restore s, median (MB/s)",
+    head = ["tool", "day 0 s (CPU)", "day 0 MB/s", "later day s (CPU), median", "restore s (CPU), median (MB/s)",
             "store GB (apparent)", "peak MB"]
     out = []
     for s in rows:
         restore = "-" if "restore_s" not in s else (
-            f"{s['restore_s']:.2f} ({s['restore_mb_s']:,.0f})" + ("" if s["restore_correct"] else " WRONG"))
+            f"{s['restore_s']:.2f} ({s['restore_cpu_s']:.2f}) ({s['restore_mb_s']:,.0f})"
+            + ("" if s["restore_correct"] else " WRONG")
+            + (f"; {s['restore_sync_s']:.2f} with sync" if "restore_sync_s" in s else ""))
         out.append([f"{s['tool']} {s['version']}", f"{s['day0_s']:.2f} ({s['day0_cpu_s']:.2f})",
                     f"{s['day0_mb_s']:,.0f}", f"{s['later_s']:.2f} ({s['later_cpu_s']:.2f})", restore,
                     f"{s['store_bytes'] / 1e9:.2f} ({s['store_apparent'] / 1e9:.2f})", f"{s['peak_rss'] / 1e6:,.0f}"])
@@ -303,15 +312,18 @@ def ratios(rows, standard):
         if s in peers or not peers:
             continue
 
-        def entry(key, aim, pool=peers):
+        def entry(key, aim, pool=peers, cpu=None):
             b = min(pool, key=lambda p: p[key])
             ratio = round(b[key] / s[key], 2)
-            return {"ratio": ratio, "peer": b["tool"], "aim": f">= {aim:g}x", "reached": ratio >= aim}
+            e = {"ratio": ratio, "peer": b["tool"], "aim": f">= {aim:g}x", "reached": ratio >= aim}
+            if cpu:
+                e["cpu_ratio"] = round(b[cpu] / s[cpu], 2)
+            return e
 
-        r = {"day 0": entry("day0_s", 2), "later day": entry("later_s", 10)}
+        r = {"day 0": entry("day0_s", 2, cpu="day0_cpu_s"), "later day": entry("later_s", 10, cpu="later_cpu_s")}
         restic = [p for p in peers if p["tool"] == "restic" and "restore_s" in p]
         if "restore_s" in s and restic:
-            r["restore (vs restic)"] = entry("restore_s", 1.5, restic)
+            r["restore (vs restic)"] = entry("restore_s", 1.5, restic, cpu="restore_cpu_s")
         for fig, key, limit, unit in (("store", "store_bytes", 1.2e9, "GB"), ("peak memory", "peak_rss", 150e6, "MB")):
             e = entry(key, 1)
             if standard:
@@ -329,8 +341,9 @@ def ratio_table(title, rat):
     for tool, r in rat.items():
         for fig, v in r.items():
             met = {True: "yes", False: "NO", None: "-"}[v["reached"]]
-            out.append([tool, fig, f"{v['ratio']:.2f}x", v["peer"], v["aim"], met])
-    return f"{title}\n" + measure.table(["", "figure", "ratio", "best peer", "aim", "reached"], out)
+            cpu = f"{v['cpu_ratio']:.2f}x" if "cpu_ratio" in v else "-"
+            out.append([tool, fig, f"{v['ratio']:.2f}x", cpu, v["peer"], v["aim"], met])
+    return f"{title}\n" + measure.table(["", "figure", "ratio", "by CPU s", "best peer", "aim", "reached"], out)
 
 
 def run_workload(a, tools, man, days_dir, size, ndays=None, restores=True):
@@ -341,6 +354,8 @@ def run_workload(a, tools, man, days_dir, size, ndays=None, restores=True):
         results.append(r)
         if not a.keep:
             shutil.rmtree(repo, ignore_errors=True)
+            for cache in tool.caches(a.work):
+                shutil.rmtree(cache, ignore_errors=True)
     return results
 
 
@@ -352,7 +367,8 @@ def main(argv=None):
     p.add_argument("--days", type=int, default=8)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--big-size", type=parse_size, default=64 << 30, help="the sparse disk's size (default 64G)")
-    p.add_argument("--big-days", type=int, default=3, help="days of the sparse disk (default 3)")
+    p.add_argument("--big-days", type=int, default=2,
+                   help="days of the sparse disk (default 2: day 0 and one later day; restic reads all of it each day)")
     p.add_argument("--big-tools", default="foundation-hash,restic")
     p.add_argument("--skip-big", action="store_true", help="no sparse-disk row")
     p.add_argument("--nights", type=int, default=5, help="nights of the virtnbdbackup comparison (default 5)")
@@ -360,7 +376,8 @@ def main(argv=None):
     p.add_argument("--vm-data", type=parse_size, default=1536 << 20, help="data on it (default 1536M)")
     p.add_argument("--night-change", type=parse_size, default=64 << 20, help="written each night (default 64M)")
     p.add_argument("--skip-virtnbd", action="store_true", help="no virtnbdbackup comparison")
-    p.add_argument("--skip-workload", action="store_true", help="no image workload (restic, borg, kopia)")
+    p.add_argument("--skip-workload", action="store_true",
+                   help="not the standard image workload (the sparse disk's row still runs unless --skip-big)")
     p.add_argument("--reuse", action="store_true",
                    help="use the peers already installed or built (kopia in the cache); skip scripts/peers.sh install")
     p.add_argument("--work", default=os.path.join("/var/tmp", "foundation-compare"),
@@ -368,7 +385,12 @@ def main(argv=None):
     p.add_argument("--keep", action="store_true", help="keep the repositories")
     p.add_argument("--out", default=os.path.join(HERE, "results"))
     p.add_argument("--max-log-size", default=None, help="Foundation's `init --max-log-size` (default: its own)")
+    p.add_argument("--show", metavar="JSON", help="print the tables of a saved result again, and run nothing")
     a = p.parse_args(argv)
+    if a.show:
+        with open(a.show) as f:
+            print(render(json.load(f)))
+        return
     Foundation.max_log = a.max_log_size
     t_start = time.monotonic()
     cold = measure.drop_caches()
@@ -391,7 +413,6 @@ def main(argv=None):
     os.makedirs(a.work, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     path = os.path.join(a.out, f"compare-{a.size >> 20}M-{stamp}.json")
-    printed = report["printed"] = []
 
     def save():
         report["machine"]["load_end"] = os.getloadavg()
@@ -400,55 +421,66 @@ def main(argv=None):
         with open(path, "w") as f:
             json.dump(report, f, indent=1)
 
-    def show(text):
-        printed.append(text)
-        print(text + "\n", flush=True)
-
-    if tools and not a.skip_workload:
+    big = [t for t in tools if t.name in a.big_tools.split(",")] if not a.skip_big else []
+    if (tools and not a.skip_workload) or big:
         days_dir = os.path.join(a.work, f"days-{a.size}-{a.days}-{a.seed}")
         say(f"generating the workload in {days_dir} ...")
         man = generate(days_dir, a.size, a.days, a.seed)
-        runs = run_workload(a, tools, man, days_dir, a.size)
-        rows = [summarize(r) for r in runs]
-        report["workload"] = {"size": a.size, "days": a.days, "seed": a.seed, "runs": runs, "summary": rows,
-                              "ratios": ratios(rows, a.size == 2 << 30 and a.days == 8),
-                              "changed_bytes": [d.get("changed_bytes") for d in man["day"]]}
+    if tools and not a.skip_workload:
+        report["workload"] = {"size": a.size, "days": a.days, "seed": a.seed,
+                              "changed_bytes": [d.get("changed_bytes") for d in man["day"]],
+                              "runs": run_workload(a, tools, man, days_dir, a.size)}
         save()
-        show(f"{gib(a.size)} image, {a.days} days (later days: median; restore: median of the last day and "
-             f"day 0; store after the last day)\n" + workload_table(rows))
-        if report["workload"]["ratios"]:
-            show(ratio_table("Foundation against the best peer of this run", report["workload"]["ratios"]))
-        for s in rows:
-            if "idle_s" in s:
-                show(f"{s['tool']}: a day with no change {s['idle_s']:.2f} s ({s['idle_cpu_s']:.2f} CPU s)")
-        big = [t for t in tools if t.name in a.big_tools.split(",")]
-        if big and not a.skip_big:
-            runs = run_workload(a, big, man, days_dir, a.big_size, a.big_days, restores=False)
-            rows = [summarize(r) for r in runs]
-            report["big"] = {"size": a.big_size, "days": a.big_days, "runs": runs, "summary": rows,
-                             "ratios": ratios(rows, False)}
-            save()
-            show(f"{gib(a.big_size)} sparse disk, the same data and daily change, {a.big_days} days\n"
-                 + workload_table(rows))
-            if report["big"]["ratios"]:
-                show(ratio_table("Foundation against the best peer on the sparse disk", report["big"]["ratios"]))
-            small = {s["tool"]: s for s in report["workload"]["summary"]}
-            for s in rows:
-                if s["tool"] in small:
-                    s["later_vs_small"] = round(s["later_s"] / small[s["tool"]]["later_s"], 2)
-                    show(f"{s['tool']}: a later day on {gib(a.big_size)} takes {s['later_vs_small']:.2f}x its "
-                         f"time on {gib(a.size)} (aim: the same)")
-            save()
+        print(render(report, ["workload"]), flush=True)
+    if big:
+        report["big"] = {"size": a.big_size, "days": a.big_days,
+                         "runs": run_workload(a, big, man, days_dir, a.big_size, a.big_days, restores=False)}
+        save()
+        print(render(report, ["big"]), flush=True)
     if not a.skip_virtnbd:
         import peer_domains
 
         report["virtnbd"] = peer_domains.compare(a.work, a.nights, a.vm_size, a.vm_data, a.night_change, say)
         save()
-        show(peer_domains.table(report["virtnbd"]))
+        print(render(report, ["virtnbd"]), flush=True)
     save()
     print(f"run time {report['run_seconds']} s; load average {report['machine']['load_start'][0]:.1f} at the "
           f"start, {report['machine']['load_end'][0]:.1f} at the end")
     print(f"results: {path}")
+
+
+def render(report, parts=("workload", "big", "virtnbd")):
+    """The tables of a run's parts, summaries and ratios worked out again from its measurements."""
+    out = []
+    w = report.get("workload")
+    if w and "workload" in parts:
+        rows = [summarize(r) for r in w["runs"]]
+        out.append(f"{gib(w['size'])} image, {w['days']} days (later days: median; restore: median of the last day "
+                   f"and day 0; store after the last day)\n" + workload_table(rows))
+        rat = ratios(rows, w["size"] == 2 << 30 and w["days"] == 8)
+        if rat:
+            out.append(ratio_table("Foundation against the best peer of this run (above 1: Foundation better)", rat))
+        out += [f"{s['tool']}: a day with no change {s['idle_s']:.2f} s ({s['idle_cpu_s']:.2f} CPU s)"
+                for s in rows if "idle_s" in s]
+    b = report.get("big")
+    if b and "big" in parts:
+        rows = [summarize(r) for r in b["runs"]]
+        out.append(f"{gib(b['size'])} sparse disk, the same data and daily change, {b['days']} days\n"
+                   + workload_table(rows))
+        rat = ratios(rows, False)
+        if rat:
+            out.append(ratio_table("Foundation against the best peer on the sparse disk", rat))
+        small = {s["tool"]: s for s in map(summarize, w["runs"])} if w else {}
+        out += [f"{s['tool']}: a later day on {gib(b['size'])} takes {s['later_s'] / small[s['tool']]['later_s']:.2f}x "
+                f"its time on {gib(w['size'])} ({s['later_cpu_s'] / small[s['tool']]['later_cpu_s']:.2f}x the CPU "
+                f"seconds; aim: the same)" for s in rows if s["tool"] in small]
+        out += [f"{s['tool']}: a day with no change on {gib(b['size'])} {s['idle_s']:.2f} s ({s['idle_cpu_s']:.2f} "
+                f"CPU s)" for s in rows if "idle_s" in s]
+    if report.get("virtnbd") and "virtnbd" in parts:
+        import peer_domains
+
+        out.append(peer_domains.table(report["virtnbd"]))
+    return "\n\n".join(out) + "\n"
 
 
 if __name__ == "__main__":

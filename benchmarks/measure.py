@@ -26,11 +26,16 @@ def drop_caches():
 
 def op(cmd, cwd=None, env=None, cold=True):
     """Run one measured operation, the page cache dropped first when `cold` ->
-    {"seconds", "cpu_seconds" (user + sys of the command and its children), "peak_rss" (bytes)}."""
+    {"seconds", "cpu_seconds" (user + sys of the command and its children), "peak_rss" (bytes),
+    "sync_seconds" (a `sync` right after: what the command left unwritten, since tools differ in
+    whether they fsync before they exit)}."""
     if cold:
         drop_caches()
     dt, peak, _, cpu = _run(cmd, cwd, env)
-    return {"seconds": round(dt, 3), "cpu_seconds": round(cpu, 3), "peak_rss": peak}
+    t0 = time.perf_counter()
+    os.sync()
+    return {"seconds": round(dt, 3), "cpu_seconds": round(cpu, 3), "peak_rss": peak,
+            "sync_seconds": round(time.perf_counter() - t0, 3)}
 
 
 def run(cmd, cwd=None, env=None, capture=False, ok=(0,)):
