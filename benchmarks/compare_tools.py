@@ -106,7 +106,9 @@ class Foundation(Tool):
         return {"PYTHONPATH": ROOT}
 
     def version(self):
-        head = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+        # the last commit that changed Foundation itself, not the benchmarks
+        head = subprocess.run(["git", "-C", ROOT, "log", "-1", "--format=%h", "--", "foundation", "csrc"],
+                              capture_output=True, text=True)
         return head.stdout.strip()
 
     def init(self, repo, work):
