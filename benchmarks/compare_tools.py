@@ -13,20 +13,24 @@ Three parts, each on the same bytes for every tool, the page cache dropped
    and day 0 are restored and checked against their SHA-256.
 2. The same days on a 64 GiB sparse disk (the 2 GiB image with 62 GiB of
    hole after it, so the same data and the same daily change): day 0 and
-   the later days, Foundation and restic by default.
+   day 1 by default (`--big-days`), Foundation and restic (`--big-tools`).
 3. virtnbdbackup on its own ground (benchmarks/peer_domains.py): two
    identical running domains, one archived by `foundation archive`, the
    other by virtnbdbackup (libvirt refuses checkpoints beside external
    snapshots), the same writes into both each night.
 
     python benchmarks/compare_tools.py [--tools foundation-hash,restic,borg,kopia] [--size 2G]
-        [--days 8] [--nights 5] [--skip-virtnbd] [--skip-big] [--reuse] [--work DIR]
+        [--days 8] [--nights 5] [--skip-workload] [--skip-big] [--skip-virtnbd] [--reuse] [--work DIR]
+    python benchmarks/compare_tools.py --show benchmarks/results/compare-….json
 
 Without `--reuse`, scripts/peers.sh installs what is missing first (kopia is
 built from the Go module proxy once, about 4 minutes). Writes
 benchmarks/results/compare-SIZE-TIMESTAMP.json and prints the tables, then
 each of Foundation's figures as a ratio to the best peer measured in the
 same run, beside the aim of issue 18. Run as root (the page cache, libvirt).
+The whole default run took about 40 minutes on 2 cores shared with other
+work (load average 10-13); restic reading the 64 GiB disk twice is a third
+of it.
 """
 
 import argparse
