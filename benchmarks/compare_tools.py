@@ -29,8 +29,8 @@ benchmarks/results/compare-SIZE-TIMESTAMP.json and prints the tables, then
 each of Foundation's figures as a ratio to the best peer measured in the
 same run, beside the aim of issue 18. Run as root (the page cache, libvirt).
 The whole default run took about 40 minutes on 2 cores shared with other
-work (load average 10-13); restic reading the 64 GiB disk twice is a third
-of it.
+work at load average 10-13 (the standard workload alone 11 minutes at 2-5);
+restic reading the 64 GiB disk twice is about a quarter of it.
 """
 
 import argparse
