@@ -96,17 +96,19 @@ def start(kind, d):
 def delayed(srv, delay_ms, proxies):
     """srv (MinIO) reached through a DelayProxy of delay_ms each way."""
     import servers
-    from delayproxy import DelayProxy
+    from delayproxy import Spawned
     from urllib.parse import urlsplit
-    proxy = DelayProxy(urlsplit(srv.options["endpoint"]).port, delay_ms / 1000).__enter__()
+    proxy = Spawned(urlsplit(srv.options["endpoint"]).port, delay_ms / 1000)
     proxies.append(proxy)
-    return servers.Server("s3", srv.url, dict(srv.options, endpoint=f"http://127.0.0.1:{proxy.port}"),
-                          client=srv.client)
+    out = servers.Server("s3", srv.url, dict(srv.options, endpoint=f"http://127.0.0.1:{proxy.port}"),
+                         client=srv.client)
+    out.measure = srv.procs     # MinIO's CPU (the proxy stands for the link: not counted)
+    return out
 
 
 def main_(a):
     tmp = tempfile.mkdtemp(prefix="bench-replica-", dir=a.tmp)
-    srvs, proxies = {}, []
+    srvs, proxies, started = {}, [], []
     rows = []
     try:
         for kind in a.servers:
@@ -115,6 +117,7 @@ def main_(a):
             except Exception as e:  # noqa: BLE001 - a missing server program skips its column
                 print(f"{kind}: not measured ({e})", flush=True)
                 continue
+            started.append(srv)    # stopped at the end even when only its delayed form is measured
             if kind != "s3":
                 srvs[kind] = srv
                 continue
@@ -138,14 +141,15 @@ def main_(a):
             got = {kind: {"size_mb": mb, "server": kind, "log_bytes": log_bytes} for kind in subs}
             for kind, sub in list(subs.items()):    # day 1 everywhere, then day 2 everywhere
                 try:
-                    with Local(store, key) as loc, sub.backend() as b:
+                    with Local(store, key) as loc, sub.backend() as b, Cpu(srvs[kind]) as cpu:
                         r = replicate(loc, b)
                 except Exception as e:  # noqa: BLE001 - e.g. the code measured cannot use this server
                     print(f"{mb:6d} MiB image  {kind:9s}  FAILED: {e}", flush=True)
                     rows.append(dict(got[kind], error=str(e)))
                     del subs[kind]
                     continue
-                got[kind].update(first_s=r.seconds, first_sent=r.bytes_sent, first_mb_s=r.bytes_sent / r.seconds / 1e6)
+                got[kind].update(first_s=r.seconds, first_sent=r.bytes_sent, first_mb_s=r.bytes_sent / r.seconds / 1e6,
+                                 **cpu.row("first"))
             run(g + ["import-image", "vm", img, "--at", "2024-05-02"])
             for kind, sub in subs.items():
                 with Local(store, key) as loc, sub.backend() as b:
@@ -153,24 +157,25 @@ def main_(a):
                 got[kind].update(next_s=r.seconds, next_sent=r.bytes_sent)
             for kind, sub in subs.items():
                 target = os.path.join(d, f"recovered-{kind}")
-                with sub.backend() as b:
+                with sub.backend() as b, Cpu(srvs[kind]) as cpu:
                     rec = recover(b, target, key)
                 assert not rec.damage and rec.snapshots == 2, rec
                 shutil.rmtree(target)
                 row = got[kind]
                 row.update(recover_s=rec.seconds, recover_mb_s=rec.downloaded / rec.seconds / 1e6,
-                           recovered_bytes=rec.downloaded)
+                           recovered_bytes=rec.downloaded, **cpu.row("recover"))
                 rows.append(row)
                 print(f"{mb:6d} MiB image ({log_bytes / 1e6:7.1f} MB of arenas)  {kind:9s}  "
                       f"replicate {row['first_sent'] / 1e6:7.1f} MB in {row['first_s']:6.2f} s = "
-                      f"{row['first_mb_s']:6.1f} MB/s  next day {row['next_sent'] / 1e6:6.1f} MB in "
-                      f"{row['next_s']:5.2f} s  recover {rec.seconds:6.2f} s = {row['recover_mb_s']:6.1f} MB/s",
-                      flush=True)
+                      f"{row['first_mb_s']:6.1f} MB/s (CPU {row['first_cpu_s']:.2f} s + server "
+                      f"{row['first_server_cpu_s']:.2f} s, load {row['first_load']:.1f})  next day "
+                      f"{row['next_sent'] / 1e6:6.1f} MB in {row['next_s']:5.2f} s  recover {rec.seconds:6.2f} s = "
+                      f"{row['recover_mb_s']:6.1f} MB/s (CPU {row['recover_cpu_s']:.2f} s)", flush=True)
             shutil.rmtree(d)
     finally:
         for p in proxies:
             p.stop()
-        for s in srvs.values():
+        for s in started:
             s.stop()
         shutil.rmtree(tmp, ignore_errors=True)
     label = f"-{a.label}" if a.label else ""
@@ -181,9 +186,42 @@ def main_(a):
                    "cpus": os.cpu_count(), "code": _describe(CODE),
                    "args": {"sizes": a.sizes, "servers": a.servers, "delays_ms": a.delays,
                             "parallel": a.parallel},
-                   "units": {"*_s": "seconds", "*_mb_s": "MB/s (10^6 bytes)", "*_sent": "bytes"},
+                   "units": {"*_s": "seconds", "*_mb_s": "MB/s (10^6 bytes)", "*_sent": "bytes",
+                             "*_cpu_s": "CPU seconds (user + sys) of the measured process",
+                             "*_server_cpu_s": "CPU seconds of the server's processes (MinIO, vsftpd)",
+                             "*_load": "1-minute load average as the step ended"},
                    "rows": rows}, f, indent=1)
     print(f"results: {out}")
+
+
+class Cpu:
+    """CPU seconds (user + sys) of this process and of the server's processes over a `with` block,
+    and the load average when it ends: on a shared machine wall time alone says little."""
+
+    def __init__(self, srv):
+        self.pids = [p.pid for p in getattr(srv, "measure", srv.procs)]
+
+    def _server(self):
+        total = 0.0
+        for pid in self.pids:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return total
+
+    def __enter__(self):
+        self.cpu, self.srv = time.process_time(), self._server()
+        return self
+
+    def __exit__(self, *exc):
+        self.cpu, self.srv = time.process_time() - self.cpu, self._server() - self.srv
+        self.load = os.getloadavg()[0]
+
+    def row(self, what):
+        return {f"{what}_cpu_s": self.cpu, f"{what}_server_cpu_s": self.srv, f"{what}_load": self.load}
 
 
 def _describe(tree):

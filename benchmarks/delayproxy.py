@@ -10,9 +10,16 @@ dies with the process).
 
     with DelayProxy(target_port=9000, delay=0.020) as proxy:
         ... http://127.0.0.1:{proxy.port} ...
+
+A benchmark runs it as a process of its own (`Spawned`, or `python
+delayproxy.py PORT DELAY`, which prints the port it listens on), as a
+real link is: in the measured process its thread would wait for the GIL
+behind the upload threads, and stretch the delay.
 """
 
 import asyncio
+import subprocess
+import sys
 import threading
 import time
 
@@ -105,3 +112,22 @@ class DelayProxy:
             await asyncio.gather(read(), write())
         except OSError:
             pass
+
+
+class Spawned:
+    """A DelayProxy in a process of its own: .port, .stop()."""
+
+    def __init__(self, target_port, delay):
+        self.proc = subprocess.Popen([sys.executable, __file__, str(target_port), str(delay)],
+                                     stdout=subprocess.PIPE, text=True)
+        self.port = int(self.proc.stdout.readline())
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+if __name__ == "__main__":
+    proxy = DelayProxy(int(sys.argv[1]), float(sys.argv[2])).__enter__()
+    print(proxy.port, flush=True)
+    proxy._thread.join()

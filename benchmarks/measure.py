@@ -1,4 +1,4 @@
-"""Running a command and measuring it: wall time and peak memory.
+"""Running a command and measuring it: wall time, CPU seconds and peak memory.
 
 Peak memory comes from GNU time: a child forked from a large Python
 process (a benchmark holding an image in memory) would otherwise report
@@ -13,9 +13,38 @@ import tempfile
 import time
 
 
+def drop_caches():
+    """Write back and drop the page cache, so the next command reads from the disk; -> False if not root."""
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def op(cmd, cwd=None, env=None, cold=True):
+    """Run one measured operation, the page cache dropped first when `cold` ->
+    {"seconds", "cpu_seconds" (user + sys of the command and its children), "peak_rss" (bytes),
+    "sync_seconds" (a `sync` right after: what the command left unwritten, since tools differ in
+    whether they fsync before they exit)}."""
+    if cold:
+        drop_caches()
+    dt, peak, _, cpu = _run(cmd, cwd, env)
+    t0 = time.perf_counter()
+    os.sync()
+    return {"seconds": round(dt, 3), "cpu_seconds": round(cpu, 3), "peak_rss": peak,
+            "sync_seconds": round(time.perf_counter() - t0, 3)}
+
+
 def run(cmd, cwd=None, env=None, capture=False, ok=(0,)):
     """Run a command -> (seconds, peak RSS in bytes, stdout bytes if capture); raise on an exit status
     not in `ok`."""
+    return _run(cmd, cwd, env, capture, ok)[:3]
+
+
+def _run(cmd, cwd=None, env=None, capture=False, ok=(0,)):
     e = dict(os.environ, **(env or {}))
     gtime = shutil.which("time") or ("/usr/bin/time" if os.path.exists("/usr/bin/time") else None)
     with tempfile.TemporaryFile() as err, tempfile.TemporaryFile() as out, \
@@ -36,7 +65,7 @@ def run(cmd, cwd=None, env=None, capture=False, ok=(0,)):
             if lines:
                 peak = int(lines[-1]) * 1024
         out.seek(0)
-        return dt, peak, out.read() if capture else None
+        return dt, peak, out.read() if capture else None, ru.ru_utime + ru.ru_stime
 
 
 def save(name, res):
@@ -61,3 +90,24 @@ def timed(cmd, cwd=None, env=None, ok=(0,)):
             raise RuntimeError(f"{' '.join(map(str, cmd))} failed ({p.returncode}): {p.stderr.decode()[-2000:]}")
         e, u, s, m = out.read().split()[-4:]
     return dict(wall_s=float(e), cpu_s=round(float(u) + float(s), 2), peak_rss_mib=round(int(m) / 1024, 1)), p.stdout
+
+
+def usage(path):
+    """-> (allocated bytes, apparent bytes) of every file under `path`."""
+    alloc = apparent = 0
+    for d, _, files in os.walk(path):
+        for f in files:
+            try:
+                st = os.lstat(os.path.join(d, f))
+            except FileNotFoundError:
+                continue
+            alloc += st.st_blocks * 512
+            apparent += st.st_size
+    return alloc, apparent
+
+
+def table(head, rows):
+    """Rows of strings as aligned columns."""
+    lines = [head] + rows
+    w = [max(len(r[i]) for r in lines) for i in range(len(head))]
+    return "\n".join("  ".join(c.ljust(w[i]) for i, c in enumerate(r)).rstrip() for r in lines)

@@ -6,6 +6,9 @@
  * per call and joined before returning: a batch of thousands of blocks
  * amortises a thread start, and no state outlives the call but the
  * contexts a codec pools. Results never depend on the number of threads.
+ * fdn_share hands the ranges out a slice at a time instead, so a thread
+ * whose core is taken by other work (the image being read and hashed
+ * beside an append, another process) holds up no one: the others take more.
  */
 #include <pthread.h>
 #include "internal.h"
@@ -96,6 +99,57 @@ int fdn_parallel(int threads, size_t n, size_t grain, fdn_job fn, void *arg)
 			break;
 		}
 	return rc;
+}
+
+typedef struct {
+	fdn_job fn;
+	void *arg;
+	size_t n, slice, next;
+	size_t bad;		/* first item of the first failed slice, or n */
+	int rc;
+	pthread_mutex_t lock;
+} shared;
+
+static int take(void *p, size_t lo, size_t hi)
+{
+	shared *s = p;
+
+	(void)lo, (void)hi;
+	for (;;) {
+		size_t i = __atomic_fetch_add(&s->next, s->slice, __ATOMIC_RELAXED), end;
+		int rc;
+		if (i >= s->n || __atomic_load_n(&s->bad, __ATOMIC_RELAXED) < i)
+			return FDN_OK;
+		end = s->n - i > s->slice ? i + s->slice : s->n;
+		if ((rc = s->fn(s->arg, i, end)) != FDN_OK) {
+			pthread_mutex_lock(&s->lock);
+			if (i < s->bad) {	/* the failure reported is the first in item order */
+				s->bad = i;
+				s->rc = rc;
+			}
+			pthread_mutex_unlock(&s->lock);
+		}
+	}
+}
+
+/* Run fn over [0, n) in slices of at least grain items taken by up to
+ * threads threads as they come free; the first failure in item order is
+ * returned (slices after it may be skipped). */
+int fdn_share(int threads, size_t n, size_t grain, fdn_job fn, void *arg)
+{
+	shared s = { fn, arg, n, 0, 0, n, FDN_OK, PTHREAD_MUTEX_INITIALIZER };
+	size_t k = threads < 1 ? 1 : (size_t)threads;
+	int rc;
+
+	if (grain == 0)
+		grain = 1;
+	if (k <= 1 || n < 2 * grain)
+		return fn(arg, 0, n);
+	/* about eight slices a thread: small enough to even out, big enough to stay cheap */
+	s.slice = n / (8 * k) > grain ? n / (8 * k) : grain;
+	rc = fdn_parallel(threads, k, 1, take, &s);
+	pthread_mutex_destroy(&s.lock);
+	return rc != FDN_OK ? rc : s.rc;
 }
 
 enum { SHA256_BLOCK = 64 };

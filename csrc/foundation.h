@@ -41,6 +41,7 @@ enum {
 	FDN_ETAG = -12,		/* the HMAC tag does not match: damaged or forged */
 	FDN_EDECOMPRESS = -13,	/* authentic, yet the payload does not decode to R bytes */
 	FDN_ETRUNCATED = -14,	/* the buffer ends inside the record */
+	FDN_ESCORE = -15,	/* the data does not match its score (fdn_check) */
 	FDN_EBUCKET = -20	/* an index bucket's count exceeds its capacity */
 };
 
@@ -103,6 +104,26 @@ int64_t fdn_unpack_many(fdn_codec *c, uint32_t arena, const uint8_t *iv,
 int64_t fdn_scan(fdn_codec *c, uint32_t arena, const uint8_t *buf,
 	size_t len, uint64_t base, int verify, fdn_entry *ents, size_t nents,
 	uint64_t *end, int *err);
+enum { FDN_TAGS = 0, FDN_DECODED = 1, FDN_SCORED = 2 };	/* fdn_check's depth */
+/*
+ * Check records completely, as verify does, from buf (buf[0] at arena
+ * offset base). The walk follows the headers as fdn_scan does without
+ * verifying, and stops where it stops (*end, *err; FDN_ESPACE when nents
+ * records are found: call again from *end), with ents as its scratch; then
+ * every record it found is checked, spread over `threads` threads, as deep
+ * as `depth` says: FDN_TAGS its tag, FDN_DECODED its decryption and
+ * decoding too, FDN_SCORED its data against its key field too (the score
+ * fdn_scores makes: keyed by skey when skey is not NULL).
+ * Record i's offset, raw length, type and tag go to offs[i], raws[i],
+ * btypes[i] and tags[16 i, 16 i + 16), its verdict to errs[i]: FDN_OK,
+ * FDN_ETAG, FDN_EDECOMPRESS or FDN_ESCORE (a bad record is no failure of
+ * the call). Every array has room for nents. Returns the number of records.
+ */
+int64_t fdn_check(fdn_codec *c, uint32_t arena, const uint8_t *iv,
+	const uint8_t *buf, size_t len, uint64_t base, int depth,
+	const uint8_t *skey, size_t skeylen, fdn_entry *ents, size_t nents,
+	uint64_t *offs, uint32_t *raws, uint8_t *btypes, uint8_t *tags,
+	int32_t *errs, uint64_t *end, int *err, int threads);
 
 /*
  * Index buckets: u32le count, then count entries of keylen + 8 bytes

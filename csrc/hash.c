@@ -38,26 +38,32 @@ static int score_range(void *arg, size_t lo, size_t hi)
 
 	for (size_t i = lo; i < hi && rc == FDN_OK; i++) {
 		uint8_t *o = j->out + i * FDN_SCORE_SIZE;
-		const uint8_t *b = j->buf + i * j->blen;
 		if (j->skip && j->skip[i]) {
 			memset(o, 0, FDN_SCORE_SIZE);
 			continue;
 		}
-		if (j->key) {
-			rc = fdn_hmac_begin(j->key, c);
-			if (rc == FDN_OK && !(EVP_DigestUpdate(c, &j->btype, 1) &&
-			    EVP_DigestUpdate(c, b, j->blen)))
-				rc = FDN_ECRYPTO;
-			if (rc == FDN_OK)
-				rc = fdn_hmac_end(j->key, c, o);
-		} else if (!EVP_DigestInit_ex2(c, fdn_sha256, NULL) ||
-		    !EVP_DigestUpdate(c, &j->btype, 1) ||
-		    !EVP_DigestUpdate(c, b, j->blen) ||
-		    !EVP_DigestFinal_ex(c, o, NULL))
-			rc = FDN_ECRYPTO;
+		rc = fdn_score(j->key, c, j->btype, j->buf + i * j->blen, j->blen, o);
 	}
 	EVP_MD_CTX_free(c);
 	return rc;
+}
+
+/* The score of one block: SHA-256, or HMAC-SHA256 under key, of btype and the bytes. */
+int fdn_score(const fdn_hkey *key, EVP_MD_CTX *c, uint8_t btype,
+	const uint8_t *b, size_t len, uint8_t out[FDN_SCORE_SIZE])
+{
+	int rc;
+
+	if (key) {
+		rc = fdn_hmac_begin(key, c);
+		if (rc == FDN_OK && !(EVP_DigestUpdate(c, &btype, 1) && EVP_DigestUpdate(c, b, len)))
+			rc = FDN_ECRYPTO;
+		return rc == FDN_OK ? fdn_hmac_end(key, c, out) : rc;
+	}
+	if (!EVP_DigestInit_ex2(c, fdn_sha256, NULL) || !EVP_DigestUpdate(c, &btype, 1) ||
+	    !EVP_DigestUpdate(c, b, len) || !EVP_DigestFinal_ex(c, out, NULL))
+		return FDN_ECRYPTO;
+	return FDN_OK;
 }
 
 int fdn_scores(const uint8_t *buf, size_t len, size_t bs, int btype,
@@ -81,7 +87,7 @@ int fdn_scores(const uint8_t *buf, size_t len, size_t bs, int btype,
 			return rc;
 		j.key = &hk;
 	}
-	rc = fdn_parallel(threads, n, 64, score_range, &j);
+	rc = fdn_share(threads, n, 64, score_range, &j);
 	if (keyed)
 		fdn_hkey_free(&hk);
 	return rc;

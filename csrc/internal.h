@@ -76,6 +76,7 @@ int fdn_nblocks(size_t len, size_t bs, size_t *n);
 
 typedef int (*fdn_job)(void *arg, size_t lo, size_t hi);
 int fdn_parallel(int threads, size_t n, size_t grain, fdn_job fn, void *arg);
+int fdn_share(int threads, size_t n, size_t grain, fdn_job fn, void *arg);
 
 /* An HMAC-SHA256 key with ipad and opad already absorbed: keyed once, then
  * each message costs a context copy instead of two extra compressions. */
@@ -88,5 +89,9 @@ int fdn_hkey_init(fdn_hkey *k, const uint8_t *key, size_t len);
 void fdn_hkey_free(fdn_hkey *k);
 int fdn_hmac_begin(const fdn_hkey *k, EVP_MD_CTX *c);
 int fdn_hmac_end(const fdn_hkey *k, EVP_MD_CTX *c, uint8_t out[FDN_SCORE_SIZE]);
+
+/* hash.c: a block's score (key NULL: plain SHA-256) */
+int fdn_score(const fdn_hkey *key, EVP_MD_CTX *c, uint8_t btype,
+	const uint8_t *b, size_t len, uint8_t out[FDN_SCORE_SIZE]);
 
 #endif

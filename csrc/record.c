@@ -398,7 +398,7 @@ int64_t fdn_pack(fdn_codec *c, uint32_t arena, const uint8_t *iv,
 		work_put(c, w);
 		goto out;
 	}
-	if ((rc = fdn_parallel(threads, n, GRAIN, fill_range, &j)) != FDN_OK)
+	if ((rc = fdn_share(threads, n, GRAIN, fill_range, &j)) != FDN_OK)
 		goto out;
 	for (i = 0; i < n; i++) {
 		/* compact: every record moves down or stays, in order */
@@ -408,7 +408,7 @@ int64_t fdn_pack(fdn_codec *c, uint32_t arena, const uint8_t *iv,
 		offs[i] = pos;
 		pos += FDN_HEADER_SIZE + j.slen[i];
 	}
-	rc = fdn_parallel(threads, n, GRAIN, seal_range, &j);
+	rc = fdn_share(threads, n, GRAIN, seal_range, &j);
 out:
 	free(j.slen);
 	free(j.codec);
@@ -633,4 +633,124 @@ int64_t fdn_scan(fdn_codec *c, uint32_t arena, const uint8_t *buf,
 	*end = base + pos;
 	*err = rc;
 	return (int64_t)count;
+}
+
+typedef struct {
+	fdn_codec *c;
+	uint32_t arena;
+	const uint8_t *iv;
+	const uint8_t *buf;	/* buf[0] is at arena offset base */
+	uint64_t base;
+	int depth;		/* FDN_TAGS, FDN_DECODED or FDN_SCORED */
+	const fdn_hkey *skey;	/* NULL: scores are plain SHA-256 */
+	const fdn_entry *ents;
+	int32_t *errs;
+	size_t n;
+	size_t next;		/* the first record no thread has taken */
+} checkjob;
+
+/* Record i's verdict into errs[i]; only a failure of the call is returned. */
+static int check_one(checkjob *j, work *w, uint8_t **data, size_t *cap, size_t i)
+{
+	const fdn_entry *e = &j->ents[i];
+	const uint8_t *rec = j->buf + (size_t)(e->off - j->base), *d = rec + FDN_HEADER_SIZE;
+	uint8_t t[FDN_SCORE_SIZE];
+	int rc;
+
+	j->errs[i] = FDN_OK;
+	if ((rc = tag(j->c, w, j->arena, e->off, rec, d, e->slen, t)) != FDN_OK)
+		return rc;
+	if (CRYPTO_memcmp(t, rec + FDN_H_TAG, FDN_TAG_SIZE) != 0) {
+		j->errs[i] = FDN_ETAG;
+		return FDN_OK;
+	}
+	if (j->depth < FDN_DECODED)
+		return FDN_OK;
+	if (e->codec != FDN_CODEC_RAW || j->c->enc) {
+		/* the length is authentic now: room for it is no risk */
+		if (*cap < e->rlen) {
+			free(*data);
+			*cap = 0;
+			if ((*data = malloc(e->rlen)) == NULL)
+				return FDN_ENOMEM;
+			*cap = e->rlen;
+		}
+		if ((rc = decode(j->c, w, j->iv, e, d, *data)) == FDN_EDECOMPRESS) {
+			j->errs[i] = rc;
+			return FDN_OK;
+		}
+		if (rc != FDN_OK)
+			return rc;
+		d = *data;
+	}
+	if (j->depth >= FDN_SCORED && e->rlen > 0) {
+		if ((rc = fdn_score(j->skey, w->md, e->btype, d, e->rlen, t)) != FDN_OK)
+			return rc;
+		if (memcmp(t, e->key, FDN_SCORE_SIZE) != 0)
+			j->errs[i] = FDN_ESCORE;
+	}
+	return FDN_OK;
+}
+
+/* Take the next STEAL of n records no thread has taken yet: [*i, *end); 0 when none is left. */
+static int take(size_t *next, size_t n, size_t *i, size_t *end)
+{
+	*i = __atomic_fetch_add(next, STEAL, __ATOMIC_RELAXED);
+	*end = *i < n && n - *i > STEAL ? *i + STEAL : n;
+	return *i < n;
+}
+
+/* As many_range: threads take STEAL records at a time, so a busy core holds up no one. */
+static int check_range(void *arg, size_t lo, size_t hi)
+{
+	checkjob *j = arg;
+	work *w = work_get(j->c);
+	uint8_t *data = NULL;
+	size_t cap = 0, i, end;
+	int rc = FDN_OK;
+
+	(void)lo, (void)hi;
+	if (w == NULL)
+		return FDN_ENOMEM;
+	while (rc == FDN_OK && take(&j->next, j->n, &i, &end))
+		for (; i < end && rc == FDN_OK; i++)
+			rc = check_one(j, w, &data, &cap, i);
+	free(data);
+	work_put(j->c, w);
+	return rc;
+}
+
+int64_t fdn_check(fdn_codec *c, uint32_t arena, const uint8_t *iv,
+	const uint8_t *buf, size_t len, uint64_t base, int depth,
+	const uint8_t *skey, size_t skeylen, fdn_entry *ents, size_t nents,
+	uint64_t *offs, uint32_t *raws, uint8_t *btypes, uint8_t *tags,
+	int32_t *errs, uint64_t *end, int *err, int threads)
+{
+	checkjob j = { c, arena, iv, buf, base, depth, NULL, ents, errs, 0, 0 };
+	fdn_hkey hk;
+	int64_t k;
+	int rc;
+
+	if ((c->enc && iv == NULL) || (skey == NULL && skeylen != 0) || depth < FDN_TAGS || depth > FDN_SCORED) {
+		*end = base;
+		return *err = FDN_EARG;
+	}
+	if ((k = fdn_scan(c, arena, buf, len, base, 0, ents, nents, end, err)) < 0)
+		return k;
+	j.n = (size_t)k;
+	for (size_t i = 0; i < j.n; i++) {
+		offs[i] = ents[i].off;
+		raws[i] = ents[i].rlen;
+		btypes[i] = ents[i].btype;
+		memcpy(tags + i * FDN_TAG_SIZE, buf + (ents[i].off - base) + FDN_H_TAG, FDN_TAG_SIZE);
+	}
+	if (depth >= FDN_SCORED && skey != NULL) {
+		if ((rc = fdn_hkey_init(&hk, skey, skeylen)) != FDN_OK)
+			return rc;
+		j.skey = &hk;
+	}
+	rc = fdn_parallel(threads, j.n, GRAIN, check_range, &j);
+	if (j.skey)
+		fdn_hkey_free(&hk);
+	return rc == FDN_OK ? k : rc;
 }

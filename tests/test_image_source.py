@@ -1,6 +1,7 @@
 """Reading image files: raw directly, qcow2 (backing chains, compressed clusters) through qemu-nbd."""
 
 import json
+import os
 import subprocess
 
 import pytest
@@ -58,6 +59,30 @@ def test_raw_file_reads_and_holes(tmp_path):
         src.close()
 
 
+def test_raw_reads_around_the_page_cache_give_the_same_bytes(tmp_path):
+    """Aligned reads go through O_DIRECT, the rest (unaligned offset, length or buffer) buffered."""
+    import mmap
+    data = content(seeded(7), (3 << 20) + 1000)  # a size that is no multiple of the alignment
+    p = tmp_path / "img.raw"
+    p.write_bytes(data)
+    src = open_image(str(p))
+    try:
+        buf = memoryview(mmap.mmap(-1, 4 << 20))
+        for off, n, at in ((0, 1 << 20, 0), (4096, 2 << 20, 4096), (3 << 20, 4096, 0), (100, 8192, 0),
+                           (8192, 5000, 0), (8192, 8192, 1), ((3 << 20) - 4096, 8192, 0)):
+            view = buf[at:at + n]
+            got = src.readinto(off, view)
+            assert bytes(view[:got]) == data[off:off + n]
+        try:
+            os.close(os.open(p, os.O_RDONLY | os.O_DIRECT))
+            direct = True
+        except OSError:  # tmpfs, for one
+            direct = False
+        assert (src.dfd is not None) == direct  # where the file system takes it, aligned reads used it
+    finally:
+        src.close()
+
+
 def test_holes_are_not_read(tmp_path):
     p = tmp_path / "sparse.raw"
     with open(p, "wb") as f:
@@ -75,6 +100,27 @@ def test_holes_are_not_read(tmp_path):
         r = ImageReader(s, root)
         assert r.read(5 << 20, 10001) == b"x" * 10000 + b"\0"
     src.close()
+
+
+def test_unallocated_qcow2_clusters_are_not_read(tmp_path):
+    """A 64 GiB qcow2 with 200 KB written: only the written clusters go over NBD."""
+    img = tmp_path / "big.qcow2"
+    qemu_img("create", "-f", "qcow2", str(img), "64G")
+    qemu_io(str(img), "write -P 0x5a 1048576 200000")
+    qemu_io(str(img), f"write -P 0x33 {(64 << 30) - 65536} 65536")
+    src = open_image(str(img))
+    reads = []
+    orig = src.readinto
+    src.readinto = lambda o, view: reads.append((o, len(view))) or orig(o, view)
+    try:
+        with open_store(make_store(tmp_path / "store")) as s:
+            root = write_image(s, src, src.size)
+            assert 0 < sum(n for _, n in reads) <= 1 << 20
+            r = ImageReader(s, root)
+            assert r.read(1048576 - 1, 200002) == b"\0" + b"\x5a" * 200000 + b"\0"
+            assert r.read((64 << 30) - 65537, 65537) == b"\0" + b"\x33" * 65536
+    finally:
+        src.close()
 
 
 @pytest.mark.parametrize("mode", ["hash", "value"])

@@ -502,6 +502,115 @@ def test_scan(impl, other, enc):
         assert scanner(codec, 4, IV, b"FD", base)[2].kind == "truncated"
 
 
+
+# ---- check_span ---------------------------------------------------------------------------
+
+SK = b"score key"
+
+
+def scored_arena(impl, codec, batches, base, skey=SK):
+    """Records whose key fields are their blocks' scores (keyed by skey), as a hash-mode store writes."""
+    out, offs, pos = bytearray(), [], base
+    for i, (buf, bs) in enumerate(batches):
+        recs, o = impl.pack(codec, 4, IV, pos, i + 1, buf, bs, impl.scores(buf, bs, i + 1, key=skey))
+        out += recs
+        offs += o
+        pos += len(recs)
+    return bytes(out), offs
+
+
+def checked(impl, codec, data, base, **kw):
+    """check_span's answer as plain values: ([(off, btype, R, tag, problem)], end, (error kind, offset))."""
+    got, end, err = impl.check_span(codec, 4, IV, data, base, **kw)
+    assert isinstance(got, N.Checked) and len(got.tags) == 16 * len(got.offs) == 16 * len(got.btypes)
+    recs = [(o, b, r, got.tags[16 * i:16 * i + 16], got.problems.get(i))
+            for i, (o, b, r) in enumerate(zip(got.offs, got.btypes, got.raws))]
+    assert set(got.problems) <= set(range(len(recs))) and None not in got.problems.values()
+    return recs, end, (err.kind, err.offset) if err else None
+
+
+@pytest.mark.parametrize("zlevel", [0, 3])
+@pytest.mark.parametrize("enc", [None, ENC])
+@pytest.mark.parametrize("skey", [None, SK])
+def test_check_span(impl, other, enc, zlevel, skey):
+    """check_span is scan, then unpack and a score of every record: the same answers, bad records named."""
+    c, oc = impl.Codec(enc, MAC, zlevel), other.Codec(enc, MAC, zlevel)
+    base = 200
+    batches = [(mixed(24, 1024, seed=40), 1024), (b"a tail", 6), (b"", 0), (mixed(9, 256, seed=41), 256)]
+    data, offs = scored_arena(impl, c, batches, base, skey)
+    end = base + len(data)
+    scanned, s_end, s_err = impl.scan(c, 4, IV, data, base)
+    want = [(o, b, R, data[o - base + 48:o - base + H], None) for o, b, _, S, R in scanned]
+    assert [w[0] for w in want] == offs and (s_end, s_err) == (end, None)
+    for impl_, codec in ((impl, c), (other, oc)):
+        for t in (1, 2, 64):
+            assert checked(impl_, codec, data, base, depth=N.SCORED, score_key=skey, threads=t) == (want, end, None)
+    assert checked(impl, c, memoryview(bytearray(data + bytes(100))), base) == (want, end, None)
+    # a damaged payload (tag), a forged block (decompress), a block that is not its score
+    bad = bytearray(data)
+    bad[offs[3] - base + H + 5] ^= 1
+    junk = b"not a zstd frame"
+    bad += forge_at(base + len(bad), 1, len(junk), 4096, junk)
+    block = b"x" * 100   # authentic, decodes, yet its key field is zeros
+    bad += forge_at(base + len(bad), 0, 100, 100, block if enc is None else encrypt(enc, base + len(bad) + H, block))
+    bad += data[offs[1] - base:offs[2] - base]   # a record moved to the wrong offset (tag), then a torn one
+    bad += data[offs[0] - base:offs[0] - base + 70]
+    bad = bytes(bad)
+    problems = {offs[3]: "tag", end: "decompress", end + H + len(junk): "score",
+                end + 2 * H + len(junk) + 100: "tag"}
+    torn = end + 2 * H + len(junk) + 100 + offs[2] - offs[1]
+    forged = end + H + len(junk)
+    assert impl.unpack(c, 4, IV, forged, bad[forged - base:])[2] == block
+    for impl_, codec in ((impl, c), (other, oc)):
+        for t in (1, 3):
+            got, g_end, g_err = checked(impl_, codec, bad, base, depth=N.SCORED, score_key=skey, threads=t)
+            assert {g[0]: g[4] for g in got if g[4]} == problems
+            assert [g[0] for g in got] == offs + sorted(problems)[1:]
+            assert [g[3] for g in got] == [bad[o - base + 48:o - base + H] for o in offs + sorted(problems)[1:]]
+            assert (g_end, g_err) == (torn, ("truncated", torn))
+            # unscored, the forged block passes: only verify's tag and decoding remain
+            got = checked(impl_, codec, bad, base, score_key=skey, threads=t)[0]
+            assert {g[0]: g[4] for g in got if g[4]} == {k: v for k, v in problems.items() if v != "score"}
+            # tags alone: every authentic record passes, written right or not
+            got = checked(impl_, codec, bad, base, depth=N.TAGS, score_key=skey, threads=t)[0]
+            assert {g[0]: g[4] for g in got if g[4]} == {k: v for k, v in problems.items() if v == "tag"}
+    # where scan stops, check_span stops
+    cut = bytearray(data)
+    cut[offs[5] - base:offs[5] - base + 4] = b"XXXX"
+    assert checked(impl, c, bytes(cut), base)[1:] == (offs[5], ("magic", offs[5]))
+    assert checked(impl, c, b"", base) == ([], base, None)
+    # the wrong mac key fails every tag, and each record is still found
+    got = checked(impl, impl.Codec(enc, b"wrong", zlevel), data, base, threads=2)[0]
+    assert [(g[0], g[4]) for g in got] == [(o, "tag") for o in offs]
+
+
+def encrypt(enc, pos, data):
+    """data encrypted as it lies at arena position pos under IV (the format's AES-CTR)."""
+    block = ((int.from_bytes(IV, "big") + pos // 16) % (1 << 128)).to_bytes(16, "big")
+    return Cipher(algorithms.AES(enc), modes.CTR(block)).encryptor().update(bytes(pos % 16) + data)[pos % 16:]
+
+
+def test_check_span_batches(impl, monkeypatch):
+    """More records than one C call returns: the native wrapper calls again from where it stopped."""
+    monkeypatch.setattr(cffi_backend, "CHECK_BATCH", 7)
+    c = impl.Codec(ENC, MAC, 3)
+    data, offs = scored_arena(impl, c, [(mixed(50, 512, seed=42), 512)], 64)
+    got, end, err = impl.check_span(c, 4, IV, data, 64, depth=N.SCORED, score_key=SK, threads=2)
+    assert got.offs == offs and got.problems == {} and (end, err) == (64 + len(data), None)
+    assert got.tags == b"".join(data[o - 64 + 48:o - 64 + H] for o in offs)
+    bad = bytearray(data)
+    for i in (3, 20, 41):
+        bad[offs[i] - 64 + H] ^= 1
+    got = impl.check_span(c, 4, IV, bytes(bad), 64, threads=2)[0]
+    assert got.offs == offs and got.problems == {3: "tag", 20: "tag", 41: "tag"}
+    with pytest.raises(ValueError):
+        impl.check_span(c, 4, IV[:8], data, 64)
+    with pytest.raises(ValueError, match="depth must be"):
+        impl.check_span(c, 4, IV, data, 64, depth=3)
+    with pytest.raises(TypeError):
+        impl.check_span(object(), 4, IV, data, 64)
+
+
 # ---- unpack_many ------------------------------------------------------------------------
 
 def many_arena(impl, codec, base=300, arena=4):

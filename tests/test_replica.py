@@ -293,6 +293,22 @@ def test_parallel_replicate_commits_the_manifest_last(request, tmp_path, capsys)
             with lock:
                 log.append(("end", name))
 
+        def get(self, name, *args, **kw):
+            return self.timed(f"get {name}", self.inner.get, name, *args, **kw)
+
+        def list(self, prefix=""):
+            return self.timed("list", self.inner.list, prefix)
+
+        def timed(self, what, fn, *args, **kw):
+            with lock:
+                log.append(("start", what))
+            time.sleep(0.05)
+            try:
+                return fn(*args, **kw)
+            finally:
+                with lock:
+                    log.append(("end", what))
+
     names = []
 
     class Names(Recorder):
@@ -311,6 +327,11 @@ def test_parallel_replicate_commits_the_manifest_last(request, tmp_path, capsys)
     manifest_at = [i for i, (what, name) in enumerate(log) if name == "manifest" and what == "start"]
     last_object_end = max(i for i, (what, name) in enumerate(log) if what == "end" and name.startswith(("arenas/", "open/")))
     assert manifest_at and manifest_at[0] > last_object_end
+    # The replica's state is read in one round trip, and store.json is up before any arena starts.
+    assert sorted(log[:3]) == [("start", x) for x in ("get manifest", "get store.json", "list")], log[:6]
+    claim_end = log.index(("end", "store.json"))
+    first_object = min(i for i, (what, name) in enumerate(log) if name.startswith(("arenas/", "open/")))
+    assert claim_end < first_object
 
     # Day 2 on a fresh replica, with one arena refused while the others are in flight: no manifest.
     srv2 = fresh(request, "s3")
@@ -616,19 +637,32 @@ def test_replica_failure_does_not_fail_the_import(site, tmp_path, caplog):
 # ---- gc: rewritten arenas replace the old ones remotely ------------------------------------------
 
 @pytest.mark.parametrize("mode", ["hash", "value"])
-def test_replica_follows_gc(request, tmp_path, capsys, mode):
+def test_replica_follows_gc(request, tmp_path, capsys, mode, monkeypatch):
     site = Site(tmp_path, capsys, mode=mode, size=2 << 20)
     srv = fresh(request, "file")
     site.use(srv)
+    checks, real = [], verify_mod.verify_arena
+
+    def seen(store, n, buf, sealed, chain, committed=None, full=True):
+        checks.append((sealed, full))
+        return real(store, n, buf, sealed, chain, committed, full)
+    monkeypatch.setattr(verify_mod, "verify_arena", seen)
     for d in range(1, 5):
         site.day(d)
         big = site.rng.randbytes(1 << 20) if d % 2 else bytes(1 << 20)   # a large file comes and goes
         site.img[1 << 20:2 << 20] = big
+    # A sealed arena the replica holds nothing of goes up checked by its tags alone (its decoding
+    # and scores could change nothing that goes up); the open arena is checked whole, and so is a
+    # sealed one the replica holds as segments of the arena that was open.
+    assert (True, False) in checks and (False, True) in checks and (False, False) not in checks
     old = set(objects(srv))
     rc, out, err = site.cli("forget", f"{VM}@2024-05-01T01:00:00Z", f"{VM}@2024-05-03T01:00:00Z")
     assert rc == 0, out + err
+    checks.clear()
     rc, out, err = site.cli("gc", "--min-garbage", "1")               # replicates at its end
     assert rc == 0 and "rewrote" in out, out + err
+    if mode == "hash":     # an arena rewritten in place of one the replica holds: checked whole
+        assert (True, True) in checks, checks
     now = set(objects(srv))
     assert now != old and any(".1." in n for n in now), now            # new generations went up
     rc, out, _ = site.cli("audit")
@@ -903,6 +937,47 @@ def test_a_replica_ahead_of_a_restored_store_is_kept_unless_forced(request, site
     rc, out, err = site.cli("replicate", "--force")
     assert rc == 0, out + err
     assert site.cli("audit", "--sample", "100")[0] == 0
+
+
+def test_recover_checks_every_record_once(request, site, tmp_path, monkeypatch):
+    """Arenas come down several at once (S3) and each record is checked once: as its arena comes down,
+    or by the final verify (the open arena); a damaged record is named as a verify of the store names it."""
+    from foundation import native
+    from foundation.store import Store
+    srv = fresh(request, "s3")
+    site.use(srv)
+    site.day(1)
+    site.day(2)
+    sealed = objects(srv)
+    assert len(sealed) >= 4
+    flip(srv, sealed[2])
+    checked, calls = {}, []
+    real = native.check_span
+
+    def counting(codec, n, *args, **kw):
+        got = real(codec, n, *args, **kw)
+        for off in got[0].offs:
+            checked[n, off] = checked.get((n, off), 0) + 1
+        return got
+    monkeypatch.setattr(native, "check_span", counting)
+    gets = []
+    with srv.backend() as b:
+        real_get = b.inner.get_file
+
+        def get_file(name, *args, **kw):
+            gets.append(("start", name))
+            time.sleep(0.05)
+            real_get(name, *args, **kw)
+            gets.append(("end", name))
+        monkeypatch.setattr(b.inner, "get_file", get_file)
+        res = recover(b, str(tmp_path / "recovered"), site.key)
+    assert res.snapshots == 2 and set(checked.values()) == {1}
+    assert {n for n, _ in checked} == set(range(len(sealed) + 1))     # every arena, the open one too
+    assert [what for what, _ in gets[:4]] == ["start"] * 4                       # at once
+    with Store.open(str(tmp_path / "recovered"), key_file=site.key) as s:
+        again = verify_mod.verify(s)
+    assert res.damage and [str(d) for d in res.damage] == [str(d) for d in again[0]] and res.records == again[1]
+    assert {d.arena for d in res.damage} == {2}
 
 
 def test_recover_names_a_damaged_segment_and_resumes(request, site, tmp_path):

@@ -313,6 +313,33 @@ def test_s3_one_put_then_parallel_parts(s3_server, big, tmp_path):
     assert temporaries(srv) == {}
 
 
+def test_s3_damaged_body_refused_and_sent_again(s3_server, tmp_path):
+    """Bytes damaged on the way fail the body's check at the server (over plain http its signed SHA-256,
+    not a Content-MD5 as well), and the whole object goes again; no request waits for `100 Continue`."""
+    data = os.urandom(3 * MiB)
+    (tmp_path / "x").write_bytes(data)
+    with s3_server.sub("damaged").backend() as b:
+        sent = []
+
+        def damage(request, **_):
+            sent.append(dict(request.headers))
+            if len(sent) == 1:
+                body = bytearray(request.body.read() if hasattr(request.body, "read") else request.body)
+                body[12345] ^= 1
+                request.body = bytes(body)
+        b.inner._client().meta.events.register("before-send.s3.PutObject", damage)
+        b.put("x", str(tmp_path / "x"))
+        assert b.retries == 1 and b.get("x") == data
+    assert [(h.get("Expect"), h.get("Content-MD5"), len(h["X-Amz-Content-SHA256"])) for h in sent] == \
+        [(None, None, 64)] * 2
+
+
+def test_s3_missing_bucket_named(s3_server):
+    from foundation.replica import open_backend
+    with pytest.raises(Permanent, match="bucket no-such-bucket does not exist at http://127.0.0.1:.*: create it"):
+        open_backend(spec_from_url("s3://no-such-bucket/p", **s3_server.options)).list()
+
+
 def test_s3_paced_parts_keep_the_limit(s3_server, big):
     """Parts in flight at once under one bandwidth limit: each byte is paced once, however botocore reads."""
     srv = s3_server.sub("paced")

@@ -426,3 +426,37 @@ def test_a_lost_summary_is_rebuilt_around_a_damaged_record(make_store, mode):
         with pytest.raises(DataCorrupt, match="arena 0 offset 72"):
             s.read(refs[:rs])
         assert b"".join(s.read_blocks(refs[rs:])) == data[BS:]
+
+
+def test_pipelined_writes_name_and_store_what_plain_writes_do(make_store, monkeypatch):
+    """Appends in a thread and writes behind them give the same refs, blocks and verify clean;
+    a write that fails there fails the scope and every later sync, so nothing past it is committed."""
+    import errno
+
+    from foundation.errors import StoreDiskFailed
+    op = make_store("hash", encrypt=True)
+    batches = [blocks(200, seed=s) + blocks(20, seed=1) for s in (1, 2, 3)] + [bytes(BS * 4) + blocks(50, seed=2)]
+    with op() as s:
+        plain = [s.write_blocks(b) for b in batches[:1]]
+    with op() as s:
+        with s.pipelined():
+            refs = [s.write_blocks(b) for b in batches]
+        assert refs[0] == plain[0] and s.counters["records"] == 600
+        assert [b"".join(s.read_blocks(r)) for r in refs] == batches
+        s.sync()
+        assert s.log.open.n >= 2 and verify(s) == ([], 600)
+        committed = s.commit()
+        real = os.pwrite
+        monkeypatch.setattr(os, "pwrite", lambda *a: (_ for _ in ()).throw(OSError(errno.EIO, "EIO")))
+        with pytest.raises(StoreDiskFailed):
+            with s.pipelined():
+                for seed in (7, 8, 9):
+                    s.write_blocks(blocks(100, seed=seed))
+        monkeypatch.setattr(os, "pwrite", real)
+        with pytest.raises(StoreDiskFailed):
+            s.sync()
+        assert s.commit() == committed
+        s.close(clean=False)  # as a process that fails leaves it
+    with op() as s:
+        assert s.commit() == committed
+        assert [b"".join(s.read_blocks(r)) for r in refs] == batches

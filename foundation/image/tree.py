@@ -8,10 +8,12 @@ whole all-zero subtree. The shape depends only on the size, so two trees of
 equal content are equal block for block and dedup completely.
 
 `write_image` walks the leaves that must be (re)computed in increasing
-order, 32 MiB of source at a time, one `write_blocks` call per batch of
-leaves and one per level for the interior nodes that batch completed; it
-keeps open only the nodes on the frontier, so memory stays bounded by the
-batch size whatever the image size. With a previous root and a list of
+order, 16 MiB of source at a time, one `write_blocks` call per batch of
+leaves (the store pipelined: a batch is read while the one before is
+hashed and the one before that appended) and one per level for the
+interior nodes completed, a few hundred at a time; it keeps open only the
+nodes on the frontier, so memory stays bounded by the batch size and
+OPEN_NODES whatever the image size. With a previous root and a list of
 changed byte ranges it opens just the nodes above changed leaves (one
 batched read per level), patches them and writes back only the nodes whose
 bytes changed: everything else is shared with the day before.
@@ -20,6 +22,8 @@ The byte layout is in docs/format.md (section "Image trees").
 """
 
 import concurrent.futures
+import contextlib
+import mmap
 from collections import OrderedDict
 
 from foundation.errors import DataCorrupt
@@ -27,7 +31,8 @@ from foundation.image import ranges as R
 from foundation.image.shape import Root, Shape, split_refs
 from foundation.store import BlockType
 
-CHUNK = 32 << 20  # bytes of source per write_blocks call
+CHUNK = 16 << 20  # bytes of source per write_blocks call (three such buffers in use)
+OPEN_NODES = 512  # level-1 nodes kept open before the completed ones are written
 
 
 class _Builder:
@@ -75,6 +80,7 @@ class _Builder:
     def _read_node(self, ref):
         if ref == self.null:
             return self.zero_node
+        _settle(self.s)
         return self.s.read(ref)
 
     def ensure(self, js1):
@@ -108,6 +114,7 @@ class _Builder:
                     want.append(j)
                     refs.append(r)
             if refs:
+                _settle(self.s)
                 for j, r, data in zip(want, refs, self.s.read_blocks(b"".join(refs))):
                     if len(data) != self.sh.bs:
                         raise DataCorrupt(f"tree node {r.hex()} holds {len(data)} bytes, not {self.sh.bs}")
@@ -270,20 +277,24 @@ def write_image(store, src, size, prev=None, changed=None, zeros=(), progress=No
 
     batches = list(_chunks(reads, nulls, max(1, CHUNK // bs)))
     per = max(1, CHUNK // bs) * bs
-    free = [bytearray(min(per, max(bs, R.total(reads) * bs))) for _ in range(2)]
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="read-image") as pool:
-        # double buffering: the next batch is read while the store digests this one
+    # Three buffers: batch i+1 is read while batch i is hashed and batch i-1
+    # appended (a pipelined store keeps a batch's buffer until its next call).
+    # Anonymous maps, not bytearrays: their pages are zero until the first read fills them.
+    free = [mmap.mmap(-1, min(per, max(bs, R.total(reads) * bs))) for _ in range(min(3, len(batches)))]
+    pipelined = getattr(store, "pipelined", None)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="read-image") as pool, \
+            (pipelined() if pipelined else contextlib.nullcontext()):
         pending = [pool.submit(read_batch, batches[0], free[0])] if batches else []
         for i, batch in enumerate(batches):
             buf = pending.pop(0).result()
             if i + 1 < len(batches):
-                pending.append(pool.submit(read_batch, batches[i + 1], free[(i + 1) % 2]))
+                pending.append(pool.submit(read_batch, batches[i + 1], free[(i + 1) % len(free)]))
+            if builder is not None:  # the old nodes are read before the batch's append is in flight
+                js = sorted({j for s, e, _ in batch for j in range(s // sh.fanout, (e - 1) // sh.fanout + 1)})
+                builder.ensure(js)
             refs = store.write_blocks(buf, btype=BlockType.DATA) if len(buf) else b""
             if len(refs) != len(buf) // bs * rs:
                 raise RuntimeError("store returned the wrong number of refs")
-            if builder is not None:
-                js = sorted({j for s, e, _ in batch for j in range(s // sh.fanout, (e - 1) // sh.fanout + 1)})
-                builder.ensure(js)
             pos = 0
             for s, e, rd in batch:
                 if rd:
@@ -296,8 +307,10 @@ def write_image(store, src, size, prev=None, changed=None, zeros=(), progress=No
                 else:
                     leaf0 = part
             if builder is not None:
-                nxt = batches[i + 1][0][0] if i + 1 < len(batches) else None
-                builder.finish(nxt)
+                # Completed nodes are written a few hundred at a time: each
+                # write of them waits for the data append in flight.
+                if i + 1 == len(batches) or len(builder.open[1]) >= OPEN_NODES:
+                    builder.finish(batches[i + 1][0][0] if i + 1 < len(batches) else None)
             if progress is not None:
                 progress(min(size, sum(e - s for s, e, _ in batch) * bs))
     if builder is None:
@@ -305,6 +318,13 @@ def write_image(store, src, size, prev=None, changed=None, zeros=(), progress=No
     if builder.root_ref is None:
         builder.finish(None)
     return Root(builder.root_ref, size, sh.depth)
+
+
+def _settle(store):
+    """Before a store call but write_blocks: the append in flight ends first."""
+    f = getattr(store, "settle", None)
+    if f is not None:
+        f()
 
 
 def _readinto(src, offset, view):

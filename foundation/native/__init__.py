@@ -31,6 +31,8 @@ when bs == len(buf).
     unpack_blocks(codec, arena, iv, buf, base, offsets, bs, out=None, threads=1)
         -> (out, keys n * 32, {i: RecordError})
     scan(codec, arena, iv, buf, base, verify=True) -> (entries, end, error)
+    check_span(codec, arena, iv, buf, base, depth=DECODED, score_key=None, threads=1)
+        -> (Checked(offs, btypes, raws, tags, problems), end, error)
     bucket_home(key, nbuckets) -> int
     bucket_find(bucket, keylen, key) -> [addr]
     sort_entries(entries, entsize, keylen)                in place
@@ -56,6 +58,14 @@ bytes, or a new bytearray), its key to keys[i * 32:(i + 1) * 32]. A record
 that fails, or holds other than bs bytes, is in the dict of bad items (a
 RecordError, kind "length" for a wrong size); its slot and key are
 unspecified (zeros in the reference).
+
+check_span is verify's check of one span of an arena in one call: the walk
+of scan(verify=False), then each record found checked on `threads` threads
+as deep as `depth` says: TAGS its tag; DECODED unpacked (tag, decryption,
+decoding); SCORED its data scored (key=score_key) against its key field too.
+Checked holds each record's offset, type, raw length and tag in arrays, and
+{index: "tag" | "decompress" | "score"} for the records that fail: each
+tag is computed once, and no Python runs per record unless one is bad.
 """
 
 import os
@@ -64,11 +74,11 @@ from foundation.native import cffi_backend
 from foundation.native import reference as reference_impl
 from foundation.native.checks import (  # the API's sizes and errors, one definition for both backends
     API, API_VERSION, ARENA_LIMIT, HEADER_SIZE, IV_SIZE, KEY_SIZE, MAX_THREADS, RECORD_MAGIC, SCORE_SIZE,
-    TAG_SIZE, WEAK_SIZE, ZLEVEL_MAX, ZLEVEL_MIN, BucketError, RecordError)
+    DECODED, SCORED, TAG_SIZE, TAGS, WEAK_SIZE, ZLEVEL_MAX, ZLEVEL_MIN, BucketError, Checked, RecordError)
 
 __all__ = ["API", "API_VERSION", "ARENA_LIMIT", "HEADER_SIZE", "IV_SIZE", "KEY_SIZE", "MAX_THREADS", "RECORD_MAGIC",
-           "SCORE_SIZE", "TAG_SIZE", "WEAK_SIZE", "ZLEVEL_MAX", "ZLEVEL_MIN", "BucketError", "RecordError",
-           "backend", "get", "native_impl", "reference_impl", *API]
+           "SCORE_SIZE", "TAG_SIZE", "WEAK_SIZE", "ZLEVEL_MAX", "ZLEVEL_MIN", "BucketError", "Checked", "RecordError",
+           "TAGS", "DECODED", "SCORED", "backend", "get", "native_impl", "reference_impl", *API]
 
 
 # ---- the choice --------------------------------------------------------------------
@@ -101,6 +111,7 @@ unpack = _impl.unpack
 unpack_many = _impl.unpack_many
 unpack_blocks = _impl.unpack_blocks
 scan = _impl.scan
+check_span = _impl.check_span
 bucket_home = _impl.bucket_home
 bucket_find = _impl.bucket_find
 sort_entries = _impl.sort_entries

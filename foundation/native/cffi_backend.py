@@ -17,7 +17,7 @@ from foundation.native.checks import (API_VERSION, HEADER_SIZE, KEY_SIZE, SCORE_
                                       RecordError)
 
 # C functions added within API_VERSION 1: a module built before them is stale too.
-_NEWEST = ("fdn_unpack_many", "fdn_tables_absent")
+_NEWEST = ("fdn_unpack_many", "fdn_check", "fdn_tables_absent")
 
 
 def _load_native():
@@ -246,6 +246,41 @@ class _Native:
         _ok(err[0])
 
     @staticmethod
+    def check_span(codec, arena, iv, buf, base, depth=checks.DECODED, score_key=None, threads=1):
+        checks.where(arena, iv, base)
+        checks.depth(depth)
+        c = _codec(codec, _Native)
+        size = checks.span(buf, base)
+        threads = checks.thread_count(threads)
+        b = _ro(buf)
+        k = _ffi.NULL if score_key is None else _ro(score_key)
+        cap = min(size // HEADER_SIZE + 1, CHECK_BATCH)
+        ents, errs = _alloc("fdn_entry[]", cap), _alloc("int32_t[]", cap)
+        offs, raws = _alloc("uint64_t[]", cap), _alloc("uint32_t[]", cap)
+        btypes, tags = _alloc("uint8_t[]", cap), _alloc("uint8_t[]", cap * TAG_SIZE)
+        end = _ffi.new("uint64_t *", base)
+        err = _ffi.new("int *")
+        got = checks.Checked([], b"", [], b"", {})
+        while True:
+            done = end[0] - base
+            n = _ok(_lib.fdn_check(c, arena, _ro(iv), b + done, size - done, end[0], depth, k,
+                                   0 if score_key is None else checks.nbytes(score_key), ents, cap, offs, raws,
+                                   btypes, tags, errs, end, err, threads))
+            if _ffi.buffer(errs, 4 * n)[:].count(0) != 4 * n:   # no Python per record unless one is bad
+                first = len(got.offs)
+                got.problems.update((first + i, _PROBLEM[r]) for i, r in enumerate(_ffi.unpack(errs, n)) if r)
+            got = got._replace(offs=got.offs + _ffi.unpack(offs, n), btypes=got.btypes + _ffi.buffer(btypes, n)[:],
+                               raws=got.raws + _ffi.unpack(raws, n),
+                               tags=got.tags + _ffi.buffer(tags, n * TAG_SIZE)[:])
+            if err[0] != _lib.FDN_ESPACE:
+                break
+        if err[0] == _lib.FDN_OK:
+            return got, end[0], None
+        if err[0] in _KINDS:
+            return got, end[0], RecordError(_KINDS[err[0]], end[0])
+        _ok(err[0])
+
+    @staticmethod
     def bucket_home(key, nbuckets):
         checks.uint(nbuckets, 1 << 64, "nbuckets")
         return _lib.fdn_bucket_home(_ro(key), checks.nbytes(key), nbuckets)
@@ -377,14 +412,18 @@ if _native is not None:
     _alloc = _ffi.new_allocator(should_clear_after_alloc=False)
     _KINDS = {_lib.FDN_EMAGIC: "magic", _lib.FDN_ELENGTH: "length", _lib.FDN_ETAG: "tag",
               _lib.FDN_EDECOMPRESS: "decompress", _lib.FDN_ETRUNCATED: "truncated"}
-    if (_lib.FDN_HEADER_SIZE, _lib.FDN_TAG_SIZE, _lib.FDN_KEY_SIZE, _lib.FDN_SCORE_SIZE) != \
-            (HEADER_SIZE, TAG_SIZE, KEY_SIZE, SCORE_SIZE):
+    _PROBLEM = {_lib.FDN_ETAG: "tag", _lib.FDN_EDECOMPRESS: "decompress",
+                _lib.FDN_ESCORE: "score"}
+    if (_lib.FDN_HEADER_SIZE, _lib.FDN_TAG_SIZE, _lib.FDN_KEY_SIZE, _lib.FDN_SCORE_SIZE,
+            _lib.FDN_TAGS, _lib.FDN_DECODED, _lib.FDN_SCORED) != \
+            (HEADER_SIZE, TAG_SIZE, KEY_SIZE, SCORE_SIZE, checks.TAGS, checks.DECODED, checks.SCORED):
         _native, _why = None, "the C core disagrees with foundation.native on record sizes"
 
 
 _tls = threading.local()
 SCRATCH_MIN, SCRATCH_KEEP = 1 << 16, 1 << 25
 UNPACK_CHUNK = 1 << 20  # unpack_many's output per call and thread: small enough to stay in cache
+CHECK_BATCH = 1 << 14   # records check_span finds per C call (a 16 MiB arena holds a few thousand)
 
 
 def _take(size):

@@ -5,6 +5,8 @@ every check is written once, here, and both call it before working;
 neither backend imports the other or the package that chooses between them.
 """
 
+from typing import NamedTuple
+
 API_VERSION = 1
 
 SCORE_SIZE = 32  # SHA-256; the record's key field
@@ -19,8 +21,28 @@ ZLEVEL_MIN, ZLEVEL_MAX = -(1 << 17), 22  # zstd's own bounds; 0 = never compress
 MAX_THREADS = 64
 
 API = ("zero_flags", "scores", "weak_hashes", "Codec", "pack", "unpack", "unpack_many",
-       "unpack_blocks", "scan", "bucket_home", "bucket_find", "sort_entries", "merge", "lookup", "Table",
+       "unpack_blocks", "scan", "check_span", "bucket_home", "bucket_find", "sort_entries", "merge", "lookup", "Table",
        "tables_lookup", "equal", "tables_absent")
+
+
+TAGS, DECODED, SCORED = 0, 1, 2   # how deep check_span checks: tags; and decoding; and scores
+
+
+def depth(value):
+    if value not in (TAGS, DECODED, SCORED):
+        raise ValueError(f"depth must be TAGS, DECODED or SCORED (0, 1, 2), not {value!r}")
+
+
+class Checked(NamedTuple):
+    """What check_span found: the records the walk met, each one's offset, type, raw length and tag
+    (tags: 16 bytes each, end to end), and the problems of the bad ones {index: "tag" | "decompress"
+    | "score"}."""
+
+    offs: list
+    btypes: bytes
+    raws: list
+    tags: bytes
+    problems: dict
 
 
 class RecordError(ValueError):

@@ -298,6 +298,38 @@ def scan(codec, arena, iv, buf, base, verify=True):
     return entries, base + pos, None
 
 
+def check_span(codec, arena, iv, buf, base, depth=checks.DECODED, score_key=None, threads=1):
+    """Every record of buf checked -> (checks.Checked, end, error).
+
+    The walk is scan's without verifying, and stops where it stops (end,
+    error); each record found then has its tag checked (depth TAGS), is
+    unpacked (DECODED: tag, decryption, decoding), and its data scored
+    (SCORED: scores, keyed by score_key) against its key field. A record
+    that fails is named in Checked.problems by its index: "tag",
+    "decompress" or "score".
+    """
+    checks.where(arena, iv, base)
+    checks.depth(depth)
+    checks.thread_count(threads)
+    entries, end, err = scan(codec, arena, iv, buf, base, verify=False)
+    codec, data, iv = _codec(codec), memoryview(bytes(buf)), bytes(iv)
+    tags, problems = bytearray(), {}
+    for i, (off, btype, key, S, R) in enumerate(entries):
+        rec = data[off - base:off - base + HEADER_SIZE + S]
+        tags += rec[HEAD.size:HEADER_SIZE]
+        try:
+            if depth == checks.TAGS:
+                _check(codec, arena, off, rec, True)
+                continue
+            _, _, block = _unpack(codec, arena, iv, off, rec)
+            if depth == checks.SCORED and block and scores(block, len(block), btype, key=score_key) != key:
+                problems[i] = "score"
+        except RecordError as e:
+            problems[i] = e.kind
+    return checks.Checked([e[0] for e in entries], bytes(e[1] for e in entries), [e[4] for e in entries],
+                          bytes(tags), problems), end, err
+
+
 def bucket_home(key, nbuckets):
     checks.uint(nbuckets, 1 << 64, "nbuckets")
     top = bytes(key)[:8].ljust(8, b"\0")

@@ -56,6 +56,28 @@ class Pipeline:
             yield f.result()
 
 
+def gather(calls, workers):
+    """[call() for call in calls], at most `workers` at once (independent requests: one round trip
+    for all of them on a long link); the first failure, in order, is raised."""
+    if workers <= 1 or len(calls) <= 1:
+        return [call() for call in calls]
+    with ThreadPoolExecutor(min(workers, len(calls)), thread_name_prefix="replica") as ex:
+        futures = [ex.submit(call) for call in calls]
+        return [f.result() for f in futures]
+
+
+def begun(fn, *args, now=True):
+    """fn(*args) started in a thread of its own (`now`), or run at once in this one -> wait(), which
+    returns its result or raises its failure (each time it is called)."""
+    if not now:
+        out = fn(*args)
+        return lambda: out
+    ex = ThreadPoolExecutor(1, thread_name_prefix="replica")
+    future = ex.submit(fn, *args)
+    ex.shutdown(wait=False)
+    return future.result
+
+
 def run_all(fn, jobs, workers):
     """Yield fn(*job) for every job, at most `workers` at once, in the order they finish (Pipeline)."""
     with Pipeline(fn, workers) as p:

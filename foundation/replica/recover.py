@@ -8,22 +8,28 @@ checked against the replica's config; `recovering.json` then marks the
 directory as a partial recovery that the same command resumes, and the
 config goes last, so a directory without it is never taken for a store
 (docs/format.md §3). A writable open finally rebuilds summaries, index
-and Bloom filter, and `verify` reads every record once.
+and Bloom filter, and `verify` checks what was not checked on the way
+down (the open arena, the chain up to the head): every record is
+checked once. Arenas come down several at a time where the backend
+allows it (S3), each checked as soon as it and those before it are down.
 """
 
 import json
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from foundation.errors import Error
 from foundation.replica.backend import RemoteMissing
-from foundation.replica.sync import MANIFEST, STORE_JSON, Local, Manifest, ReplicaTampered, digest, verify_bytes
+from foundation.replica.sync import (MANIFEST, STORE_JSON, ByteProgress, Local, Manifest, ReplicaTampered, digest,
+                                    shared_sink)
 from foundation.store import format as F
 from foundation.store import layout as L
 from foundation.store.disk import atomic_write, fsync_dir
 from foundation.store.primary import write_config
+from foundation.store.verify import verify_arena
 
 PARTIAL = F.RECOVERING   # in the target directory while a recovery is under way
 
@@ -79,13 +85,23 @@ def recover(backend, dest, key_file=None, progress=None, passphrase=None):
                  "started": datetime.now(timezone.utc).isoformat(timespec="seconds")}).encode())
         local.make_dirs()
         total = sum(a.size for a in m.arenas) + m.head.end
-        sink = progress(total) if progress else None
+        sink = shared_sink(progress(total)) if progress else None
         chain = F.ZERO_CHAIN
-        for a in m.arenas:
-            _fetch_sealed(local, backend, a, chain, sink)
-            chain = F.chain_mac(local.keys.mac, chain, a.n, a.sealed)
-            res.arenas += 1
-            res.bytes += a.size
+        # Several arenas come down at once where the backend allows it, and each is checked, in
+        # order, as soon as it is down; the final verify takes these checks as they are.
+        known = {}
+        with ThreadPoolExecutor(backend.concurrent, thread_name_prefix="recover") as ex:
+            got = [ex.submit(_download, local, backend, a, sink) for a in m.arenas]
+            try:
+                for a, tmp in zip(m.arenas, got):
+                    if tmp.result() is not None:
+                        known[a.n] = _check_sealed(local, backend, a, tmp.result(), chain)
+                    chain = F.chain_mac(local.keys.mac, chain, a.n, a.sealed)
+                    res.arenas += 1
+                    res.bytes += a.size
+            finally:
+                for f in got:
+                    f.cancel()    # after a failure: no more downloads (those under way finish)
         if m.open.parts:
             _fetch_open(local, backend, m, sink)
             res.bytes += m.open.end
@@ -98,7 +114,7 @@ def recover(backend, dest, key_file=None, progress=None, passphrase=None):
     finally:
         local.close()
     res.downloaded = backend.received - got0
-    _finish(dest, local.master, res)
+    _finish(dest, local.master, res, known)
     os.unlink(os.path.join(dest, PARTIAL))   # only once it opened: a failed finish is resumed
     fsync_dir(dest)
     res.seconds = time.monotonic() - t0
@@ -130,32 +146,32 @@ def _check_partial(dest, local):
                                    f"{local.uuid}; use another directory")
 
 
-def _fetch_sealed(local, backend, a, chain, sink):
-    """Download sealed arena a (unless a resumed recovery already has it) and check it."""
+def _download(local, backend, a, sink):
+    """Download sealed arena a -> the file it is in, or None if a resumed recovery already has it."""
     final = local.arena_path(a.n)
     if os.path.exists(final) and os.path.getsize(final) == a.size and _is(local.trailer(a.n), a):
         if sink:
             sink(a.size)
-        return  # checked before it took this name
+        return None  # checked before it took this name
     tmp = final + ".download"
-    done = [0]
+    backend.get_file(a.name, tmp, progress=ByteProgress(sink))
+    return tmp
 
-    def step(n):
-        if sink and n > done[0]:
-            sink(n - done[0])
-        done[0] = n
 
-    backend.get_file(a.name, tmp, progress=step)
+def _check_sealed(local, backend, a, tmp, chain):
+    """Check the download of sealed arena a and give it its name -> what verify_arena found."""
     with open(tmp, "rb") as f:
         buf = f.read()
     if len(buf) != a.size:
         raise ReplicaTampered(backend.url, f"object {a.name} holds {len(buf)} bytes, the manifest says {a.size}")
-    damage, tr, _ = verify_bytes(local, a.n, buf, True, chain)
+    found = verify_arena(local, a.n, memoryview(buf), True, chain)
+    damage, _, tr, _ = found
     if tr is None or (tr.generation, tr.amac, tr.sealed) != (a.generation, a.amac, a.sealed):
         raise ReplicaTampered(backend.url, f"object {a.name} is not the arena the manifest names"
                                            f"{' (' + str(damage[0]) + ')' if damage else ''}")
     # Damaged records in an authentic arena: still the best copy there is; the final verify names them.
     local.install_arena_file(a.n, tmp)
+    return found
 
 
 def _is(tr, a):
@@ -188,8 +204,9 @@ def _fetch_open(local, backend, m, sink):
     local.install_arena_file(m.open.n, tmp)   # its records are checked by the writable open and the final verify
 
 
-def _finish(dest, master, res):
-    """Open writable once (summaries, index, Bloom filter are rebuilt), then verify every record."""
+def _finish(dest, master, res, known):
+    """Open writable once (summaries, index, Bloom filter are rebuilt), then verify every record: those
+    of the arenas checked as they came down (`known`) are not checked again."""
     from foundation.catalog import Catalog
     from foundation.store import Store
     from foundation.store.verify import verify
@@ -197,7 +214,7 @@ def _finish(dest, master, res):
     with Store.open(dest, master=master, writable=True, recovering=True):
         pass   # summaries are written as the records are taken in
     with Store.open(dest, master=master, recovering=True) as s:
-        res.damage, res.records = verify(s)
+        res.damage, res.records = verify(s, known=known)
         try:
             res.snapshots = len(Catalog.load(s).snapshots())
         except Error as e:

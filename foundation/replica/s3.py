@@ -16,6 +16,7 @@ starts again. Path-style addressing (the form every S3 clone accepts).
 
 import base64
 import contextlib
+import gc
 import hashlib
 import io
 import threading
@@ -36,8 +37,8 @@ _FULL = {"XMinioStorageFull", "EntityTooLarge", "QuotaExceeded", "XMinioAdminBuc
          "StorageFull", "InsufficientStorage"}
 _TRANSIENT = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "InternalError",
               "ServiceUnavailable", "XMinioServerNotInitialized", "RequestLimitExceeded",
-              "IncompleteBody", "BadDigest"}   # a body cut or damaged on the way (MinIO also says
-                                                # IncompleteBody as its disk fills)
+              "IncompleteBody", "BadDigest", "XAmzContentSHA256Mismatch"}   # a body cut or damaged on the
+                                                # way (MinIO also says IncompleteBody as its disk fills)
 _MISSING = {"NoSuchKey", "404", "NotFound"}
 
 
@@ -59,7 +60,6 @@ class S3Backend(Backend):
 
     def _make_client(self):
         if self._s3 is None:
-            import boto3
             from botocore.config import Config
             s = self.spec
             config = Config(s3={"addressing_style": "path"},
@@ -68,18 +68,9 @@ class S3Backend(Backend):
                             connect_timeout=s.timeout, read_timeout=s.timeout, signature_version="s3v4",
                             request_checksum_calculation="when_required",
                             response_checksum_validation="when_required")
-            client = boto3.session.Session().client(
-                "s3", endpoint_url=s.endpoint, region_name=s.region, aws_access_key_id=s.access_key,
-                aws_secret_access_key=s.secret_key, config=config,
-                verify=s.ca_file or (False if s.insecure else None))
-            try:
-                client.head_bucket(Bucket=self.bucket)
-            except Exception as e:
-                if _code(e) in ("404", "NoSuchBucket"):
-                    raise Permanent(self.url, f"bucket {self.bucket} does not exist at "
-                                              f"{s.endpoint or 'AWS'}: create it, or correct the url") from None
-                raise
-            self._s3 = client
+            self._s3 = _new_client(endpoint_url=s.endpoint, region_name=s.region, aws_access_key_id=s.access_key,
+                                   aws_secret_access_key=s.secret_key, config=config,
+                                   verify=s.ca_file or (False if s.insecure else None))
         return self._s3
 
     @contextlib.contextmanager
@@ -93,6 +84,9 @@ class S3Backend(Backend):
         except bx.ClientError as e:
             code, status = _code(e), e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
             msg = f"{what}: the server answered {code} {e.response.get('Error', {}).get('Message', '')}".strip()
+            if code == "NoSuchBucket":   # no request of its own checks the bucket first: a round trip saved
+                raise Permanent(self.url, f"bucket {self.bucket} does not exist at {self.spec.endpoint or 'AWS'}: "
+                                          "create it, or correct the url") from None
             if code == "RequestTimeTooSkewed":
                 raise Permanent(self.url, f"{msg}: this machine's clock is too far from the server's; set the "
                                           "clock right (NTP)") from e
@@ -129,7 +123,7 @@ class S3Backend(Backend):
                 progress(0)
             if length <= self.spec.multipart_threshold:
                 data = self._read(path, offset, length)
-                s3.put_object(Bucket=self.bucket, Key=key, Body=self._body(data), ContentMD5=_md5(data)[1])
+                s3.put_object(Bucket=self.bucket, Key=key, Body=self._body(data), **self._digest(data))
                 self._count(length)
                 if progress:
                     progress(length)
@@ -173,6 +167,12 @@ class S3Backend(Backend):
                                           Body=self._body(data), ContentMD5=_md5(data)[1])["ETag"]
         self._count(n)
         return number, etag, n
+
+    def _digest(self, data):
+        """What makes the server refuse a damaged body: over plain http botocore signs the body's
+        SHA-256, which the server checks (and a Content-MD5 would cost as much again); over https the
+        body goes unsigned, so its Content-MD5."""
+        return {"ContentMD5": _md5(data)[1]} if self._client().meta.endpoint_url.startswith("https:") else {}
 
     def _read(self, path, offset, n):
         with open(path, "rb") as f:
@@ -297,6 +297,35 @@ class S3Backend(Backend):
         if s3 is not None:
             with contextlib.suppress(Exception):
                 s3.close()
+
+
+_made = threading.Lock()
+_loader = None     # botocore's service models, read once per process
+
+
+def _new_client(**kw):
+    """An S3 client that asks for no `Expect: 100-continue` before a body (a round trip per object on
+    a long link). Clients share the service models (reading them costs more than the rest of a
+    client), and are made without the cyclic garbage collector, which loading them sets off over
+    and over in a process with a large heap."""
+    global _loader
+    import boto3
+    import botocore.session
+    from botocore.handlers import add_expect_header
+    with _made:
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            core = botocore.session.Session()
+            if _loader is None:
+                _loader = core.get_component("data_loader")
+            core.register_component("data_loader", _loader)
+            client = boto3.session.Session(botocore_session=core).client("s3", **kw)
+        finally:
+            if collecting:
+                gc.enable()
+    client.meta.events.unregister("before-call.s3", add_expect_header)
+    return client
 
 
 def _code(e):

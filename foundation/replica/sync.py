@@ -30,14 +30,16 @@ import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from functools import partial
 
 from foundation import native
 from foundation.errors import DataCorrupt
 from foundation.replica.errors import (ForeignReplica, NotAReplica, PlaintextRefused, RemoteMissing, ReplicaAhead,
                                        ReplicaBusy, ReplicaTampered)
-from foundation.replica.pool import Pipeline
+from foundation.replica.pool import Pipeline, begun, gather
 from foundation.store import format as F
 from foundation.store import layout as L
+from foundation.store.cache import Tuning
 from foundation.store.primary import Primary
 
 log = logging.getLogger(__name__)
@@ -201,7 +203,11 @@ class Manifest:
 
 class Local(Primary):
     """The store's primary files (foundation.store.primary.Primary), as replicate, audit, repair and
-    recover use them."""
+    recover use them. Arenas are checked in the C core on every core (Tuning's threads)."""
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.log.threads = Tuning().threads
 
     def share(self, settle=False):
         """Hold the readers' lock (gc waits for us) and the one-replicate-at-a-time lock; `settle`:
@@ -209,11 +215,11 @@ class Local(Primary):
         super().share(lambda: ReplicaBusy(self.path), settle)
 
 
-def verify_bytes(local, n, buf, sealed, chain=None, committed=None):
+def verify_bytes(local, n, buf, sealed, chain=None, committed=None, full=True):
     """foundation.store.verify.verify_arena on a buffer -> (damage, trailer, chain)."""
     from foundation.store.verify import verify_arena
 
-    damage, _count, tr, chain = verify_arena(local, n, memoryview(buf), sealed, chain, committed)
+    damage, _count, tr, chain = verify_arena(local, n, memoryview(buf), sealed, chain, committed, full)
     return damage, tr, chain
 
 
@@ -251,17 +257,28 @@ def own_prefix(local, n, mine, theirs, base, damage):
 
 # ---- the remote side ------------------------------------------------------------------------
 
-def read_remote(local, backend):
+def fetch_remote(backend, listing=False):
+    """(store.json bytes or None, manifest bytes or None, {name: size} if `listing` else None),
+    requested at once where the backend allows it: one round trip instead of three."""
+    def get(name):
+        try:
+            return backend.get(name)
+        except RemoteMissing:
+            return None
+    got = gather([partial(get, STORE_JSON), partial(get, MANIFEST)] + ([backend.list] if listing else []),
+                 backend.concurrent)
+    return got[0], got[1], got[2] if listing else None
+
+
+def read_remote(local, backend, fetched=None):
     """(store.json bytes or None, Manifest or None, why the manifest was not usable or None).
 
     Raises ForeignReplica for another store's replica and NotAReplica for a
     prefix with other files; a manifest that fails its checks is returned as
     the reason, for the caller to report (audit) or replace (replicate).
+    `fetched`: what fetch_remote returned, if the caller has it.
     """
-    try:
-        conf_b = backend.get(STORE_JSON)
-    except RemoteMissing:
-        conf_b = None
+    conf_b, mb, found = fetched or fetch_remote(backend)
     if conf_b is not None:
         try:
             other = F.unpack_config(conf_b)["uuid"]
@@ -269,12 +286,8 @@ def read_remote(local, backend):
             other = "? (its store.json is unreadable)"
         if other != local.uuid:
             raise ForeignReplica(backend.url, other, local.uuid)
-    try:
-        mb = backend.get(MANIFEST)
-    except RemoteMissing:
-        mb = None
     if conf_b is None and mb is None:
-        found = backend.list()
+        found = backend.list() if found is None else found
         if found:
             names = sorted(found)
             raise NotAReplica(backend.url, ", ".join(names[:3]) + (" …" if len(names) > 3 else ""))
@@ -299,8 +312,8 @@ class ByteProgress:
         self.last = done  # a retried transfer starts again from 0
 
 
-def _locked(sink):
-    """sink, callable from several upload threads at once."""
+def shared_sink(sink):
+    """sink, callable from several transfer threads at once."""
     lock = threading.Lock()
 
     def call(n):
@@ -355,10 +368,11 @@ def replicate(local, backend, allow_plaintext=False, progress=None, resend=(), f
     local.share(settle=True)     # a gc switch left pending is finished first: the replica gets the new log
     res.notes += local.repaired
     try:
-        conf_b, old, why = read_remote(local, backend)
+        fetched = fetch_remote(backend, listing=True)
+        conf_b, old, why = read_remote(local, backend, fetched)
         if why:
             res.notes.append(f"{why}; every object was sent again")
-        existing = backend.list()
+        existing = fetched[2]
         head_b, head = local.read_head()
         res.head = head
         files = local.arena_files(head, ID_BYTES)
@@ -370,11 +384,14 @@ def replicate(local, backend, allow_plaintext=False, progress=None, resend=(), f
             plan = _plan(local, backend, head, files, old, have, res, trust_names=old is None and not why)
             if _loses(local, backend, old, plan, files):
                 raise ReplicaAhead(backend.url, old.head.arena, old.head.end, head.arena, head.end)
-        if conf_b != local.config:
-            put_bytes(backend, STORE_JSON, local.config)   # claims the prefix before any arena goes up
-        sink = _locked(progress(_to_send(files, old, have, head))) if progress else None
+        # store.json claims the prefix before any arena goes up; where the backend allows it, on its
+        # way while the first arena is checked.
+        claimed = begun(put_bytes, backend, STORE_JSON, local.config, now=backend.concurrent > 1) \
+            if conf_b != local.config else lambda: None
+        sink = shared_sink(progress(_to_send(files, old, have, head))) if progress else None
 
         def put(name, path, offset, length, token):
+            claimed()
             backend.put(name, path, offset, length, token=token, progress=ByteProgress(sink))
             return name
         # Each arena goes up as soon as it is checked, several at once where the backend allows
@@ -393,18 +410,19 @@ def replicate(local, backend, allow_plaintext=False, progress=None, resend=(), f
                     res.parts_sent += 1
                 else:
                     res.arenas_sent += 1
+        claimed()
         new = Manifest(local.uuid, head_b, head, plan.entries, plan.open, digest(local.config),
                        datetime.now(timezone.utc).isoformat(timespec="seconds"))
         if old is None or (old.head_bytes, old.arenas, old.open, old.config) != \
                 (head_b, new.arenas, new.open, new.config):
             put_bytes(backend, MANIFEST, new.pack(local.keys.mac))   # the commit point
-        # Only now may the objects the new manifest does not name go.
+        # Only now may the objects the new manifest does not name go; with them the temporaries of
+        # interrupted puts (we hold the one-replicate lock), all at once where the backend allows it.
         keep = new.objects()
-        for name in sorted(existing):
-            if name not in keep and is_replica_object(name):
-                backend.delete(name)
-                res.deleted += 1
-        backend.cleanup("")   # temporaries of interrupted puts (we hold the one-replicate lock)
+        doomed = [name for name in sorted(existing) if name not in keep and is_replica_object(name)]
+        gather([partial(backend.delete, name) for name in doomed] + [partial(backend.cleanup, "")],
+               backend.concurrent)
+        res.deleted = len(doomed)
     finally:
         local.release()
     res.bytes_sent = backend.sent - sent0
@@ -530,9 +548,15 @@ def _damaged(local, backend, p, chain, res, keeps, old, existing):
     """Check a local sealed arena before it goes up. True if it is damaged and the replica's
     copy (`keeps`) is to stay; a damaged arena with no better copy goes up as it is. If the
     replica holds a good copy of damaged bytes as segments of the arena (it was open at the last
-    replicate), nothing is sent: `repair` mends the arena from them first."""
-    damage, _, _ = verify_bytes(local, p.n, p.view(), True, chain)
+    replicate), nothing is sent: `repair` mends the arena from them first.
+
+    Where the replica holds nothing of the arena to keep or mend from, what the check finds
+    changes nothing that goes up, only the warning: the records' tags with the arena MAC and
+    the chain then suffice (they prove every byte is the one written, and so name any damage
+    since); decoding and scores, which catch a block written wrong, are checked where the
+    replica has a copy that could stay."""
     segs = old.open if old and old.open.n == p.n and old.open.parts else None
+    damage, _, _ = verify_bytes(local, p.n, p.view(), True, chain, full=keeps or segs is not None)
     if damage and not keeps and segs and any(d.offset < segs.end for d in damage) \
             and all(existing.get(name) == e - s for name, s, e, _ in segs.objects()) \
             and min(d.offset for d in damage) < _own_segments(local, backend, p.n, p.view(0, segs.end), segs,

@@ -9,12 +9,21 @@ valid slot is where a scan starts, and the log itself carries it forward
 (sealed arenas that chain on, then the last commit record that verifies).
 Records below the commit must verify, records past it are kept only while
 they verify in order, so a torn tail is cut and no record is half-trusted.
+
+While an image is archived (`write_behind`), packed records are written by
+one writer thread, in the order they were packed, while the next batch is
+packed: the log's bytes and their order are the same, and every seal,
+sync, read and close first waits for the writes queued (a failed write
+fails every later one, so nothing past it is ever committed).
 """
 
 import bisect
+import concurrent.futures
+import contextlib
+import ctypes
 import logging
 import os
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 from foundation import native
@@ -26,6 +35,26 @@ from foundation.store.disk import atomic_write, fsync_dir
 log = logging.getLogger(__name__)
 
 RH = L.HEADER_SIZE
+
+
+def _sync_file_range():
+    """libc's sync_file_range(2), or None where there is none."""
+    try:
+        f = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None
+    f.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    return f
+
+
+_SYNC_FILE_RANGE = _sync_file_range()
+SYNC_FILE_RANGE_WRITE = 2
+
+
+def _writeback(fd, off, n):
+    """Start writing a range of a file to the disk, without waiting (durability is still fsync's)."""
+    if _SYNC_FILE_RANGE is not None:
+        _SYNC_FILE_RANGE(fd, off, n, SYNC_FILE_RANGE_WRITE)
 MAX_FDS = 64
 WINDOW = 1 << 20  # read-ahead for sequential single-record reads
 SPAN_GAP = 64 << 10  # batched reads merge records closer than this
@@ -169,6 +198,9 @@ class Log:
         self.torn = None  # the open arena, if it held bytes past its end: sealed before the next write
         self.threads = 1
         self.moved = {}  # arena -> the file a reader reads instead (a pending gc switch's new arena)
+        self.writer = None  # the writer thread of write_behind()
+        self.queued = deque()  # its writes not yet waited for
+        self.failed = None  # the error of a write behind: every later write and sync fails with it
 
     # ---- opening and recovery ------------------------------------------------
 
@@ -536,9 +568,12 @@ class Log:
 
     def record_header(self, n, off):
         """The header bytes of the record at offset off of arena n, as they are (not verified)."""
+        self.drain()
         return self.disk.pread(self.fd(n), "arena", off, L.HEADER_SIZE)
 
     def close(self):
+        with contextlib.suppress(Exception):  # a write's failure was raised where it was found
+            self.drain()
         for fd in self.fds.values():
             os.close(fd)
         self.fds.clear()
@@ -563,6 +598,7 @@ class Log:
 
     def trailer(self, n):
         """The trailer of sealed arena n (either generation), or None if its file has none."""
+        self.drain()
         fd = self.fd(n)
         size = os.fstat(fd).st_size
         k = min(size - F.ARENA_HEADER_SIZE, F.MAX_TRAILER)
@@ -638,7 +674,7 @@ class Log:
                 continue
             used = ends[k - 1] - oa.end
             self.avg_record = max(RH + 1, (ends[-1] - oa.end) / len(ends))
-            self.disk.pwrite(oa.fd, "arena", oa.end, memoryview(recs)[:used])
+            self._put(oa.fd, oa.end, memoryview(recs)[:used])
             first = len(oa.addrs)
             oa.add_packed(recs, [o - oa.end for o in offs[:k]], offs[:k], btype, keys[i * 32:(i + k) * 32],
                           self.keylen)
@@ -647,9 +683,57 @@ class Log:
             i += k
         return addrs
 
+    @contextlib.contextmanager
+    def write_behind(self):
+        """A scope in which appended records are written by a writer thread, in order."""
+        if self.writer is not None:
+            yield
+            return
+        self.writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="arena-write")
+        try:
+            yield
+        finally:
+            try:
+                self.drain()
+            finally:
+                self.writer.shutdown()
+                self.writer = None
+
+    def _put(self, fd, off, data):
+        """Write packed records at off: now, or queued to the writer thread."""
+        if self.failed is not None:
+            raise self.failed
+        if self.writer is None:
+            self.disk.pwrite(fd, "arena", off, data)
+            return
+        self.queued.append(self.writer.submit(self._write_out, fd, off, data))
+        while len(self.queued) > 2:  # bounded: each holds a packed batch
+            self._wait_one()
+
+    def _write_out(self, fd, off, data):
+        self.disk.pwrite(fd, "arena", off, data)
+        # Start the disk on these bytes now, so the sync at the end waits for
+        # the last batch only, not for the whole day's writes at once.
+        _writeback(fd, off, len(data))
+
+    def _wait_one(self):
+        try:
+            self.queued.popleft().result()
+        except BaseException as e:
+            self.failed = self.failed or e
+            raise
+
+    def drain(self):
+        """Wait for every write queued; the first failure is raised (and by every later call)."""
+        while self.queued:
+            self._wait_one()
+        if self.failed is not None:
+            raise self.failed
+
     def seal(self):
         """Seal the open arena and start the next one (write order: trailer,
         fsync, summary, new arena, head)."""
+        self.drain()
         oa = self.open
         amac = F.arena_mac(self.keys.mac, oa.hbytes, bytes(oa.tags), oa.count, oa.end)
         chain = F.chain_mac(self.keys.mac, self.head.chain, oa.n, amac)
@@ -678,6 +762,7 @@ class Log:
     def sync(self):
         """The commit point: a COMMIT record ends what was written, every arena written since the
         last sync is made durable, then the head slot of the new generation (docs/format.md §12)."""
+        self.drain()
         if (self.open.n, self.open.end) == self.committed and not self.dirty:
             return
         if (self.open.n, self.open.end) != self.committed:
@@ -712,6 +797,7 @@ class Log:
 
     def read(self, address):
         """-> (btype, key, data) of the record at `address`; DataCorrupt if it does not verify."""
+        self.drain()
         n, off = F.split(address)
         w = self.window
         if w and w[0] == n and w[1] <= off and off + RH <= w[1] + len(w[2]):
@@ -734,6 +820,7 @@ class Log:
     def read_many(self, addresses, tolerant=False):
         """Read many records, sorted by log address and merged into spans;
         with `tolerant`, damaged records are left out instead of raising."""
+        self.drain()
         out = {}
         addrs = sorted(set(addresses))
         i = 0

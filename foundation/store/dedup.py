@@ -8,10 +8,20 @@ hit's arena is loaded, so the rest of a sequential run is answered from
 memory. Compare-by-hash names a block by its score; compare-by-value names
 it by its log address and checks every candidate byte for byte, read in
 sorted batches. `Writes` is the part of Store that does this.
+
+Inside `pipelined()` (an image being archived), a compare-by-hash write
+returns as soon as its blocks are named and decided: the append of its
+fresh blocks (compress, encrypt, index) runs in one thread while the
+caller reads and hashes the next batch, and the next store call waits for
+it first; the packed records are written by another thread while the next
+batch is packed (`Log.write_behind`). So reading, hashing, packing and
+writing overlap on every core, and the log is still written in order.
 """
 
 import array
 import bisect
+import concurrent.futures
+import contextlib
 import logging
 
 from foundation import native
@@ -25,6 +35,42 @@ DATA = F.DATA
 
 class Writes:
     """Store's write path (mixed into foundation.store.store.Store)."""
+
+    _pipe = None      # the append thread of a pipelined() scope
+    _inflight = None  # the append handed to it and not yet settled
+
+    @contextlib.contextmanager
+    def pipelined(self):
+        """A scope in which write_blocks (compare-by-hash) may return before its
+        fresh blocks are appended. The caller leaves the buffer it passed as it
+        is until its next store call, and calls settle() before any store call
+        but write_blocks; leaving the scope settles."""
+        if self.mode != "hash" or self._pipe is not None:
+            yield self
+            return
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(self.log.write_behind())  # left last: its writes are drained
+            self._pipe = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="store-append")
+            stack.callback(self._stop_pipe)
+            yield self
+            self.settle()
+
+    def _stop_pipe(self):
+        f, self._inflight = self._inflight, None
+        if f is not None:  # the scope failed: its append ends before the store moves on
+            concurrent.futures.wait([f])
+        self._pipe.shutdown()
+        self._pipe = None
+
+    def settle(self):
+        """Wait for the append in flight and the log's writes, if any; a failure is raised here."""
+        self._settle_append()
+        self.log.drain()
+
+    def _settle_append(self):
+        f, self._inflight = self._inflight, None
+        if f is not None:
+            f.result()
 
     def write(self, data, btype=DATA):
         """Store one block (at most block_size bytes); returns its ref."""
@@ -51,7 +97,9 @@ class Writes:
         c["offered_bytes"] += len(buf)
         if self.mode == "hash":
             keys = native.scores(buf, bs, btype, key=self.keys.score, skip=zero, threads=self.tuning.threads)
+            self._settle_append()  # the index must hold the batch before this one
             return self._write_hash(buf, bs, btype, zero, keys, n)
+        self.settle()
         weak = native.weak_hashes(buf, bs, btype, self.keys.weak_seed, skip=zero)
         return self._write_value(buf, bs, btype, zero, weak, n)
 
@@ -78,7 +126,10 @@ class Writes:
         self._count(zeros, n - zeros - len(fresh))
         if fresh:
             fkeys = keys if len(fresh) == n else b"".join(keys[i * 32:(i + 1) * 32] for i in fresh)
-            self._append(buf, bs, btype, fresh, fkeys)
+            if self._pipe is not None:
+                self._inflight = self._pipe.submit(self._append, buf, bs, btype, fresh, fkeys)
+            else:
+                self._append(buf, bs, btype, fresh, fkeys)
         return bytes(keys)  # a zero block's score is 32 zero bytes, its ref
 
     def _exists(self, score):

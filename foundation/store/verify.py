@@ -39,6 +39,9 @@ class Kind(enum.Enum):
     HEAD_BEHIND = "head-behind"  # a note, not damage: the head copies name an older commit than the log holds
 
 
+_PROBLEMS = {"tag": "record is damaged (tag)", "decompress": "record does not decode (decompress)",
+             "score": "block content does not match its score"}
+
 SPANS = (Kind.SKIPPED, Kind.UNPARSABLE, Kind.SHORT, Kind.HEADER, Kind.MISSING)  # damage that costs a byte range
 
 
@@ -65,9 +68,11 @@ class Damage:
         return f"arena {self.arena} offset {self.offset}: {self.what}"
 
 
-def verify(store, progress=None, notes=None):
+def verify(store, progress=None, notes=None, known=None):
     """-> (list of Damage, number of records checked). What is not damage but worth saying (an
-    uncommitted tail, Kind.TAIL) goes into the list `notes`, if given."""
+    uncommitted tail, Kind.TAIL) goes into the list `notes`, if given. `known`: {n: what
+    verify_arena returned} for sealed arenas whose very bytes the caller has just checked (recover,
+    as each arena came down): taken as they are, not read and checked again."""
     lg = store.log
     damage = head_copies(lg)
     checked = 0
@@ -83,12 +88,15 @@ def verify(store, progress=None, notes=None):
             damage.append(Damage(n, 0, Kind.MISSING, "arena file is missing"))
             chain = None
             continue
-        fd = lg.fd(n)
-        size = os.fstat(fd).st_size
-        if n == lg.torn:
-            size = lg.open.end   # a torn tail, known to the writer: the arena is sealed there at its next write
-        buf = memoryview(store.disk.pread(fd, "arena", 0, size))
-        found, count, _tr, chain = verify_arena(store, n, buf, n < last, chain)
+        if known and n in known and n < last:
+            found, count, _tr, chain = known[n]
+        else:
+            fd = lg.fd(n)
+            size = os.fstat(fd).st_size
+            if n == lg.torn:
+                size = lg.open.end   # a torn tail, known to the writer: the arena is sealed there at its next write
+            buf = memoryview(store.disk.pread(fd, "arena", 0, size))
+            found, count, _tr, chain = verify_arena(store, n, buf, n < last, chain)
         damage += found
         checked += count
         if progress:
@@ -132,7 +140,7 @@ def head_behind(lg):
                   "nothing is lost, and the next writable open rewrites the head copies")
 
 
-def verify_arena(store, n, buf, sealed, chain, committed=None):
+def verify_arena(store, n, buf, sealed, chain, committed=None, full=True):
     """Check the bytes of arena n (a whole file) -> (damage, records checked, trailer, chain).
 
     `store` needs only .log (its header and scan), .codec, .keys and .mode,
@@ -140,7 +148,9 @@ def verify_arena(store, n, buf, sealed, chain, committed=None):
     same way. `chain` is the chain of arena n - 1, or None to skip the chain
     check; the chain returned is this arena's (None if unknown). An open
     arena (not `sealed`) must hold records up to `committed` (default: the
-    store's head).
+    store's head). Not `full`: records are checked by their tags alone, which
+    with the arena MAC and the chain still prove every byte is the one
+    written, but not that what was written decodes to its score.
     """
     lg = store.log
     damage = []
@@ -154,6 +164,7 @@ def verify_arena(store, n, buf, sealed, chain, committed=None):
         damage.append(Damage(n, 0, Kind.PARAMETER, f"the arena was made {header.size} bytes long, but {F.CONFIG} "
                              f"says arena_size {lg.arena_size}: the config was edited; put the value back"))
     odd = []  # records no block of this store's block size can be (the config's block_size was edited)
+    depth = native.TAGS if not full else native.SCORED if store.mode == "hash" else native.DECODED
     tags = bytearray()
     count, off, ok = 0, F.ARENA_HEADER_SIZE, True
     tr = None
@@ -168,24 +179,25 @@ def verify_arena(store, n, buf, sealed, chain, committed=None):
             committed = lg.open.end if lg.open is not None and lg.open.n == n else lg.head.end
         limit = min(size, committed)  # past the commit point lies an unfinished write, not damage
     while off < limit:
-        entries, end, err = lg.scan(n, header.iv, buf[off:limit], off)
-        for e_off, btype, key, stored, raw, tag in entries:
-            tags += tag
-            count += 1
-            checked += btype != F.COMMIT  # a commit record holds no block
-            if raw > lg.block_size or (btype == F.TREE and raw != lg.block_size):
-                odd.append((e_off, raw))
-            rec = buf[e_off:e_off + L.HEADER_SIZE + stored]
-            try:
-                _, fullkey, data = native.unpack(store.codec, n, header.iv, e_off, rec)
-            except native.RecordError as e:
-                damage.append(Damage(n, e_off, Kind.RECORD, f"record does not decode ({e.kind})"))
-                ok = False
-                continue
-            if store.mode == "hash" and data:
-                if native.scores(data, len(data), btype, key=store.keys.score) != fullkey:
-                    damage.append(Damage(n, e_off, Kind.RECORD, "block content does not match its score"))
-                    ok = False
+        # Every record's tag, decoding and score, in the C core on lg.threads cores.
+        got, end, err = native.check_span(store.codec, n, header.iv, buf[off:limit], off, depth,
+                                          store.keys.score, lg.threads)
+        for i, problem in sorted(got.problems.items()):
+            damage.append(Damage(n, got.offs[i], Kind.RECORD, _PROBLEMS[problem]))
+            ok = False
+        # A record whose tag fails is not one of the arena's (its length still led to the next).
+        mine = [i for i in range(len(got.offs)) if got.problems.get(i) != "tag"] if got.problems else None
+        if mine is None:
+            tags += got.tags
+            count += len(got.offs)
+            checked += len(got.offs) - got.btypes.count(F.COMMIT)  # a commit record holds no block
+        else:
+            tags += b"".join(got.tags[i * L.TAG_SIZE:(i + 1) * L.TAG_SIZE] for i in mine)
+            count += len(mine)
+            checked += sum(got.btypes[i] != F.COMMIT for i in mine)
+        if max(got.raws, default=0) > lg.block_size or F.TREE in got.btypes:
+            odd += [(got.offs[i], got.raws[i]) for i in (range(len(got.offs)) if mine is None else mine)
+                    if got.raws[i] > lg.block_size or (got.btypes[i] == F.TREE and got.raws[i] != lg.block_size)]
         off = end
         if off >= limit:
             break
