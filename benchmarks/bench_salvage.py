@@ -8,9 +8,11 @@ Bloom filter, zeroes a 4 KiB page in a middle arena, and times
 `foundation rebuild --salvage` in a child (GNU time for its CPU seconds and peak RSS):
 every arena is read and scanned once, stepping over the damaged page.
 The scan alone is timed too (in process, caches dropped only by the
-kernel's own eviction): the rest of a rebuild writes the index and the
-Bloom filter (sized for the records found) and names the lost days (a
-walk of every day's tree).
+kernel's own eviction), and so is naming the lost days alone (in process,
+this tree's code): the rest of a rebuild writes the index and the Bloom
+filter (sized for the records found) and names the lost days (a walk of
+every day's tree, each subtree the days share looked at once). The load
+average is recorded before each run: the machine is shared.
 Results go to stdout and benchmarks/results/salvage-<size>-<time>.json.
 
     python benchmarks/bench_salvage.py [--size 2G] [--days 8] [--keep DIR] [--tree DIR ...] [--rounds N]
@@ -20,6 +22,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -77,6 +80,16 @@ def scan_seconds(store):
         return time.perf_counter() - t0
 
 
+def naming_seconds(store):
+    """(seconds, lines) of naming the lost days alone, in process, on the store just salvaged."""
+    from foundation.catalog.salvage import days_affected
+    from foundation.store import Store
+    with Store.open(store) as s:
+        t0 = time.perf_counter()
+        lines = days_affected(s)
+        return time.perf_counter() - t0, lines
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", type=parse_size, default=2 << 30, help="image size (default 2G)")
@@ -95,16 +108,25 @@ def main():
         for _ in range(a.rounds):
             for tree in trees:
                 scanned, arenas = damage(store)
+                load = os.getloadavg()
                 t, out = measure.timed([sys.executable, "-m", "foundation", "--store", store, "rebuild", "--salvage"],
                                        cwd=tree, env=dict(PYTHONPATH=tree), ok=(0, 1))
                 t["mb_per_s"] = round(scanned / 1e6 / t["wall_s"], 1)
-                t["report"] = out.decode().strip().splitlines()[-3:]
+                lines = out.decode().strip().splitlines()
+                t["report"] = lines[-3:]
+                t["lost_days"] = [x for x in lines if x.startswith("LOST")]   # the same in every tree
+                t["load_before"] = [round(x, 2) for x in load]
                 runs[tree].append(t)
                 print(tree, t, flush=True)
+        for tree in trees:
+            for key in ("wall_s", "cpu_s", "peak_rss_mib", "mb_per_s"):
+                runs[tree + " median " + key] = statistics.median(t[key] for t in runs[tree])
+        named, lines = naming_seconds(store)
         scan = scan_seconds(store)
         res = {"image_bytes": a.size, "days": a.days, "arenas": arenas, "arena_bytes": scanned,
                "import_seconds": round(built, 1), "load": os.getloadavg(), "salvage": runs,
-               "scan_only_seconds": round(scan, 2), "scan_only_mb_per_s": round(scanned / 1e6 / scan, 1)}
+               "scan_only_seconds": round(scan, 2), "scan_only_mb_per_s": round(scanned / 1e6 / scan, 1),
+               "naming_only_seconds": round(named, 2), "named": lines}
         measure.save(f"salvage-{a.size >> 20}M", res)
     finally:
         if not a.keep:

@@ -156,5 +156,7 @@ void fdn_table_clear(fdn_table *t);
 int fdn_tables_lookup(fdn_table **ts, size_t nt, const uint8_t *keys,
 	size_t klen, const uint8_t *skip, size_t nskip, uint64_t *addrs,
 	int32_t *which, size_t n);
+int64_t fdn_tables_absent(fdn_table **ts, size_t nt, const uint8_t *keys,
+	size_t klen, uint64_t *out, size_t n);
 
 #endif

@@ -277,3 +277,41 @@ int fdn_tables_lookup(fdn_table **ts, size_t nt, const uint8_t *keys,
 	lock_all(ts, nt, 0);
 	return FDN_OK;
 }
+
+/*
+ * The positions of the keys that no table holds, all-zero keys (null refs)
+ * left out: what a salvage needs of a whole day's refs, answered in one call
+ * with nothing per key handed back but the few that are missing.
+ */
+int64_t fdn_tables_absent(fdn_table **ts, size_t nt, const uint8_t *keys,
+	size_t klen, uint64_t *out, size_t n)
+{
+	size_t keylen, i, k, m = 0;
+	uint64_t a;
+
+	if (nt == 0 || nt > INT32_MAX)
+		return FDN_EARG;
+	keylen = ts[0]->keylen;
+	for (k = 1; k < nt; k++)
+		if (ts[k]->keylen != keylen)
+			return FDN_EARG;
+	if (klen % keylen || klen / keylen > n)
+		return FDN_EARG;
+	lock_all(ts, nt, 1);
+	for (i = 0; i < klen / keylen; i++) {
+		const uint8_t *key = keys + i * keylen;
+		size_t z = 0;
+
+		while (z < keylen && key[z] == 0)
+			z++;
+		if (z == keylen)
+			continue;
+		for (k = 0; k < nt; k++)
+			if (find(ts[k], key, &a, 1) > 0)
+				break;
+		if (k == nt)
+			out[m++] = i;
+	}
+	lock_all(ts, nt, 0);
+	return (int64_t)m;
+}

@@ -1032,6 +1032,30 @@ def test_tables_lookup(impl, other):
         impl.tables_lookup([other.Table(8)], keys, None)
 
 
+def test_tables_absent(impl, other):
+    a, b = impl.Table(8), impl.Table(8)
+    a.add(b"K1______", [1])
+    b.add(b"K2______K2______", [10, 11])
+    keys = b"K1______" + bytes(8) + b"K3______K2______K4______" + bytes(8) + b"K3______"
+    assert impl.tables_absent([a, b], keys) == [2, 4, 6]     # the all-zero keys (null refs) are not asked
+    assert impl.tables_absent([b, a, b], keys) == [2, 4, 6]
+    assert impl.tables_absent([a], keys) == [2, 3, 4, 6]
+    assert impl.tables_absent([a], b"") == []
+    rng = random.Random(9)
+    many = [rng.randbytes(8) for _ in range(2000)]
+    big = impl.Table(8)
+    big.add(b"".join(many[::2]), list(range(1000)))
+    assert impl.tables_absent([big], b"".join(many)) == list(range(1, 2000, 2))
+    with pytest.raises(ValueError):
+        impl.tables_absent([], keys)
+    with pytest.raises(ValueError):
+        impl.tables_absent([a], keys + b"x")
+    with pytest.raises(ValueError):
+        impl.tables_absent([a, impl.Table(4)], keys)
+    with pytest.raises(TypeError):
+        impl.tables_absent([other.Table(8)], keys)
+
+
 def test_tables_lookup_random(impl, other):
     rng = random.Random(17)
     keys = [rng.randbytes(32) for _ in range(400)]

@@ -20,7 +20,7 @@ import logging
 
 from foundation.catalog import CATALOG, HEADER_LINE, Catalog, CatalogCorrupt, format_time
 from foundation.errors import DataCorrupt, Error, NotFound
-from foundation.image.lost import describe, lost_ranges
+from foundation.image.lost import Losses, describe
 
 log = logging.getLogger(__name__)
 
@@ -30,10 +30,10 @@ HEADER = json.dumps(HEADER_LINE, sort_keys=True, separators=(",", ":")).encode()
 
 def losses(store):
     """[(snapshot, disk, [(start, end)])] of every day that needs a lost block; raises if the catalog is lost."""
-    out = []
+    out, seen = [], Losses(store)   # the days share most of their subtrees: each is looked at once
     for snap in Catalog.load(store).snapshots():
         for disk, entry in sorted(snap.disks.items()):
-            ranges = lost_ranges(store, entry.root)
+            ranges = seen.ranges(entry.root)
             if ranges:
                 out.append((snap, disk, ranges))
     return out

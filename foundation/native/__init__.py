@@ -40,6 +40,7 @@ when bs == len(buf).
     lookup(region, first, nregion, bucket_size, keylen, key, nbuckets) -> ([addr], more)
     Table(keylen, capacity_hint=0): add(keys, addrs), find(key), len, clear()
     tables_lookup(tables, keys, skip, keylen=None) -> ([addr], [which])
+    tables_absent(tables, keys) -> [position]          keys no table holds, all-zero ones left out
     equal(a, b) -> bool
 
 unpack_many decodes a batch of records from one span of one arena: buf
@@ -118,4 +119,5 @@ merge = _impl.merge
 lookup = _impl.lookup
 Table = _impl.Table
 tables_lookup = _impl.tables_lookup
+tables_absent = _impl.tables_absent
 equal = _impl.equal

@@ -17,7 +17,7 @@ from foundation.native.checks import (API_VERSION, HEADER_SIZE, KEY_SIZE, SCORE_
                                       RecordError)
 
 # C functions added within API_VERSION 1: a module built before them is stale too.
-_NEWEST = ("fdn_unpack_many", "fdn_check")
+_NEWEST = ("fdn_unpack_many", "fdn_check", "fdn_tables_absent")
 
 
 def _load_native():
@@ -390,6 +390,18 @@ class _Native:
         _ok(_lib.fdn_tables_lookup(ts, len(tables), _ro(keys), checks.nbytes(keys), _opt(skip), n,
                                    addrs, which, n))
         return _ffi.unpack(addrs, n), _ffi.unpack(which, n)
+
+    @staticmethod
+    def tables_absent(tables, keys):
+        tables = list(tables)
+        for t in tables:
+            if not isinstance(t, _Native.Table):
+                raise TypeError("tables_absent needs native Tables")
+        n = checks.absent_count(tables, keys)
+        out = _alloc("uint64_t[]", max(n, 1))
+        ts = _ffi.new("fdn_table *[]", [t._t for t in tables])
+        m = _ok(_lib.fdn_tables_absent(ts, len(tables), _ro(keys), checks.nbytes(keys), out, n))
+        return _ffi.unpack(out, m)
 
     @staticmethod
     def equal(a, b):

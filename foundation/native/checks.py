@@ -22,7 +22,7 @@ MAX_THREADS = 64
 
 API = ("zero_flags", "scores", "weak_hashes", "Codec", "pack", "unpack", "unpack_many",
        "unpack_blocks", "scan", "check_span", "bucket_home", "bucket_find", "sort_entries", "merge", "lookup", "Table",
-       "tables_lookup", "equal")
+       "tables_lookup", "equal", "tables_absent")
 
 
 TAGS, DECODED, SCORED = 0, 1, 2   # how deep check_span checks: tags; and decoding; and scores
@@ -208,6 +208,16 @@ def addr_list(addrs):
         if not isinstance(a, int) or not 0 <= a < 1 << 64:
             raise ValueError(f"an addr must be a u64, not {a!r}")
     return out
+
+
+def absent_count(tables, keys):
+    """How many keys tables_absent was given: whole keys of the tables' one length."""
+    if not tables or any(t.keylen != tables[0].keylen for t in tables):
+        raise ValueError("tables_absent needs one or more tables of one key length")
+    n, rest = divmod(nbytes(keys), tables[0].keylen)
+    if rest:
+        raise ValueError(f"keys must be whole keys of {tables[0].keylen} bytes")
+    return n
 
 
 def lookup_count(tables, keys, skip, keylen):

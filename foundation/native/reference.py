@@ -476,5 +476,17 @@ def tables_lookup(tables, keys, skip, keylen=None):
     return addrs, which
 
 
+def tables_absent(tables, keys):
+    """Positions of the keys, all-zero ones left out, that no table holds."""
+    tables = list(tables)
+    for t in tables:
+        if not isinstance(t, Table):
+            raise TypeError("tables_absent needs reference Tables")
+    n = checks.absent_count(tables, keys)
+    keys, kl = bytes(keys), tables[0].keylen
+    zero = bytes(kl)
+    return [i for i in range(n) if (k := keys[i * kl:(i + 1) * kl]) != zero and not any(k in t._map for t in tables)]
+
+
 def equal(a, b):
     return bytes(a) == bytes(b)

@@ -83,7 +83,7 @@ class IndexCache:
         # The write buffer: entries of records not yet merged into the index,
         # as a lookup table and as parallel arrays of keys and addresses.
         self.wbuf = native.Table(self.keylen, 1024)
-        self.holding, self.held_arenas = set(), set()  # intact records' addresses of arenas unreadable() asked about
+        self.holding = None  # (state, table of every intact record's ref) unreadable() made
         self.pkeys = bytearray()
         self.paddrs = array.array("Q")
         oa = self.log.open
@@ -180,7 +180,7 @@ class IndexCache:
 
     def forget_summary(self, n):
         """Arena n was replaced (gc, repair): its summary leaves the index cache."""
-        self.holding, self.held_arenas = set(), set()
+        self.holding = None
         t = self.summaries.pop(n, None)
         if t is not None:
             self.summary_entries -= len(t)

@@ -297,35 +297,41 @@ class Reads:
     def unreadable(self, refs):
         """Positions of the (concatenated) refs whose block no intact record holds: not located, in a
         missing arena or a lost byte range, or known damaged. Reads no block (salvage names what is
-        lost before anything is read)."""
-        rs, oa = self.ref_size, self.log.open
-        n_refs = len(refs) // rs
-        refs = bytes(refs)
+        lost before anything is read): one C call tests them all against a table of every intact
+        record's ref, made once a session (a salvage asks for every day in turn)."""
+        rs = self.ref_size
+        if len(refs) % rs:
+            raise BadInput(f"refs must be a multiple of {rs} bytes")
+        return native.tables_absent([self._intact()], refs)
+
+    def _intact(self):
+        """A table of the ref of every record that can be read, made again when damage is found or
+        the log grows: the summaries' records (which leave out what a scan stepped over) and the open
+        arena's, less those known damaged, in a lost byte range or past the log's end."""
+        oa, lg = self.log.open, self.log
+        state = (oa.n, oa.count, len(self.bad), len(lg.lost), len(lg.missing))
+        if self.holding is not None and self.holding[0] == state:
+            return self.holding[1]
+        dam = {a >> 32 for a in self.bad} | {m for m, _, _ in lg.lost} | set(lg.missing)
 
         def holds(a):
             n, off = F.split(a)
-            return not (a in self.bad or n > oa.n or n in self.log.missing or
-                        any(m == n and lo <= off < hi for m, lo, hi in self.log.lost))
+            return not (a in self.bad or n > oa.n or n in lg.missing or
+                        any(m == n and lo <= off < hi for m, lo, hi in lg.lost))
 
-        live = [i for i in range(n_refs) if refs[i * rs:(i + 1) * rs] != self.null_ref]
-        if self.mode == "hash":
-            keys = b"".join(refs[i * 32:(i + 1) * 32] for i in live)
-            addrs, which = native.tables_lookup(self._tables(), keys, None)
-            found = [addrs[j] if which[j] >= 0 else self._locate(keys[j * 32:(j + 1) * 32])
-                     for j in range(len(live))]
-        else:
-            found = [int.from_bytes(refs[i * 8:(i + 1) * 8], "big") for i in live]
-        # The intact records' addresses of every sealed arena asked about, kept for the session (a
-        # salvage asks for every day in turn): one set lookup a ref, and the slower checks only
-        # for arenas with damage.
-        for n in {a >> 32 for a in found if a is not None} - self.held_arenas:
-            if n < oa.n:
-                self.holding.update(self._summary_arrays(n)[1])
-                self.held_arenas.add(n)
-        held, now = self.holding, set(oa.addrs)
-        dam = {a >> 32 for a in self.bad} | {m for m, _, _ in self.log.lost} | set(self.log.missing)
-        return [i for i, a in zip(live, found)
-                if a is None or a not in held and a not in now or a >> 32 in dam and not holds(a)]
+        t = native.Table(self.ref_size, min(self.index.h.entries + oa.count + 1, 1 << 30))  # grows if short
+        kl = self.keylen
+        for n in range(oa.n + 1):   # an arena at a time: only the table stays in memory
+            keys, addrs = self._summary_arrays(n)[:2] if n < oa.n else (bytes(oa.keys), list(oa.addrs))
+            if n in dam and addrs:
+                keep = [i for i, a in enumerate(addrs) if holds(a)]
+                keys, addrs = b"".join(keys[i * kl:(i + 1) * kl] for i in keep), [addrs[i] for i in keep]
+            if self.mode == "hash":
+                t.add(bytes(keys), array.array("Q", addrs))
+            else:   # a ref is the record's address, big-endian
+                t.add(struct.pack(f">{len(addrs)}Q", *addrs), array.array("Q", addrs))
+        self.holding = (state, t)
+        return t
 
     def _ref(self, keys, i, a):
         if self.mode == "hash":

@@ -66,9 +66,9 @@ def rebuild_summary(store, n, write=True):
             store.log.damaged.append((n, 0))
             store.log.lost.append((n, 0, store.arena_size))
         return b"", [], b""
-    keys = b"".join(e[2] for e in entries)
-    addrs = [F.addr(n, e[0]) for e in entries]
-    types = bytes(e[1] for e in entries)
+    offs, btypes, ks = list(zip(*entries))[:3] if entries else ((), (), ())
+    keys, types, base = b"".join(ks), bytes(btypes), F.addr(n, 0)
+    addrs = [base + o for o in offs]
     store.scanned.add(n)
     if write:
         b = F.pack_summary(n, store.keylen, tr.amac if tr else F.ZERO_CHAIN, keys, addrs, types)
@@ -133,11 +133,23 @@ def _fill(store, idx):
         if sys.byteorder != "little":
             ab.byteswap()
         ab = ab.tobytes()
-        chunk += b"".join(keys[i * kl:(i + 1) * kl] + ab[i * 8:(i + 1) * 8] for i in range(len(addrs)))
+        chunk += _entries(keys[:len(addrs) * kl], kl, ab)
         if len(chunk) >= CHUNK * (kl + 8):
             idx.merge_sorted(chunk)
             chunk = bytearray()
     idx.merge_sorted(chunk)
+
+
+def _entries(keys, kl, ab):
+    """Index entries (key, u64le address) from keys and the addresses' bytes: a strided copy per
+    byte of an entry, not a Python step per record."""
+    w = kl + 8
+    out = bytearray(len(ab) // 8 * w)
+    for b in range(kl):
+        out[b::w] = keys[b::kl]
+    for b in range(8):
+        out[kl + b::w] = ab[b::8]
+    return out
 
 
 def grow_index(store, entries, covered):
