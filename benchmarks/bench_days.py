@@ -34,15 +34,6 @@ from workload import Workload, parse_size  # noqa: E402
 CONFIG = None   # the run's config file: a state directory of its own
 
 
-def drop_caches():
-    try:
-        os.sync()
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3")
-    except OSError:
-        pass  # not root: warm-cache figures
-
-
 def env(tree):
     """The child's environment: this tree first, bytecode cached (as an installed package has it)."""
     e = dict(os.environ, PYTHONPATH=tree, FOUNDATION_CONFIG=CONFIG)
@@ -52,7 +43,7 @@ def env(tree):
 
 def timed(tree, args):
     """Run `python -m foundation ARGS` from `tree` -> dict(wall_s, cpu_s, peak_rss_mib)."""
-    drop_caches()
+    measure.drop_caches()
     return measure.timed([sys.executable, "-m", "foundation", *args], cwd=tree, env=env(tree))[0]
 
 

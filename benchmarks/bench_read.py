@@ -32,19 +32,11 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]       # this tree's foundation, and the tests' helpers
+from measure import drop_caches  # noqa: E402  (benchmarks/ is the script's own directory)
 
 import snapshotfs_support as T  # noqa: E402  (the tests' disk images and mounts)
 
 MIB = 1 << 20
-
-
-def drop_caches():
-    subprocess.run(["sync"])
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-    except OSError:
-        pass
 
 
 def read_all(path, bs=1 << 20):

@@ -42,6 +42,7 @@ import types
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
+from measure import drop_caches  # noqa: E402  (benchmarks/ is the script's own directory)
 
 from foundation.catalog import Catalog  # noqa: E402
 from foundation.cli import main as cli  # noqa: E402
@@ -51,16 +52,6 @@ from foundation.store import Store  # noqa: E402
 MIB = 1 << 20
 EXTENT = 128 << 10
 START = dt.date(2025, 1, 1)
-
-
-def drop_caches():
-    subprocess.run(["sync"], check=True)
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-        return True
-    except OSError:
-        return False
 
 
 def at(night):

@@ -35,16 +35,11 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
+from measure import drop_caches  # noqa: E402  (benchmarks/ is the script's own directory)
 
 from workload import sha256_file  # noqa: E402
 
 PASSWORD = "benchmark-password"   # compare_tools.py's
-
-
-def drop_caches():
-    subprocess.run(["sync"], check=True)
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3\n")
 
 
 def children_cpu():
