@@ -1,6 +1,5 @@
 """SnapshotSource reads a frozen chain byte for byte as QEMU does: directly where QEMU places the bytes, else over NBD."""
 
-import os
 import random
 import shutil
 import subprocess
