@@ -98,10 +98,30 @@ def layer_map(path, share=False):
     return ext
 
 
-def zero_runs(path, fmt):
-    """(offset, length) runs that read as zeros through the whole chain of a frozen image."""
-    out = run_json(["map", "--output=json", "-f", fmt, path], f"map {path}")
-    return [(e["start"], e["length"]) for e in out if e.get("zero") and not e.get("data")]
+def chain_map(path, fmt):
+    """Extents of a frozen image through its whole chain: list of (start, length, file | None, offset | None, zero).
+
+    `file` and `offset` say where the bytes lie on the host when QEMU
+    reports it (an uncompressed, unencrypted cluster of a layer without an
+    external data file, or a raw layer): reading them there gives exactly
+    what the guest reads. Extents without them (compressed clusters) must be
+    read through QEMU; `zero` marks extents that read as zeros.
+    """
+    layers = run_json(["info", "--backing-chain", "--output=json", "-U", "-f", fmt, path],
+                      f"info --backing-chain {path}")
+    files = []
+    for layer in layers if isinstance(layers, list) else [layers]:
+        data_file = (layer.get("format-specific") or {}).get("data", {}).get("data-file")
+        name = layer.get("filename", "")
+        direct = layer.get("format") in ("raw", "qcow2") and not data_file and name.startswith("/")
+        files.append(name if direct else None)
+    out = []
+    for e in run_json(["map", "--output=json", "-U", "-f", fmt, path], f"map {path}"):
+        zero = bool(e.get("zero")) and not e.get("data")
+        f = files[e.get("depth", 0)] if not zero and e.get("depth", 0) < len(files) else None
+        off = e.get("offset") if f is not None else None
+        out.append((e["start"], e["length"], f if off is not None else None, off, zero))
+    return out
 
 
 def create_overlay(path, backing, backing_fmt):

@@ -445,8 +445,7 @@ class Archiver:
             if prev is not None and prev[1] != size:
                 prev = None                  # the disk was resized: archive it whole
             incremental = prev is not None and d["old"] is not None
-            with SnapshotSource(frozen, fmt, d["base"], d["base_format"], size,
-                                full=not incremental) as src:
+            with SnapshotSource(frozen, fmt, d["base"], d["base_format"], size) as src:
                 runs = src.changed if incremental else None
                 zeros, notes = swap.find_swap(src.read, size)
                 total = sum(n for _, n in runs) if runs is not None else size

@@ -1,0 +1,76 @@
+"""Where Foundation's VM archive spends its time: one running TCG domain, a full backup and nights, each restored.
+
+The domain is benchmarks/peer_domains.py's (a 2 GiB qcow2 of workload
+content, no guest OS, the nights' 1 MiB pieces written through QEMU's
+monitor); only Foundation's half of the pair is started. Each archive runs
+cold, measured (wall, CPU, peak RSS), and with `--profile DIR` also once
+under cProfile instead (its figures then include the profiler's cost). Every night is restored and checked byte for byte against the
+reference image.
+
+    python3 benchmarks/archive_profile.py WORK [--nights 3] [--label before] [--profile DIR]
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import measure  # noqa: E402
+import peer_domains  # noqa: E402
+from workload import sha256_file  # noqa: E402
+
+GIB, MIB = 1 << 30, 1 << 20
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("work")
+    p.add_argument("--nights", type=int, default=3)
+    p.add_argument("--size", type=int, default=2 * GIB)
+    p.add_argument("--data", type=int, default=3 * GIB // 2)
+    p.add_argument("--change", type=int, default=64 * MIB)
+    p.add_argument("--label", default="run")
+    p.add_argument("--profile", help="directory for cProfile dumps of a full and a night archive")
+    a = p.parse_args()
+    work = os.path.join(a.work, "domains")
+    subprocess.run(["rm", "-rf", work], check=True)
+    os.makedirs(work)
+    pair = peer_domains.Pair(work, a.size, a.data, print)
+    pair.names = {"foundation": f"fdnprof-{os.getpid()}"}
+    res = {"label": a.label, "size": a.size, "data": a.data, "change": a.change, "runs": []}
+    try:
+        pair.setup()
+        name = pair.names["foundation"]
+        for n in range(a.nights + 1):
+            ref = sha256_file(pair.ref) if n == 0 else pair.night(n, a.change)
+            if a.profile:
+                os.makedirs(a.profile, exist_ok=True)
+                cmd = pair.fdn("archive")
+                prof = os.path.join(a.profile, f"{a.label}-night{n}.prof")
+                m = measure.op([cmd[0], "-m", "cProfile", "-o", prof, *cmd[1:]])
+            else:
+                m = pair.backup("foundation", n)
+            m["night"] = n
+            out = os.path.join(work, "restore.raw")
+            snaps = sorted(json.loads(subprocess.run(pair.fdn("list", "--json", name), capture_output=True,
+                                                     check=True).stdout), key=lambda s: s["time"])
+            subprocess.run(pair.fdn("restore", f"{name}@{snaps[n]['time']}", out), check=True,
+                           capture_output=True)
+            m["restored_equal"] = sha256_file(out) == ref
+            os.unlink(out)
+            print(json.dumps(m), flush=True)
+            res["runs"].append(m)
+            if not m["restored_equal"]:
+                raise SystemExit(f"night {n}: the restore differs from the reference")
+        res["load"] = os.getloadavg()
+    finally:
+        pair.close()
+    print(measure.save(f"archive-profile-{a.label}", res))
+
+
+if __name__ == "__main__":
+    main()

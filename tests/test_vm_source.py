@@ -1,0 +1,92 @@
+"""SnapshotSource reads a frozen chain byte for byte as QEMU does: directly where QEMU places the bytes, else over NBD."""
+
+import random
+import shutil
+import subprocess
+
+import pytest
+
+from foundation.image import qemuimg
+from foundation.vm.source import SnapshotSource
+
+pytestmark = pytest.mark.skipif(not shutil.which("qemu-img") or not shutil.which("qemu-nbd"),
+                                reason="needs qemu-img and qemu-nbd (qemu-utils)")
+MiB = 1 << 20
+SIZE = 8 * MiB
+
+
+def _qemu(*args):
+    subprocess.run(args, check=True, capture_output=True)
+
+
+@pytest.fixture
+def images(tmp_path):
+    """A raw disk of scattered random and text data, its qcow2 and compressed qcow2, and overlays on each."""
+    rng = random.Random(5)
+    raw = tmp_path / "base.raw"
+    with open(raw, "wb") as f:
+        f.truncate(SIZE)
+        for _ in range(24):
+            f.seek(rng.randrange(SIZE - 300_000))
+            f.write(rng.randbytes(rng.randrange(1, 300_000)))
+        f.seek(5 * MiB)
+        f.write(b"a text-like extent " * 9000)
+    p = {"raw": str(raw), "qcow2": str(tmp_path / "base.qcow2"), "compressed": str(tmp_path / "c.qcow2")}
+    _qemu("qemu-img", "convert", "-O", "qcow2", p["raw"], p["qcow2"])
+    _qemu("qemu-img", "convert", "-c", "-O", "qcow2", p["raw"], p["compressed"])
+    for kind, fmt in (("raw", "raw"), ("qcow2", "qcow2"), ("compressed", "qcow2")):
+        top = str(tmp_path / f"{kind}.fdn-1.qcow2")
+        _qemu("qemu-img", "create", "-f", "qcow2", "-b", p[kind], "-F", fmt, top)
+        _qemu("qemu-io", "-f", "qcow2", "-c", "write -P 0x5a 1000k 300k", "-c", "write -z 3M 64k", top)
+        p[f"{kind}-overlay"] = top
+    return p
+
+
+def _expected(path, fmt, tmp_path):
+    out = tmp_path / "expected.raw"
+    _qemu("qemu-img", "convert", "-f", fmt, "-O", "raw", path, str(out))
+    data = out.read_bytes()
+    assert len(data) == SIZE
+    return data
+
+
+@pytest.mark.parametrize("top, base, direct", [
+    ("qcow2", "qcow2", True), ("compressed", "compressed", False), ("raw", "raw", True),
+    ("qcow2-overlay", "qcow2", True), ("raw-overlay", "raw", True), ("compressed-overlay", "compressed", False)])
+def test_reads_the_chain_as_qemu_does(images, tmp_path, top, base, direct):
+    top_fmt = "raw" if top == "raw" else "qcow2"
+    base_fmt = "raw" if base == "raw" else "qcow2"
+    want = _expected(images[top], top_fmt, tmp_path)
+    with SnapshotSource(images[top], top_fmt, images[base], base_fmt, SIZE) as src:
+        got = bytearray(SIZE)
+        view = memoryview(got)
+        for off in range(0, SIZE, 3 * MiB // 2):   # reads that straddle clusters and extents
+            n = min(3 * MiB // 2, SIZE - off)
+            assert src.readinto(off, view[off:off + n]) == n
+        assert got == want
+        assert src.read(12345, 3 * MiB) == want[12345:12345 + 3 * MiB]
+        assert src.read(SIZE - 100, 4096) == want[-100:]
+        for off, n in src.holes():
+            assert want[off:off + n] == bytes(n)
+        if top != base:
+            assert src.changed == [(960 << 10, 384 << 10), (3 * MiB, 64 << 10)]   # whole 64 KiB clusters
+        else:
+            assert src.changed is None
+        # qemu-nbd is started only for what QEMU alone decodes (compressed clusters)
+        assert (src._nbd is None) == direct
+
+
+def test_an_overlay_still_written_is_refused(images):
+    """The day's layer is mapped without -U: a writer holding it makes the read fail, not archive a moving disk."""
+    top = images["qcow2-overlay"]
+    holder = subprocess.Popen(["qemu-io", "-f", "qcow2", top], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        holder.stdin.write(b"read 0 512\n")
+        holder.stdin.flush()
+        holder.stdout.readline()
+        with pytest.raises(qemuimg.QemuImgFailed, match="Is another process using the image"):
+            SnapshotSource(top, "qcow2", images["qcow2"], "qcow2", SIZE)
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=10)
