@@ -23,6 +23,7 @@ import contextlib
 import ctypes
 import logging
 import os
+import struct
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
@@ -35,6 +36,7 @@ from foundation.store.disk import atomic_write, fsync_dir
 log = logging.getLogger(__name__)
 
 RH = L.HEADER_SIZE
+_tag_at = struct.Struct(f"{L.TAG_SIZE}s").unpack_from   # a record header's tag, read in place
 
 
 def _sync_file_range():
@@ -520,8 +522,8 @@ class Log:
     def scan(self, n, iv, buf, base, verify=True):
         """Records of one arena region -> ([(off, btype, key, stored, raw, tag)], end, error)."""
         entries, end, err = native.scan(self.codec, n, iv, buf, base, verify)
-        kl, at = self.keylen, L.H_TAG - base   # layout.tag inlined: one comprehension, no call per record
-        out = [(off, btype, key[:kl], stored, raw, bytes(buf[off + at:off + at + L.TAG_SIZE]))
+        kl, at = self.keylen, L.H_TAG - base   # layout.tag inlined: one struct read per record, no slice
+        out = [(off, btype, key[:kl], stored, raw, _tag_at(buf, off + at)[0])
                for off, btype, key, stored, raw in entries]
         return out, end, err
 
