@@ -1111,3 +1111,21 @@ def test_flat_blocks_stay_raw(impl, other):
                 recs, _ = pack(codec, 0, IV, 0, 1, block, len(block), bytes(32))
                 assert recs[5] == want, (name, pack)
             assert impl.unpack(c, 0, IV, 0, recs)[2] == block
+
+
+@pytest.mark.parametrize("enc", [None, ENC])
+def test_scan_same_on_both_backends(impl, other, enc):
+    """The batch read of the C core's entries gives the reference's records, end and error
+    on intact, torn, tag-damaged and magic-damaged spans (records, keys, lengths alike)."""
+    c, o = impl.Codec(enc, MAC, 3), other.Codec(enc, MAC, 3)
+    base = 128
+    data, offs = arena_bytes(impl, c, [(mixed(8, 256), 256), (b"tail", 4), (mixed(3, 64, 4), 64)], base)
+    tag, magic = bytearray(data), bytearray(data)
+    tag[offs[4] - base + H + 2] ^= 0x40
+    magic[offs[2] - base:offs[2] - base + 4] = b"XXXX"
+    for buf in (data, data + bytes(70), data[:offs[-1] - base + 70], data[:offs[5] - base + 3], bytes(tag),
+                bytes(magic)):
+        for verify in (True, False):
+            a, b = impl.scan(c, 4, IV, buf, base, verify), other.scan(o, 4, IV, buf, base, verify)
+            assert a[:2] == b[:2] and (a[2] and (a[2].kind, a[2].offset)) == (b[2] and (b[2].kind, b[2].offset))
+            assert a[0] and all(isinstance(e[2], bytes) and len(e[2]) == 32 for e in a[0])

@@ -460,3 +460,26 @@ def test_pipelined_writes_name_and_store_what_plain_writes_do(make_store, monkey
     with op() as s:
         assert s.commit() == committed
         assert [b"".join(s.read_blocks(r)) for r in refs] == batches
+
+
+def test_log_scan_names_every_record_with_its_tag_and_key(make_store, mode):
+    """Log.scan's batch form gives native.scan's records with each one's header tag, and the open
+    arena loaded from it holds the same tags, keys, addresses and types."""
+    from foundation import native
+    from foundation.store import format as F, layout as L
+    op = make_store(mode)
+    with op() as s:
+        s.write_blocks(blocks(60, seed=9))
+    buf = open(arena_files(op.path)[0], "rb").read()
+    with op(writable=False) as s:
+        lg, base = s.log, F.ARENA_HEADER_SIZE
+        iv = lg.header(0, buf)[0].iv
+        ents, end, err = lg.scan(0, iv, memoryview(buf)[base:], base)
+        raw, raw_end, _ = native.scan(lg.codec, 0, iv, buf[base:], base)
+        assert len(ents) > 60 and (end, err) == (raw_end, None) == (len(buf), None)
+        assert [e[:5] for e in ents] == [(o, t, k[:s.keylen], S, R) for o, t, k, S, R in raw]
+        assert [e[5] for e in ents] == [L.tag(buf, e[0]) for e in ents]
+        oa = lg.open
+        assert oa.n == 0 and bytes(oa.tags) == b"".join(e[5] for e in ents)
+        assert bytes(oa.keys) == b"".join(e[2] for e in ents) and bytes(oa.types) == bytes(e[1] for e in ents)
+        assert oa.addrs == [F.addr(0, e[0]) for e in ents]

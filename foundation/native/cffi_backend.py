@@ -41,6 +41,10 @@ def _load_native():
 _native, _why = _load_native()
 _ffi = _native.ffi if _native else None
 _lib = _native.lib if _native else None
+# fdn_entry as laid out by the C compiler (off, slen, rlen, btype, codec, key[32], padding); checked below
+_ENTRY = struct.Struct("=QIIBx32s6x")
+if _ffi is not None and (_ffi.sizeof("fdn_entry"), _ffi.offsetof("fdn_entry", "key")) != (_ENTRY.size, 18):
+    raise ImportError("the C core's fdn_entry layout is not the one cffi_backend reads: rebuild the C core")
 
 
 class _Native:
@@ -235,8 +239,9 @@ class _Native:
             done = end[0] - base
             k = _lib.fdn_scan(c, arena, b + done, size - done, end[0], bool(verify),
                               ents, cap, end, err)
-            for e in ents[0:k]:
-                entries.append((e.off, e.btype, _ffi.buffer(e.key)[:], e.slen, e.rlen))
+            # the array's bytes in one struct pass, not a cdata field access per record
+            entries += [(off, btype, key, slen, rlen)
+                        for off, slen, rlen, btype, key in _ENTRY.iter_unpack(_ffi.buffer(ents, k * _ENTRY.size))]
             if err[0] != _lib.FDN_ESPACE:
                 break
         if err[0] == _lib.FDN_OK:

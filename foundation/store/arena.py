@@ -23,6 +23,7 @@ import contextlib
 import ctypes
 import logging
 import os
+import struct
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
@@ -35,6 +36,7 @@ from foundation.store.disk import atomic_write, fsync_dir
 log = logging.getLogger(__name__)
 
 RH = L.HEADER_SIZE
+_tag_at = struct.Struct(f"{L.TAG_SIZE}s").unpack_from   # a record header's tag, read in place
 
 
 def _sync_file_range():
@@ -155,11 +157,14 @@ class OpenArena:
 
     def add(self, entries):
         """Add scanned records: [(off, btype, key, stored, raw, tag)]."""
-        for off, btype, key, _stored, _raw, tag in entries:
-            self.tags += tag
-            self.keys += key
-            self.addrs.append(F.addr(self.n, off))
-            self.types.append(btype)
+        if not entries:
+            return
+        offs, btypes, keys, _, _, tags = zip(*entries)
+        self.tags += b"".join(tags)
+        self.keys += b"".join(keys)
+        base = F.addr(self.n, 0)
+        self.addrs += [base + o for o in offs]
+        self.types += bytes(btypes)
 
     def add_packed(self, recs, rel, offs, btype, keys, keylen):
         """Add k freshly packed records: rel are their offsets in recs, keys their 32-byte key fields."""
@@ -517,10 +522,9 @@ class Log:
     def scan(self, n, iv, buf, base, verify=True):
         """Records of one arena region -> ([(off, btype, key, stored, raw, tag)], end, error)."""
         entries, end, err = native.scan(self.codec, n, iv, buf, base, verify)
-        out = []
-        for off, btype, key, stored, raw in entries:
-            o = off - base
-            out.append((off, btype, key[: self.keylen], stored, raw, L.tag(buf, o)))
+        kl, at = self.keylen, L.H_TAG - base   # layout.tag inlined: one struct read per record, no slice
+        out = [(off, btype, key[:kl], stored, raw, _tag_at(buf, off + at)[0])
+               for off, btype, key, stored, raw in entries]
         return out, end, err
 
     # ---- files -----------------------------------------------------------------
