@@ -22,7 +22,7 @@ class MemStore:
         self.null_ref = bytes(self.ref_size)
         self.blocks = {}  # ref -> (btype, data)
         self.log = []  # refs in write order
-        self.calls = {"write": 0, "write_blocks": 0, "read": 0, "read_blocks": 0, "read_in_log_order": 0, "sync": 0}
+        self.calls = {"write": 0, "write_blocks": 0, "read": 0, "read_blocks": 0, "read_blocks_in_log_order": 0, "sync": 0}
         self.bytes_written = 0
         self.synced = 0
 
@@ -78,9 +78,8 @@ class MemStore:
             out.append(bytes(self.block_size) if r == self.null_ref else self.blocks[r][1])
         return out
 
-    def read_in_log_order(self, refs):
-        """One (positions, datas) batch, in write order, like Store.read_in_log_order."""
-        self.calls["read_in_log_order"] += 1
+    def _in_log_order(self, refs):
+        """One (positions, datas) batch, in write order."""
         rs = self.ref_size
         where = {}
         for i in range(len(refs) // rs):
@@ -93,8 +92,9 @@ class MemStore:
             yield [p for p, _ in placed], [d for _, d in placed]
 
     def read_blocks_in_log_order(self, refs, alloc=None):
-        """The same batch as one buffer of blocks, like Store.read_blocks_in_log_order."""
-        for positions, datas in self.read_in_log_order(refs):
+        """One batch as one buffer of blocks, in write order, like Store.read_blocks_in_log_order."""
+        self.calls["read_blocks_in_log_order"] += 1
+        for positions, datas in self._in_log_order(refs):
             yield positions, b"".join(datas)
 
     def latest(self, btype):

@@ -25,6 +25,19 @@ def restore_image(site, older):
     shutil.copytree(older, site.store)
 
 
+def days_then_older_copy(site, tmp_path):
+    """Days 1-4 archived, then the copy of the disk made after day 2 put back -> the history of days 1-4."""
+    site.day(1)
+    site.day(2)
+    older = tmp_path / "older-copy"
+    shutil.copytree(site.store, older)
+    site.day(3)
+    site.day(4)
+    newer = dict(site.history)
+    restore_image(site, older)
+    return newer
+
+
 @pytest.fixture(params=["hash", "value"])
 def site(request, tmp_path, capsys):
     return Site(tmp_path, capsys, mode=request.param)
@@ -35,14 +48,7 @@ def test_every_writer_refuses_an_older_copy_and_changes_nothing(request, site, t
     srv = fresh(request, "file") if with_replica else None
     if srv:
         site.use(srv)
-    site.day(1)
-    site.day(2)
-    older = tmp_path / "older-copy"
-    shutil.copytree(site.store, older)
-    site.day(3)
-    site.day(4)
-    newer = dict(site.history)
-    restore_image(site, older)
+    newer = days_then_older_copy(site, tmp_path)
     remote = srv.stored() if srv else None
 
     rc, out, err = site.cli("verify")

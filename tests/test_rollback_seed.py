@@ -16,7 +16,7 @@ import pytest
 from servers import local_server  # noqa: F401
 from test_input import store_files
 from test_replica import VM, Site, fresh
-from test_rollback import restore_image
+from test_rollback import days_then_older_copy, restore_image
 
 from foundation.config import load_config
 from foundation.replica import replicas_from_config
@@ -44,14 +44,7 @@ def test_an_older_copy_on_a_host_without_a_record_is_refused(request, tmp_path, 
     site = Site(tmp_path, capsys, mode=mode)
     srv = fresh(request, kind)
     site.use(srv)
-    site.day(1)
-    site.day(2)
-    older = tmp_path / "older-copy"
-    shutil.copytree(site.store, older)
-    site.day(3)
-    site.day(4)                                    # replicated by the import's hook
-    newer = dict(site.history)
-    restore_image(site, older)
+    newer = days_then_older_copy(site, tmp_path)   # days 3 and 4 replicated by the import's hook
     shutil.rmtree(state())                         # a new host: it never saw days 3 and 4
     remote = contents(srv)
     site.image.write_bytes(newer[4])

@@ -6,7 +6,7 @@ one pass sorted by log address, merged into spans; every record is
 verified by the C core, so a read returns exactly the bytes written or
 raises DataCorrupt naming arena and offset. `Reads` is the part of Store
 that does this. A whole image (restore, a long sequential read) goes
-through `read_in_log_order` instead: every block it needs is located
+through `read_blocks_in_log_order` instead: every block it needs is located
 first, then the log is read once, front to back, in large spans, so an
 arena is visited once however the image's blocks are scattered over years.
 """
@@ -199,12 +199,6 @@ class Reads:
             for f in pending:  # a span under way still writes into its buffer: let it finish first
                 if not f.cancelled():
                     concurrent.futures.wait([f])
-
-    def read_in_log_order(self, refs):
-        """read_blocks_in_log_order with each block as its own bytes: (positions, [data])."""
-        bs = self.block_size
-        for pos, data in self.read_blocks_in_log_order(refs):
-            yield pos, [bytes(data[k * bs:(k + 1) * bs]) for k in range(len(pos))]
 
     def _log_order(self, refs, n):
         """(log addresses, positions in refs) of the non-null refs, sorted by address; a repeated
