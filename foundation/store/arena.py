@@ -37,6 +37,11 @@ log = logging.getLogger(__name__)
 
 RH = L.HEADER_SIZE
 _tag_at = struct.Struct(f"{L.TAG_SIZE}s").unpack_from   # a record header's tag, read in place
+# Bytes of blocks packed per C call, and packed batches queued to the writer: each batch is a
+# buffer of its own until written, so these two bound the write path's memory (~PACK_BYTES x
+# (WRITE_QUEUE + 2)); 4 MiB keeps both cores busy in pack and the per-call cost small.
+PACK_BYTES = 4 << 20
+WRITE_QUEUE = 2
 
 
 def _sync_file_range():
@@ -668,7 +673,7 @@ class Log:
                 continue
             # Pack about what fits, judged by the size of recent records;
             # records past the arena's end are packed again into the next one.
-            m = min(n - i, max(16, int(room / self.avg_record * 1.03) + 8))
+            m = min(n - i, max(16, int(room / self.avg_record * 1.03) + 8), max(16, PACK_BYTES // bs))
             recs, offs = native.pack(self.codec, oa.n, oa.header.iv, oa.end, btype,
                                      buf[i * bs:(i + m) * bs], bs, keys[i * 32:(i + m) * 32], threads)
             ends = offs[1:] + [oa.end + len(recs)]
@@ -711,7 +716,7 @@ class Log:
             self.disk.pwrite(fd, "arena", off, data)
             return
         self.queued.append(self.writer.submit(self._write_out, fd, off, data))
-        while len(self.queued) > 2:  # bounded: each holds a packed batch
+        while len(self.queued) > WRITE_QUEUE:  # bounded: each holds a packed batch
             self._wait_one()
 
     def _write_out(self, fd, off, data):

@@ -92,10 +92,28 @@ class IndexCache:
             self.open_table.add(bytes(oa.keys), oa.addrs)
 
     def _pending_entries(self):
-        """The write buffer as index entries (key, u64le addr), unsorted."""
-        kl = self.keylen
+        """The write buffer as index entries (key, u64le addr), unsorted, in one bytearray.
+
+        Interleaved by strided copies of 8-byte words, a pass per word of an entry: no object
+        per entry (joining 400 k slices held ~60 MB of them at the close of a day 0)."""
+        kl, n = self.keylen, len(self.paddrs)
+        es = kl + 8
+        out = bytearray(n * es)
         ab = self.paddrs.tobytes() if sys.byteorder == "little" else _le(self.paddrs)
-        return b"".join(self.pkeys[i * kl:(i + 1) * kl] + ab[i * 8:(i + 1) * 8] for i in range(len(self.paddrs)))
+        if kl % 8 or not n:  # (every mode's key is whole words; kept general)
+            for j in range(kl):
+                out[j::es] = self.pkeys[j:n * kl:kl]
+            for j in range(8):
+                out[kl + j::es] = ab[j::8]
+            return out
+        w, kw = es // 8, kl // 8
+        o, k = memoryview(out).cast("Q"), memoryview(self.pkeys)[:n * kl].cast("Q")
+        for j in range(kw):
+            o[j::w] = k[j::kw]
+        o[kw::w] = memoryview(ab).cast("Q")
+        o.release()
+        k.release()
+        return out
 
     def _catch_up(self, covered):
         """Put every record at or after `covered` into the write buffer."""

@@ -346,14 +346,14 @@ class Store(Writes, Reads, IndexCache):
         # The index may only cover committed records: a cut tail must never
         # leave an index entry behind that names a block we no longer have.
         self.log.sync()
-        entries = bytearray(self._pending_entries())
+        entries = self._pending_entries()  # sorted in place, never copied: it is the flush's memory
         native.sort_entries(entries, self.keylen + 8, self.keylen)
         covered = self.log.end_addr
         try:
-            self.index.flush(bytes(entries), covered)
+            self.index.flush(entries, covered)
         except IndexFull:
             from foundation.store.rebuild import grow_index
-            grow_index(self, bytes(entries), covered)
+            grow_index(self, entries, covered)
         except DerivedCorrupt as e:  # the log is synced: the rebuilt index covers these entries too
             self.replace_index(e)
         if self.bloom is not None:
