@@ -1129,3 +1129,21 @@ def test_scan_same_on_both_backends(impl, other, enc):
             a, b = impl.scan(c, 4, IV, buf, base, verify), other.scan(o, 4, IV, buf, base, verify)
             assert a[:2] == b[:2] and (a[2] and (a[2].kind, a[2].offset)) == (b[2] and (b[2].kind, b[2].offset))
             assert a[0] and all(isinstance(e[2], bytes) and len(e[2]) == 32 for e in a[0])
+
+
+def test_pack_into_caller_buffer(impl):
+    """pack(out=...) writes the same records into the caller's buffer and returns a view of them."""
+    bs, n = 4096, 200
+    buf = mixed(n, bs, seed=5)
+    keys = keys_for(n)
+    for enc in (None, ENC):
+        c = impl.Codec(enc, MAC, 1)
+        want, woffs = impl.pack(c, 3, IV, 100, 1, buf, bs, keys, threads=2)
+        out = bytearray(n * (64 + bs))
+        got, offs = impl.pack(c, 3, IV, 100, 1, buf, bs, keys, threads=2, out=out)
+        assert bytes(got) == want and offs == woffs
+        assert bytes(out[:len(want)]) == want
+    with pytest.raises(ValueError):
+        impl.pack(c, 3, IV, 100, 1, buf, bs, keys, out=bytearray(n * (64 + bs) - 1))
+    with pytest.raises(ValueError):
+        impl.pack(c, 3, IV, 100, 1, buf, bs, keys, out=bytes(n * (64 + bs)))

@@ -167,9 +167,14 @@ def flat(block):
     return FLAT_RATIO * sum(c * c for c in collections.Counter(sample).values()) <= len(sample) ** 2
 
 
-def pack(codec, arena, iv, offset, btype, buf, bs, keys, threads=1):
+def pack(codec, arena, iv, offset, btype, buf, bs, keys, threads=1, out=None):
     n, blen = checks.pack_args(arena, iv, offset, btype, buf, bs, keys)
     checks.thread_count(threads)
+    if out is not None:  # the records written into the caller's buffer, a view of them returned
+        checks.pack_out(out, n * (HEADER_SIZE + blen))
+        recs, offsets = pack(codec, arena, iv, offset, btype, buf, bs, keys, threads)
+        memoryview(out)[:len(recs)] = recs
+        return memoryview(out)[:len(recs)], offsets
     codec, data, keys, iv = _codec(codec), bytes(buf), bytes(keys), bytes(iv)
     z = zstandard.ZstdCompressor(level=codec.zlevel, write_content_size=True) if codec.zlevel else None
     out, offsets, pos = bytearray(), [], offset
