@@ -31,7 +31,7 @@ from foundation.image import ranges as R
 from foundation.image.shape import Root, Shape, split_refs
 from foundation.store import BlockType
 
-CHUNK = 8 << 20  # bytes of source per write_blocks call (three such buffers in use)
+CHUNK = 4 << 20  # bytes of source per write_blocks call (three such buffers in use)
 OPEN_NODES = 512  # level-1 nodes kept open before the completed ones are written
 
 
