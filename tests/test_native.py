@@ -993,6 +993,27 @@ def test_table_multimap(impl):
         t.find(b"aa")
 
 
+def test_table_entries(impl, other):
+    """entries(): every (key, u64le addr) in insertion order, repeated keys too; the same in both backends."""
+    rng = random.Random(21)
+    for kl in (4, 32):
+        t, u = impl.Table(kl, 0), other.Table(kl, 0)
+        assert t.entries() == bytearray()
+        keys = [rng.randbytes(kl) for _ in range(300)]
+        want = []
+        for _ in range(4):
+            chunk = [rng.choice(keys) for _ in range(500)]
+            addrs = [rng.getrandbits(64) for _ in chunk]
+            t.add(b"".join(chunk), array.array("Q", addrs))
+            u.add(b"".join(chunk), addrs)
+            want += [k + a.to_bytes(8, "little") for k, a in zip(chunk, addrs)]
+        got = t.entries()
+        assert isinstance(got, bytearray) and got == b"".join(want) and u.entries() == got
+        t.clear()
+        t.add(keys[0], [7])
+        assert t.entries() == keys[0] + (7).to_bytes(8, "little")
+
+
 def test_table_growth_vs_dict(impl):
     rng = random.Random(13)
     t = impl.Table(32, 10)

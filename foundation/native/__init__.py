@@ -40,7 +40,8 @@ when bs == len(buf).
     sort_entries(entries, entsize, keylen)                in place
     merge(region, first, nregion, bucket_size, keylen, entries, nbuckets) -> spill
     lookup(region, first, nregion, bucket_size, keylen, key, nbuckets) -> ([addr], more)
-    Table(keylen, capacity_hint=0): add(keys, addrs), find(key), len, clear()
+    Table(keylen, capacity_hint=0): add(keys, addrs), find(key), len, clear(),
+        entries() -> bytearray of every (key, u64le addr) in insertion order
     tables_lookup(tables, keys, skip, keylen=None) -> ([addr], [which])
     tables_absent(tables, keys) -> [position]          keys no table holds, all-zero ones left out
     equal(a, b) -> bool

@@ -382,6 +382,15 @@ class _Native:
                     return _ffi.unpack(out, k)
                 want = k
 
+        def entries(self):
+            es = self.keylen + 8
+            while True:
+                n = len(self)
+                out = bytearray(n * es)
+                k = _ok(_lib.fdn_table_entries(self._t, _ffi.from_buffer(out), len(out)))
+                if k == n:  # (else entries were added meanwhile: again with room for them)
+                    return out
+
         def __len__(self):
             return _lib.fdn_table_len(self._t)
 

@@ -436,6 +436,7 @@ class Table:
         self.keylen = keylen
         self._map = {}
         self._n = 0
+        self._order = []  # (key, addr) in insertion order
 
     def add(self, keys, addrs):
         addrs = checks.addr_list(addrs)
@@ -443,8 +444,14 @@ class Table:
         if len(keys) != len(addrs) * self.keylen:
             raise ValueError(f"keys must be {self.keylen} bytes per addr ({len(addrs)} addrs)")
         for i, a in enumerate(addrs):
-            self._map.setdefault(keys[i * self.keylen:(i + 1) * self.keylen], []).append(a)
+            k = keys[i * self.keylen:(i + 1) * self.keylen]
+            self._map.setdefault(k, []).append(a)
+            self._order.append((k, a))
         self._n += len(addrs)
+
+    def entries(self):
+        """Every entry in insertion order as index entries: key, then the addr as u64 little-endian."""
+        return bytearray(b"".join(k + a.to_bytes(8, "little") for k, a in self._order))
 
     def find(self, key):
         if checks.nbytes(key) != self.keylen:
@@ -456,6 +463,7 @@ class Table:
 
     def clear(self):
         self._map.clear()
+        self._order.clear()
         self._n = 0
 
 

@@ -70,50 +70,39 @@ class LRU:
     def __len__(self):
         return len(self.d)
 
-def _le(arr):
-    a = array.array("Q", arr)
-    a.byteswap()
-    return a.tobytes()
-
-
 class IndexCache:
     """Store's in-memory structures (mixed into foundation.store.store.Store)."""
 
     def _reset_buffer(self):
-        # The write buffer: entries of records not yet merged into the index,
-        # as a lookup table and as parallel arrays of keys and addresses.
+        # The write buffer: entries of records not yet merged into the index, in log order, in
+        # one lookup table (its entries() are what a flush merges: no second copy of them).
         self.wbuf = native.Table(self.keylen, 1024)
         self.holding = None  # (state, table of every intact record's ref) unreadable() made
-        self.pkeys = bytearray()
-        self.paddrs = array.array("Q")
         oa = self.log.open
         self.open_table = native.Table(self.keylen, oa.count + 1024)
         if oa.count and not self.venti:  # Venti starts every session with a cold index cache
             self.open_table.add(bytes(oa.keys), oa.addrs)
 
     def _pending_entries(self):
-        """The write buffer as index entries (key, u64le addr), unsorted, in one bytearray.
+        """The write buffer as index entries (key, u64le addr) in log order, in one bytearray."""
+        return self.wbuf.entries()
 
-        Interleaved by strided copies of 8-byte words, a pass per word of an entry: no object
-        per entry (joining 400 k slices held ~60 MB of them at the close of a day 0)."""
-        kl, n = self.keylen, len(self.paddrs)
-        es = kl + 8
-        out = bytearray(n * es)
-        ab = self.paddrs.tobytes() if sys.byteorder == "little" else _le(self.paddrs)
-        if kl % 8 or not n:  # (every mode's key is whole words; kept general)
-            for j in range(kl):
-                out[j::es] = self.pkeys[j:n * kl:kl]
-            for j in range(8):
-                out[kl + j::es] = ab[j::8]
-            return out
-        w, kw = es // 8, kl // 8
-        o, k = memoryview(out).cast("Q"), memoryview(self.pkeys)[:n * kl].cast("Q")
-        for j in range(kw):
-            o[j::w] = k[j::kw]
-        o[kw::w] = memoryview(ab).cast("Q")
-        o.release()
-        k.release()
-        return out
+    def _buffer_from(self, entries):
+        """A write buffer holding these index entries again (a flush that failed gives them back)."""
+        kl, es = self.keylen, self.keylen + 8
+        n = len(entries) // es
+        keys = bytearray(n * kl)
+        for j in range(kl):
+            keys[j::kl] = entries[j::es]
+        ab = bytearray(n * 8)
+        for j in range(8):
+            ab[j::8] = entries[kl + j::es]
+        addrs = array.array("Q", bytes(ab))
+        if sys.byteorder != "little":
+            addrs.byteswap()
+        t = native.Table(self.keylen, n + 1024)
+        t.add(keys, addrs)
+        return t
 
     def _catch_up(self, covered):
         """Put every record at or after `covered` into the write buffer."""
@@ -129,10 +118,7 @@ class IndexCache:
         first = bisect.bisect_left(addrs, covered)  # an arena's addresses ascend
         if first < len(addrs):
             # an array goes to the table without a check per entry
-            ks, ads = bytes(keys[first * kl:len(addrs) * kl]), array.array("Q", addrs[first:])
-            self.wbuf.add(ks, ads)
-            self.pkeys += ks
-            self.paddrs.extend(ads)
+            self.wbuf.add(bytes(keys[first * kl:len(addrs) * kl]), array.array("Q", addrs[first:]))
 
     def _open_bloom(self):
         p = os.path.join(self.path, F.BLOOM)
@@ -151,10 +137,12 @@ class IndexCache:
             rebuild_bloom(self)
             covered = self.index.h.covered
         # Keys written after that are in the write buffer; add them.
-        kl = self.keylen
-        first = bisect.bisect_left(self.paddrs, covered)
+        kl, es = self.keylen, self.keylen + 8
+        ents = self.wbuf.entries()
+        first = bisect.bisect_left(range(len(ents) // es), covered,  # addresses ascend (log order)
+                                   key=lambda i: int.from_bytes(ents[i * es + kl:(i + 1) * es], "little"))
         self.bloom.count = self.index.h.entries + first
-        self.bloom.update([bytes(self.pkeys[i * kl:(i + 1) * kl]) for i in range(first, len(self.paddrs))])
+        bloom.add_entries(self.bloom, memoryview(ents)[first * es:], kl)
 
     def adopt_bloom(self, bf):
         """Make bf the store's Bloom filter, grown (made again twice as large) once it is full."""
@@ -165,8 +153,8 @@ class IndexCache:
     def _grow_bloom(self):
         """The filter holds more keys than it was made for: make it again from the index and the write buffer."""
         old = self.bloom
-        self.adopt_bloom(bloom.build(self, self.pkeys))
-        self.bloom.count += len(self.paddrs)
+        self.adopt_bloom(bloom.build(self, self.wbuf.entries()))
+        self.bloom.count += len(self.wbuf)
         old.close()
 
     def _save_bloom(self):
@@ -180,7 +168,7 @@ class IndexCache:
         record past the index's `covered` back into the buffer, re-reading their arenas' summaries."""
         if self.venti:
             return True
-        full = len(self.paddrs) * (self.keylen + 8) >= self.tuning.write_buffer_bytes * self.tuning.flush_at_close
+        full = len(self.wbuf) * (self.keylen + 8) >= self.tuning.write_buffer_bytes * self.tuning.flush_at_close
         return full or self.log.open.n - F.split(self.index.h.covered)[0] > self.tuning.flush_arenas
 
     def _sealed(self, oa):
