@@ -30,8 +30,8 @@ FILL = 0.9  # a new or grown index is sized for this load at its planned entries
 INITIAL = 32768  # entries a new store's index and Bloom filter are sized for
 GROW_LOAD = 0.75  # a flush past this load grows the index (linear probing stays short below it)
 # The two below bound a flush's memory beside the write buffer (each buffer ~ 2x: a sort's or
-# a merge's scratch): 10 MiB of entries, 4 MiB regions; the passes stay sequential.
-CHUNK = 1 << 18  # entries sorted and merged at a time while growing (10 MiB in hash mode)
+# a merge's scratch): 5 MiB of entries, 4 MiB regions; the passes stay sequential.
+CHUNK = 1 << 17  # entries sorted and merged at a time while growing (5 MiB in hash mode)
 REGION = 1024  # at most this many buckets per read/write of a flush (4 MiB)
 GAP = 128  # buckets (512 KiB): about what one seek costs in transfer time
 SLACK = 2  # extra buckets read after a region for entries that overflow

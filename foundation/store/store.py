@@ -24,7 +24,7 @@ from foundation.store import format as F
 from foundation.store import primary, switch
 from foundation.store.rollback import last_record
 from foundation.store.arena import Log
-from foundation.store.cache import LRU, IndexCache, Tuning
+from foundation.store.cache import LRU, IndexCache, Tuning, give_back
 from foundation.store.dedup import Writes
 from foundation.store.disk import Disk, atomic_write
 from foundation.store.index import Index, IndexFull
@@ -349,6 +349,7 @@ class Store(Writes, Reads, IndexCache):
         # The table is let go while the index is written (no lookup runs meanwhile): a flush
         # holds the entries once, not twice; should it fail, they go back into a table.
         self.wbuf = native.Table(self.keylen, 1024)
+        give_back()
         native.sort_entries(entries, self.keylen + 8, self.keylen)
         covered = self.log.end_addr
         try:
@@ -362,6 +363,8 @@ class Store(Writes, Reads, IndexCache):
         except BaseException:
             self.wbuf = self._buffer_from(entries)
             raise
+        del entries
+        give_back()
         if self.bloom is not None:
             self._save_bloom()
 
