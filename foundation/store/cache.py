@@ -51,9 +51,12 @@ def give_back():
 class Tuning:
     """Memory and policy knobs; none of them changes a byte on disk."""
 
-    index_cache_bytes: int = 64 << 20  # loaded arena summaries (LRU)
-    # Index entries waiting for a flush, counted at K + 8 bytes each; in memory the buffer takes
-    # about 4x that (a lookup table and the arrays a flush sorts): ~64 MiB at 400k entries (hash).
+    # Loaded arena summaries (LRU), counted at K + 24 bytes an entry; a table takes ~1.3x that
+    # (600 k entries, ~40 MB, in hash mode: the summaries of ~2.3 GiB of log).
+    index_cache_bytes: int = 32 << 20
+    # Index entries waiting for a flush, counted at K + 8 bytes each: 400 k entries in hash mode,
+    # held once, in a lookup table of ~60-75 bytes an entry (~30 MB); a flush sorts a copy of
+    # them (16 MiB) after letting the table go.
     write_buffer_bytes: int = 16 << 20
     block_cache_bytes: int = 32 << 20  # decoded blocks (LRU)
     policy: str = "foundation"  # or "venti": no Bloom filter, summaries or write buffer
