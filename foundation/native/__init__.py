@@ -14,7 +14,8 @@ slower is a broken backup.
 
     backend                       "native" or "reference"
     native_impl, reference_impl   both backends (native_impl is None when
-                                  FOUNDATION_NATIVE=0 and it is not built)
+                                  FOUNDATION_NATIVE=0 and it is not built;
+                                  reference_impl is imported at its first use)
     get(name)                     the chosen backend's function or class
 
 The API; every buf may be bytes, bytearray or memoryview. A buffer of
@@ -71,7 +72,6 @@ tag is computed once, and no Python runs per record unless one is bad.
 import os
 
 from foundation.native import cffi_backend
-from foundation.native import reference as reference_impl
 from foundation.native.checks import (  # the API's sizes and errors, one definition for both backends
     API, API_VERSION, ARENA_LIMIT, HEADER_SIZE, IV_SIZE, KEY_SIZE, MAX_THREADS, RECORD_MAGIC, SCORE_SIZE,
     DECODED, SCORED, TAG_SIZE, TAGS, WEAK_SIZE, ZLEVEL_MAX, ZLEVEL_MIN, BucketError, Checked, RecordError)
@@ -85,7 +85,19 @@ __all__ = ["API", "API_VERSION", "ARENA_LIMIT", "HEADER_SIZE", "IV_SIZE", "KEY_S
 
 native_impl = cffi_backend.impl
 
+
+def __getattr__(name):
+    # The reference (zstandard, cryptography's ciphers) is loaded only when asked for: a command
+    # on the C core would pay ~15 ms of imports at every start for a backend it never calls.
+    if name == "reference_impl":
+        from foundation.native import reference
+        globals()["reference_impl"] = reference
+        return reference
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 if os.environ.get("FOUNDATION_NATIVE", "1") == "0":
+    from foundation.native import reference as reference_impl
     _impl = reference_impl
 elif native_impl is None:
     raise ImportError(cffi_backend.why)
