@@ -14,7 +14,6 @@ import logging
 import os
 import sys
 import time
-import uuid as uuidlib
 from datetime import datetime, timezone
 
 from foundation.catalog import Catalog, DiskEntry, Snapshot, check_name, check_time, format_time, parse_time
@@ -77,7 +76,7 @@ def run(args):
             snap = Snapshot(
                 id=None,
                 name=args.name,
-                uuid=anyprev.uuid if anyprev is not None else str(uuidlib.uuid4()),
+                uuid=anyprev.uuid if anyprev is not None else _new_uuid(),
                 time=when,
                 disks={args.disk: DiskEntry(root, src.size)},
                 meta={"how": "import-image",
@@ -98,6 +97,12 @@ def run(args):
         log.debug(msg)
     after_write(args)  # configured replicas; a failure there only warns
     return 0
+
+
+def _new_uuid():
+    import uuid  # here: only a name's first snapshot needs one (uuid imports platform)
+
+    return str(uuid.uuid4())
 
 
 def _log_bytes(store):

@@ -21,7 +21,6 @@ import hashlib
 import hmac
 import json
 import os
-import uuid as uuidlib
 from dataclasses import dataclass
 
 from foundation.errors import BadInput, KeyMissing, WrongKey
@@ -44,7 +43,9 @@ class Keys:
 
     @classmethod
     def derive(cls, master, store_uuid):
-        salt = uuidlib.UUID(store_uuid).bytes
+        import uuid  # here: an unencrypted store never derives keys
+
+        salt = uuid.UUID(store_uuid).bytes
 
         def sub(info):
             return hkdf(master, salt, b"foundation " + info)

@@ -20,7 +20,6 @@ sector 0 would be read as qcow2, so the archiver, which knows its formats,
 always passes one.
 """
 
-import ctypes
 import errno
 import json
 import os
@@ -202,6 +201,8 @@ DIRECT_ALIGN = 4096  # offset, length and buffer address of a read that bypasses
 
 def _address(view):
     """The address of a writable buffer's first byte."""
+    import ctypes  # here: a day with no change reads nothing
+
     return ctypes.addressof(ctypes.c_char.from_buffer(view))
 
 

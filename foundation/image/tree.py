@@ -243,6 +243,8 @@ def write_image(store, src, size, prev=None, changed=None, zeros=(), progress=No
     if changed is not None:
         changed = R.check_pairs(list(changed), size)
     zeros = R.check_pairs(list(zeros), size, "zero ranges")
+    if changed == [] and not zeros and prev is not None and prev.size == size:
+        return prev  # nothing changed: not even the source's holes are looked up
     holes = src.holes() if hasattr(src, "holes") else None
     base = prev if changed is not None else None
     reads, nulls = _plan(sh, base, changed, zeros, holes)

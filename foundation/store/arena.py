@@ -118,14 +118,15 @@ def read_head(root, mac_key):
 
 def write_slot(root, name, b, disk=None):
     """Write one head copy in place and make it durable. In place, not by rename: the other copy
-    holds the commit before, so a torn write costs this copy only, and a sync pays one fsync."""
+    holds the commit before, so a torn write costs this copy only, and a sync pays one fsync (an
+    fdatasync: the bytes and the size, without a journal commit for the mtime alone)."""
     path = os.path.join(root, name)
     created = not os.path.exists(path)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
     try:
         os.pwrite(fd, b, 0)
         os.ftruncate(fd, len(b))
-        os.fsync(fd)
+        os.fdatasync(fd)
     finally:
         os.close(fd)
     if created:
