@@ -167,6 +167,14 @@ class OpenArena:
         self.addrs += [base + o for o in offs]
         self.types += bytes(btypes)
 
+    def add_columns(self, got):
+        """Add scanned records in columns (native.Scanned, keys keylen bytes each)."""
+        self.tags += got.tags
+        self.keys += got.keys
+        base = self.n << 32
+        self.addrs += [base | o for o in got.offs]
+        self.types += got.btypes
+
     def add_packed(self, recs, rel, offs, btype, keys, keylen):
         """Add k freshly packed records: rel are their offsets in recs, keys their 32-byte key fields."""
         k = len(offs)
@@ -420,8 +428,8 @@ class Log:
         mv = memoryview(buf)
         end = F.ARENA_HEADER_SIZE
         while True:
-            entries, end, err = self.scan(n, header.iv, mv[end:], end)
-            oa.add(entries)
+            got, end, err = native.scan_columns(self.codec, n, header.iv, mv[end:], end, self.keylen)
+            oa.add_columns(got)
             if end >= committed:
                 break
             # Committed damage: step over it to the next record that verifies (Log.salvage). Its
