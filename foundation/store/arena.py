@@ -20,7 +20,6 @@ fails every later one, so nothing past it is ever committed).
 import bisect
 import concurrent.futures
 import contextlib
-import ctypes
 import logging
 import os
 import struct
@@ -41,6 +40,8 @@ _tag_at = struct.Struct(f"{L.TAG_SIZE}s").unpack_from   # a record header's tag,
 
 def _sync_file_range():
     """libc's sync_file_range(2), or None where there is none."""
+    import ctypes  # here: only a write behind needs it, and every command's start would pay the import
+
     try:
         f = ctypes.CDLL(None, use_errno=True).sync_file_range
     except (OSError, AttributeError):
@@ -49,12 +50,15 @@ def _sync_file_range():
     return f
 
 
-_SYNC_FILE_RANGE = _sync_file_range()
+_SYNC_FILE_RANGE = False  # looked up at the first write behind
 SYNC_FILE_RANGE_WRITE = 2
 
 
 def _writeback(fd, off, n):
     """Start writing a range of a file to the disk, without waiting (durability is still fsync's)."""
+    global _SYNC_FILE_RANGE
+    if _SYNC_FILE_RANGE is False:
+        _SYNC_FILE_RANGE = _sync_file_range()
     if _SYNC_FILE_RANGE is not None:
         _SYNC_FILE_RANGE(fd, off, n, SYNC_FILE_RANGE_WRITE)
 MAX_FDS = 64
