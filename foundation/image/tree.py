@@ -385,11 +385,9 @@ def write_blob(store, data, prev=None, prev_data=None):
     if prev is not None and prev_data is not None:
         n = min(len(data), len(prev_data))
         i = 0
-        step = 1 << 16
-        while i < n and data[i:i + step] == prev_data[i:i + step]:
-            i += step
-        while i < n and data[i] == prev_data[i]:
-            i += 1
+        for step in (1 << 16, 1 << 12, 1 << 8, 1 << 4, 1):  # the common prefix, in ever shorter steps
+            while i + step <= n and data[i:i + step] == prev_data[i:i + step]:
+                i += step
         changed = [(i, len(data) - i)] if i < len(data) else []
     return write_image(store, BytesSource(data), len(data),
                        prev=prev if changed is not None else None, changed=changed)
