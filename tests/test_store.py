@@ -503,3 +503,19 @@ def test_subkeys_are_hkdf_sha256():
 
     assert (k.enc, k.mac, k.score) == (sub(b"enc"), sub(b"mac"), sub(b"score"))
     assert k.weak_seed == int.from_bytes(sub(b"weak")[:8], "big")
+
+
+def test_log_bytes_since_a_mark(make_store):
+    """log_bytes_since counts the growth of the log from the arena open at the mark on (no stat of
+    older arenas): the same figure as two log_bytes totals, across arenas sealed in between."""
+    op = make_store("hash")
+    with op() as s:
+        s.write_blocks(blocks(100, seed=3))
+        s.sync()
+        before, mark = s.log_bytes(), s.log_mark()
+        s.write_blocks(blocks(300, seed=4))  # several 256 KiB arenas
+        s.sync()
+        assert s.log.open.n > mark[0]
+        assert s.log_bytes_since(mark) == s.log_bytes() - before > 300 * BS // 2
+        mark = s.log_mark()
+        assert s.log_bytes_since(mark) == 0

@@ -68,11 +68,11 @@ def run(args):
             if changed is not None and prev_root is None:
                 raise NoPrevious(args.name, args.disk, format_time(when))
             anyprev = cat.latest(args.name)
-            before = _log_bytes(store)
+            before = _log_mark(store)
             progress = Progress(f"{args.name}", src.size)
             root = write_image(store, src, src.size, prev=prev_root, changed=changed, progress=progress)
             progress.finish()
-            added = _log_bytes(store) - before if before is not None else 0
+            added = _log_added(store, before)
             snap = Snapshot(
                 id=None,
                 name=args.name,
@@ -105,9 +105,10 @@ def _new_uuid():
     return str(uuid.uuid4())
 
 
-def _log_bytes(store):
-    f = getattr(store, "log_bytes", None)
-    if f is not None:
-        return f()
-    st = getattr(store, "stats", None)
-    return st()["log_bytes"] if st is not None else None
+def _log_mark(store):
+    f = getattr(store, "log_mark", None)
+    return f() if f is not None else None
+
+
+def _log_added(store, mark):
+    return store.log_bytes_since(mark) if mark is not None else 0

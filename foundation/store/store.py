@@ -431,6 +431,17 @@ class Store(Writes, Reads, IndexCache):
             pass
         return c
 
+    def log_mark(self):
+        """Where the log ends now, for log_bytes_since: (the open arena, its file's size)."""
+        n = self.log.open.n
+        return n, self.log.file_size(n)
+
+    def log_bytes_since(self, mark):
+        """Bytes the log grew by since log_mark() gave `mark`, from the arenas since then alone: a
+        command's fixed cost does not grow with the store (log_bytes stats every arena)."""
+        n0, size0 = mark
+        return sum(self.log.file_size(n) for n in range(n0, self.log.open.n + 1)) - size0
+
     def log_bytes(self):
         """Bytes of the log on disk (all arenas)."""
         total = 0
