@@ -231,8 +231,12 @@ class Log:
             best = newest(self.slots)
             head = best if best is not None else self._head_from_arenas()
         self.head = F.Head(**vars(head))  # ours to move; the slots keep what they hold
+        try:  # one listing, not a stat per arena at every open
+            names = set(os.listdir(self.dir))
+        except FileNotFoundError:
+            names = set()
         for n in range(self.head.arena):
-            if not os.path.exists(self.path(n)):
+            if F.arena_name(n) not in names and not os.path.exists(self.path(n)):
                 # Its records are lost; every other arena is still served (salvage, never refuse the whole).
                 log.error("arena %d is missing (%s); its blocks cannot be read", n, self.path(n))
                 self.missing.append(n)
