@@ -104,6 +104,16 @@ int64_t fdn_unpack_many(fdn_codec *c, uint32_t arena, const uint8_t *iv,
 int64_t fdn_scan(fdn_codec *c, uint32_t arena, const uint8_t *buf,
 	size_t len, uint64_t base, int verify, fdn_entry *ents, size_t nents,
 	uint64_t *end, int *err);
+/*
+ * fdn_scan, with what it found also in columns (every array has room for
+ * nents): record i's offset in offs[i], type in btypes[i], the first keylen
+ * bytes of its key field in keys[keylen i, keylen (i + 1)) and its tag in
+ * tags[16 i, 16 i + 16); so a caller builds no object per record.
+ */
+int64_t fdn_scan_cols(fdn_codec *c, uint32_t arena, const uint8_t *buf,
+	size_t len, uint64_t base, int verify, fdn_entry *ents, size_t nents,
+	uint64_t *offs, uint8_t *btypes, uint8_t *keys, size_t keylen,
+	uint8_t *tags, uint64_t *end, int *err);
 enum { FDN_TAGS = 0, FDN_DECODED = 1, FDN_SCORED = 2 };	/* fdn_check's depth */
 /*
  * Check records completely, as verify does, from buf (buf[0] at arena

@@ -635,6 +635,28 @@ int64_t fdn_scan(fdn_codec *c, uint32_t arena, const uint8_t *buf,
 	return (int64_t)count;
 }
 
+int64_t fdn_scan_cols(fdn_codec *c, uint32_t arena, const uint8_t *buf,
+	size_t len, uint64_t base, int verify, fdn_entry *ents, size_t nents,
+	uint64_t *offs, uint8_t *btypes, uint8_t *keys, size_t keylen,
+	uint8_t *tags, uint64_t *end, int *err)
+{
+	int64_t k;
+
+	if (keylen > FDN_SCORE_SIZE) {
+		*end = base;
+		return *err = FDN_EARG;
+	}
+	k = fdn_scan(c, arena, buf, len, base, verify, ents, nents, end, err);
+	for (int64_t i = 0; i < k; i++) {
+		offs[i] = ents[i].off;
+		btypes[i] = ents[i].btype;
+		memcpy(keys + (size_t)i * keylen, ents[i].key, keylen);
+		memcpy(tags + (size_t)i * FDN_TAG_SIZE,
+		       buf + (size_t)(ents[i].off - base) + FDN_H_TAG, FDN_TAG_SIZE);
+	}
+	return k;
+}
+
 typedef struct {
 	fdn_codec *c;
 	uint32_t arena;

@@ -102,6 +102,61 @@ def test_holes_are_not_read(tmp_path):
     src.close()
 
 
+
+def test_holes_within_ranges(tmp_path):
+    """holes(within) gives the holes of the whole file clipped to the runs asked about."""
+    p = tmp_path / "sparse.raw"
+    with open(p, "wb") as f:
+        f.truncate((8 << 20) + 1000)  # ends in a hole, inside a block
+        for at in (1 << 20, (3 << 20) + 4096, 6 << 20):
+            f.seek(at)
+            f.write(b"d" * 9000)
+    src = open_image(str(p))
+    try:
+        whole = src.holes()
+        for within in ([(0, src.size)], [(0, 4096)], [(1 << 20, 2 << 20), (5 << 20, 16 << 20)],
+                       [((3 << 20) + 8192, (3 << 20) + 12288)], [(src.size - 100, src.size + 5000)], []):
+            want = [(max(o, s), min(o + n, e) - max(o, s)) for s, e in within for o, n in whole
+                    if max(o, s) < min(o + n, e, src.size)]
+            assert src.holes(within=within) == want
+    finally:
+        src.close()
+
+
+def test_a_later_day_asks_about_the_holes_of_its_changes_only(tmp_path):
+    """With --changed, a raw image's holes are looked up inside the changed leaves alone, and the
+    tree is the one a lookup over the whole file gives."""
+    from foundation.image.source import RawSource
+
+    p = tmp_path / "disk.raw"
+    with open(p, "wb") as f:
+        f.truncate(32 << 20)
+        f.seek(1 << 20)
+        f.write(content(seeded(3), 2 << 20))
+    path = make_store(tmp_path / "store")
+    with open_store(path) as s:
+        src = open_image(str(p))
+        day0 = write_image(s, src, src.size)
+        src.close()
+        with open(p, "r+b") as f:  # day 1: bytes written, and a range punched back to a hole
+            f.seek(10 << 20)
+            f.write(b"n" * 5000)
+        os.system(f"fallocate -p -o {(2 << 20)} -l {1 << 20} {p}")
+        changed = [(10 << 20, 5000), (2 << 20, 1 << 20), (20 << 20, 4096)]
+        roots, asked = [], []
+        for within in (True, False):
+            src = open_image(str(p))
+            src.holes_within = within
+            orig = src.holes
+            src.holes = lambda within=None, orig=orig: asked.append(within) or orig(within)
+            roots.append(write_image(s, src, src.size, prev=day0, changed=changed))
+            src.close()
+        assert roots[0] == roots[1]
+        assert asked[1] is None and sum(e - o for o, e in asked[0]) <= 3 << 20
+        r = ImageReader(s, roots[0])
+        assert r.read(2 << 20, 1 << 20) == bytes(1 << 20) and r.read(10 << 20, 5000) == b"n" * 5000
+        assert isinstance(src, RawSource)
+
 def test_unallocated_qcow2_clusters_are_not_read(tmp_path):
     """A 64 GiB qcow2 with 200 KB written: only the written clusters go over NBD."""
     img = tmp_path / "big.qcow2"

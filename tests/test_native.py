@@ -1168,3 +1168,31 @@ def test_pack_into_caller_buffer(impl):
         impl.pack(c, 3, IV, 100, 1, buf, bs, keys, out=bytearray(n * (64 + bs) - 1))
     with pytest.raises(ValueError):
         impl.pack(c, 3, IV, 100, 1, buf, bs, keys, out=bytes(n * (64 + bs)))
+
+
+@pytest.mark.parametrize("enc", [None, ENC])
+def test_scan_columns_is_scan_in_columns(impl, other, enc):
+    """scan_columns gives scan's records as columns (offsets, types, key prefixes, tags read from
+    the records themselves), its end and error, on intact, torn and damaged spans, on both
+    backends, across more records than one batch of the C core holds."""
+    c, o = impl.Codec(enc, MAC, 3), other.Codec(enc, MAC, 3)
+    base = 128
+    data, offs = arena_bytes(impl, c, [(mixed(8, 256), 256), (b"tail", 4), (mixed(3, 64, 4), 64)], base)
+    tag = bytearray(data)
+    tag[offs[4] - base + H + 2] ^= 0x40
+    many, _ = arena_bytes(impl, c, [(bytes(range(256)) * 20 + b"x" * 8, 1)], base)
+    for buf in (data, data + bytes(70), data[:offs[-1] - base + 70], bytes(tag), many):
+        for verify in (True, False):
+            ents, end, err = impl.scan(c, 4, IV, buf, base, verify)
+            for keylen in (32, 8):
+                for fn, codec in ((impl.scan_columns, c), (other.scan_columns, o)):
+                    got, e2, err2 = fn(codec, 4, IV, buf, base, keylen, verify)
+                    assert list(got.offs) == [e[0] for e in ents]
+                    assert got.btypes == bytes(e[1] for e in ents)
+                    assert got.keys == b"".join(e[2][:keylen] for e in ents)
+                    assert got.tags == b"".join(bytes(buf[e[0] - base + H - 16:e[0] - base + H]) for e in ents)
+                    assert e2 == end and (err2 and (err2.kind, err2.offset)) == (err and (err.kind, err.offset))
+    assert len(impl.scan_columns(c, 4, IV, many, base)[0].offs) > 4096
+    for bad in (0, 33, "8"):
+        with pytest.raises(ValueError):
+            impl.scan_columns(c, 4, IV, data, base, bad)

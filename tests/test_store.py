@@ -509,3 +509,39 @@ def test_log_scan_names_every_record_with_its_tag_and_key(make_store, mode):
         assert oa.n == 0 and bytes(oa.tags) == b"".join(e[5] for e in ents)
         assert bytes(oa.keys) == b"".join(e[2] for e in ents) and bytes(oa.types) == bytes(e[1] for e in ents)
         assert oa.addrs == [F.addr(0, e[0]) for e in ents]
+
+
+def test_subkeys_are_hkdf_sha256():
+    """The store's subkeys come from the standard library's HMAC (no cryptography import at open):
+    byte for byte cryptography's HKDF-SHA256, as every store made before derived them."""
+    import uuid
+
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+    from foundation.crypto.keys import Keys
+
+    master, su = os.urandom(32), str(uuid.uuid4())
+    k = Keys.derive(master, su)
+
+    def sub(info):
+        return HKDF(hashes.SHA256(), 32, uuid.UUID(su).bytes, b"foundation " + info).derive(master)
+
+    assert (k.enc, k.mac, k.score) == (sub(b"enc"), sub(b"mac"), sub(b"score"))
+    assert k.weak_seed == int.from_bytes(sub(b"weak")[:8], "big")
+
+
+def test_log_bytes_since_a_mark(make_store):
+    """log_bytes_since counts the growth of the log from the arena open at the mark on (no stat of
+    older arenas): the same figure as two log_bytes totals, across arenas sealed in between."""
+    op = make_store("hash")
+    with op() as s:
+        s.write_blocks(blocks(100, seed=3))
+        s.sync()
+        before, mark = s.log_bytes(), s.log_mark()
+        s.write_blocks(blocks(300, seed=4))  # several 256 KiB arenas
+        s.sync()
+        assert s.log.open.n > mark[0]
+        assert s.log_bytes_since(mark) == s.log_bytes() - before > 300 * BS // 2
+        mark = s.log_mark()
+        assert s.log_bytes_since(mark) == 0

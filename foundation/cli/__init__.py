@@ -9,7 +9,6 @@ command's imports would cost more than a night that changed nothing.
 
 import argparse
 import importlib
-import pkgutil
 import sys
 
 from foundation import __version__
@@ -23,6 +22,10 @@ _VALUED = {"--store", "--key-file", "--config"}  # the global options that take 
 
 
 def _commands(only=None):
+    if only is not None:
+        return _command(only)
+    import pkgutil
+
     mods = []
     for info in pkgutil.iter_modules(__path__):
         if info.name.startswith("_") or info.name in _NOT_COMMANDS or only and info.name != only:
@@ -31,6 +34,19 @@ def _commands(only=None):
         if hasattr(mod, "NAME") and hasattr(mod, "run"):
             mods.append(mod)
     return sorted(mods, key=lambda m: m.NAME)
+
+
+def _command(name):
+    """[the command module called name], imported straight away (no listing of the package), or []."""
+    if not name.isidentifier() or name.startswith("_") or name in _NOT_COMMANDS:
+        return []
+    try:
+        mod = importlib.import_module(f"{__name__}.{name}")
+    except ModuleNotFoundError as e:
+        if e.name == f"{__name__}.{name}":
+            return []
+        raise
+    return [mod] if hasattr(mod, "NAME") and hasattr(mod, "run") else []
 
 
 def _named(argv):

@@ -240,6 +240,8 @@ def _refuse_rollback(args, local):
 def after_write(args):
     """Replicate after `archive`/`import-image`/`gc` committed. Never raises: a failure is a warning, the
     caller's exit status stays as it is, and the next run (or `foundation replicate`) catches up."""
+    if settings(args).config.section("replicas") == {}:
+        return  # no replica configured: the replica modules (ssl, ftplib) are not even imported
     try:
         chosen = replicas(args)
     except UsageError:

@@ -14,7 +14,6 @@ import logging
 import os
 import sys
 import time
-import uuid as uuidlib
 from datetime import datetime, timezone
 
 from foundation.catalog import Catalog, DiskEntry, Snapshot, check_name, check_time, format_time, parse_time
@@ -69,15 +68,15 @@ def run(args):
             if changed is not None and prev_root is None:
                 raise NoPrevious(args.name, args.disk, format_time(when))
             anyprev = cat.latest(args.name)
-            before = _log_bytes(store)
+            before = _log_mark(store)
             progress = Progress(f"{args.name}", src.size)
             root = write_image(store, src, src.size, prev=prev_root, changed=changed, progress=progress)
             progress.finish()
-            added = _log_bytes(store) - before if before is not None else 0
+            added = _log_added(store, before)
             snap = Snapshot(
                 id=None,
                 name=args.name,
-                uuid=anyprev.uuid if anyprev is not None else str(uuidlib.uuid4()),
+                uuid=anyprev.uuid if anyprev is not None else _new_uuid(),
                 time=when,
                 disks={args.disk: DiskEntry(root, src.size)},
                 meta={"how": "import-image",
@@ -100,9 +99,16 @@ def run(args):
     return 0
 
 
-def _log_bytes(store):
-    f = getattr(store, "log_bytes", None)
-    if f is not None:
-        return f()
-    st = getattr(store, "stats", None)
-    return st()["log_bytes"] if st is not None else None
+def _new_uuid():
+    import uuid  # here: only a name's first snapshot needs one (uuid imports platform)
+
+    return str(uuid.uuid4())
+
+
+def _log_mark(store):
+    f = getattr(store, "log_mark", None)
+    return f() if f is not None else None
+
+
+def _log_added(store, mark):
+    return store.log_bytes_since(mark) if mark is not None else 0

@@ -17,16 +17,11 @@ Key file (JSON, mode 0600):
 """
 
 import base64
+import hashlib
 import hmac
 import json
 import os
-import uuid as uuidlib
 from dataclasses import dataclass
-
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from foundation.errors import BadInput, KeyMissing, WrongKey
 
@@ -48,10 +43,12 @@ class Keys:
 
     @classmethod
     def derive(cls, master, store_uuid):
-        salt = uuidlib.UUID(store_uuid).bytes
+        import uuid  # here: an unencrypted store never derives keys
+
+        salt = uuid.UUID(store_uuid).bytes
 
         def sub(info):
-            return HKDF(hashes.SHA256(), 32, salt, b"foundation " + info).derive(master)
+            return hkdf(master, salt, b"foundation " + info)
 
         return cls(sub(b"enc"), sub(b"mac"), sub(b"score"),
                    int.from_bytes(sub(b"weak")[:8], "big"))
@@ -63,6 +60,13 @@ class Keys:
     def check_value(self):
         """A value stored in the store's config to recognise the right key."""
         return hmac.new(self.mac, b"foundation key check", "sha256").hexdigest()[:32]
+
+
+def hkdf(master, salt, info):
+    """HKDF-SHA256 (RFC 5869) of 32 bytes, one HMAC block: the standard library's hmac, so that
+    opening a store does not load cryptography (tests/test_keys.py holds it to cryptography's HKDF)."""
+    prk = hmac.new(salt, master, hashlib.sha256).digest()
+    return hmac.new(prk, info + b"\x01", hashlib.sha256).digest()
 
 
 def _kek(passphrase, kdf):
@@ -80,6 +84,8 @@ def create_key_file(path, store_uuid, passphrase=None):
     if passphrase:
         kdf = dict(name="argon2id", salt=base64.b64encode(os.urandom(16)).decode(), **ARGON2)
         nonce = os.urandom(12)
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
         ct = AESGCM(_kek(passphrase, kdf)).encrypt(nonce, master, store_uuid.encode())
         doc["kdf"] = kdf
         doc["wrapped"] = base64.b64encode(nonce + ct).decode()
@@ -116,6 +122,9 @@ def load_key_file(path, store_uuid=None, passphrase=None):
         passphrase = passphrase()
     if not passphrase:
         raise KeyMissing(f"key file {path} is protected by a passphrase; set FOUNDATION_PASSPHRASE or run on a terminal")
+    from cryptography.exceptions import InvalidTag
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
     blob = base64.b64decode(doc["wrapped"])
     try:
         return AESGCM(_kek(passphrase, doc["kdf"])).decrypt(blob[:12], blob[12:], doc["store"].encode())

@@ -20,7 +20,6 @@ sector 0 would be read as qcow2, so the archiver, which knows its formats,
 always passes one.
 """
 
-import ctypes
 import errno
 import json
 import os
@@ -165,25 +164,31 @@ class RawSource:
             raise ImageUnreadable(self.path, f"read at byte {offset + got} failed: {e.strerror}") from None
         return got
 
-    def holes(self):
-        """Ranges that read as zero without being stored (SEEK_HOLE), or None."""
+    holes_within = True  # holes() takes the byte ranges it is asked about
+
+    def holes(self, within=None):
+        """Ranges that read as zero without being stored (SEEK_HOLE), or None; only those inside the
+        (start, end) byte runs `within` when given (a later day asks about its changes alone, not
+        about the whole disk: two seeks per extent of a large file)."""
         if not self.regular:
             return None
-        out, off = [], 0
+        spans = [(0, self.size)] if within is None else [(s, min(e, self.size)) for s, e in within]
+        out = []
         try:
-            while off < self.size:
-                try:
-                    data = os.lseek(self.fd, off, os.SEEK_DATA)
-                except OSError as e:
-                    if e.errno == errno.ENXIO:
-                        out.append((off, self.size - off))
+            for off, hi in spans:
+                while off < hi:
+                    try:
+                        data = os.lseek(self.fd, off, os.SEEK_DATA)
+                    except OSError as e:
+                        if e.errno == errno.ENXIO:
+                            out.append((off, hi - off))
+                            break
+                        raise
+                    if data > off:
+                        out.append((off, min(data, hi) - off))
+                    if data >= hi:
                         break
-                    raise
-                if data > off:
-                    out.append((off, min(data, self.size) - off))
-                if data >= self.size:
-                    break
-                off = os.lseek(self.fd, data, os.SEEK_HOLE)
+                    off = os.lseek(self.fd, data, os.SEEK_HOLE)
         except OSError:
             return None
         return out
@@ -202,6 +207,8 @@ DIRECT_ALIGN = 4096  # offset, length and buffer address of a read that bypasses
 
 def _address(view):
     """The address of a writable buffer's first byte."""
+    import ctypes  # here: a day with no change reads nothing
+
     return ctypes.addressof(ctypes.c_char.from_buffer(view))
 
 

@@ -180,19 +180,38 @@ class _Builder:
                     p[slot:slot + rs] = ref
 
 
-def _plan(shape, base, changed, zeros, holes):
-    """-> (read runs, null runs) of leaves, both merged and disjoint."""
+def _todo(shape, base, changed):
+    """Leaf runs to compute again: every leaf, or those the changes touch."""
     bs, n = shape.bs, shape.nleaves
     if base is None or changed is None:
-        todo = [(0, n)] if n else []
-    else:
-        todo = R.outer_blocks(R.as_runs(changed), bs, n)
-        if base.size != shape.size:  # re-read both last leaves: tails must be zero
-            extra = [(n - 1, n)] if n else []
-            old_last = -(-base.size // bs) - 1
-            if 0 <= old_last < n:
-                extra.append((old_last, old_last + 1))
-            todo = R.merge(todo + extra)
+        return [(0, n)] if n else []
+    todo = R.outer_blocks(R.as_runs(changed), bs, n)
+    if base.size != shape.size:  # re-read both last leaves: tails must be zero
+        extra = [(n - 1, n)] if n else []
+        old_last = -(-base.size // bs) - 1
+        if 0 <= old_last < n:
+            extra.append((old_last, old_last + 1))
+        todo = R.merge(todo + extra)
+    return todo
+
+
+def _holes(src, shape, base, changed, zeros):
+    """The source's holes, asked about the leaves the plan may read only (a later day: its changes
+    and the zero ranges' edges), when the source takes that; None if it has no holes()."""
+    if not hasattr(src, "holes"):
+        return None
+    if base is None or changed is None or not getattr(src, "holes_within", False):
+        return src.holes()
+    bs, n = shape.bs, shape.nleaves
+    blocks = R.merge(_todo(shape, base, changed) + R.outer_blocks(R.as_runs(zeros), bs, n))
+    return src.holes(within=[(s * bs, e * bs) for s, e in blocks])
+
+
+def _plan(shape, base, changed, zeros, holes):
+    """-> (read runs, null runs) of leaves, both merged and disjoint. Only the holes inside the
+    leaves of todo and of the zero ranges' edges count (_holes asks about those alone)."""
+    bs, n = shape.bs, shape.nleaves
+    todo = _todo(shape, base, changed)
     zrun = R.as_runs(zeros)
     zero_full = R.inner_blocks(zrun, bs, n)
     zero_part = R.subtract(R.outer_blocks(zrun, bs, n), zero_full)
@@ -245,8 +264,10 @@ def write_image(store, src, size, prev=None, changed=None, zeros=(), progress=No
     if changed is not None:
         changed = R.check_pairs(list(changed), size)
     zeros = R.check_pairs(list(zeros), size, "zero ranges")
-    holes = src.holes() if hasattr(src, "holes") else None
+    if changed == [] and not zeros and prev is not None and prev.size == size:
+        return prev  # nothing changed: not even the source's holes are looked up
     base = prev if changed is not None else None
+    holes = _holes(src, sh, base, changed, zeros)
     reads, nulls = _plan(sh, base, changed, zeros, holes)
     if progress is not None and hasattr(progress, "total"):
         progress.total = max(1, min(size, (R.total(reads) + R.total(nulls)) * sh.bs))
@@ -366,11 +387,9 @@ def write_blob(store, data, prev=None, prev_data=None):
     if prev is not None and prev_data is not None:
         n = min(len(data), len(prev_data))
         i = 0
-        step = 1 << 16
-        while i < n and data[i:i + step] == prev_data[i:i + step]:
-            i += step
-        while i < n and data[i] == prev_data[i]:
-            i += 1
+        for step in (1 << 16, 1 << 12, 1 << 8, 1 << 4, 1):  # the common prefix, in ever shorter steps
+            while i + step <= n and data[i:i + step] == prev_data[i:i + step]:
+                i += step
         changed = [(i, len(data) - i)] if i < len(data) else []
     return write_image(store, BytesSource(data), len(data),
                        prev=prev if changed is not None else None, changed=changed)

@@ -14,7 +14,8 @@ slower is a broken backup.
 
     backend                       "native" or "reference"
     native_impl, reference_impl   both backends (native_impl is None when
-                                  FOUNDATION_NATIVE=0 and it is not built)
+                                  FOUNDATION_NATIVE=0 and it is not built;
+                                  reference_impl is imported at its first use)
     get(name)                     the chosen backend's function or class
 
 The API; every buf may be bytes, bytearray or memoryview. A buffer of
@@ -33,6 +34,8 @@ when bs == len(buf).
     unpack_blocks(codec, arena, iv, buf, base, offsets, bs, out=None, threads=1)
         -> (out, keys n * 32, {i: RecordError})
     scan(codec, arena, iv, buf, base, verify=True) -> (entries, end, error)
+    scan_columns(codec, arena, iv, buf, base, keylen=32, verify=True)
+        -> (Scanned(offs, btypes, keys, tags), end, error)
     check_span(codec, arena, iv, buf, base, depth=DECODED, score_key=None, threads=1)
         -> (Checked(offs, btypes, raws, tags, problems), end, error)
     bucket_home(key, nbuckets) -> int
@@ -62,6 +65,10 @@ that fails, or holds other than bs bytes, is in the dict of bad items (a
 RecordError, kind "length" for a wrong size); its slot and key are
 unspecified (zeros in the reference).
 
+scan_columns is scan with its records in columns: offsets (an array of
+u64), types, the first keylen bytes of each key field and each tag, end to
+end; the open arena's scan at every open builds no object per record.
+
 check_span is verify's check of one span of an arena in one call: the walk
 of scan(verify=False), then each record found checked on `threads` threads
 as deep as `depth` says: TAGS its tag; DECODED unpacked (tag, decryption,
@@ -74,13 +81,13 @@ tag is computed once, and no Python runs per record unless one is bad.
 import os
 
 from foundation.native import cffi_backend
-from foundation.native import reference as reference_impl
 from foundation.native.checks import (  # the API's sizes and errors, one definition for both backends
     API, API_VERSION, ARENA_LIMIT, HEADER_SIZE, IV_SIZE, KEY_SIZE, MAX_THREADS, RECORD_MAGIC, SCORE_SIZE,
-    DECODED, SCORED, TAG_SIZE, TAGS, WEAK_SIZE, ZLEVEL_MAX, ZLEVEL_MIN, BucketError, Checked, RecordError)
+    DECODED, SCORED, TAG_SIZE, TAGS, WEAK_SIZE, ZLEVEL_MAX, ZLEVEL_MIN, BucketError, Checked, RecordError, Scanned)
 
 __all__ = ["API", "API_VERSION", "ARENA_LIMIT", "HEADER_SIZE", "IV_SIZE", "KEY_SIZE", "MAX_THREADS", "RECORD_MAGIC",
            "SCORE_SIZE", "TAG_SIZE", "WEAK_SIZE", "ZLEVEL_MAX", "ZLEVEL_MIN", "BucketError", "Checked", "RecordError",
+           "Scanned",
            "TAGS", "DECODED", "SCORED", "backend", "get", "native_impl", "reference_impl", *API]
 
 
@@ -88,7 +95,19 @@ __all__ = ["API", "API_VERSION", "ARENA_LIMIT", "HEADER_SIZE", "IV_SIZE", "KEY_S
 
 native_impl = cffi_backend.impl
 
+
+def __getattr__(name):
+    # The reference (zstandard, cryptography's ciphers) is loaded only when asked for: a command
+    # on the C core would pay ~15 ms of imports at every start for a backend it never calls.
+    if name == "reference_impl":
+        from foundation.native import reference
+        globals()["reference_impl"] = reference
+        return reference
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 if os.environ.get("FOUNDATION_NATIVE", "1") == "0":
+    from foundation.native import reference as reference_impl
     _impl = reference_impl
 elif native_impl is None:
     raise ImportError(cffi_backend.why)
@@ -114,6 +133,7 @@ unpack = _impl.unpack
 unpack_many = _impl.unpack_many
 unpack_blocks = _impl.unpack_blocks
 scan = _impl.scan
+scan_columns = _impl.scan_columns
 check_span = _impl.check_span
 bucket_home = _impl.bucket_home
 bucket_find = _impl.bucket_find

@@ -17,7 +17,7 @@ from foundation.native.checks import (API_VERSION, HEADER_SIZE, KEY_SIZE, SCORE_
                                       RecordError)
 
 # C functions added within API_VERSION 1: a module built before them is stale too.
-_NEWEST = ("fdn_unpack_many", "fdn_check", "fdn_tables_absent")
+_NEWEST = ("fdn_unpack_many", "fdn_check", "fdn_tables_absent", "fdn_scan_cols")
 
 
 def _load_native():
@@ -254,6 +254,37 @@ class _Native:
             return entries, end[0], None
         if err[0] in _KINDS:
             return entries, end[0], RecordError(_KINDS[err[0]], end[0])
+        _ok(err[0])
+
+    @staticmethod
+    def scan_columns(codec, arena, iv, buf, base, keylen=SCORE_SIZE, verify=True):
+        checks.where(arena, iv, base)
+        checks.key_length(keylen)
+        c = _codec(codec, _Native)
+        size = checks.span(buf, base)
+        b = _ro(buf)
+        cap = min(size // HEADER_SIZE + 1, 4096)
+        ents, offs, btypes = _alloc("fdn_entry[]", cap), _alloc("uint64_t[]", cap), _alloc("uint8_t[]", cap)
+        keys, tags = _alloc("uint8_t[]", cap * keylen), _alloc("uint8_t[]", cap * TAG_SIZE)
+        end = _ffi.new("uint64_t *", base)
+        err = _ffi.new("int *")
+        got_offs, got_types, got_keys, got_tags = array.array("Q"), bytearray(), bytearray(), bytearray()
+        while True:
+            done = end[0] - base
+            k = _lib.fdn_scan_cols(c, arena, b + done, size - done, end[0], bool(verify), ents, cap,
+                                   offs, btypes, keys, keylen, tags, end, err)
+            if k > 0:
+                got_offs.frombytes(_ffi.buffer(offs, 8 * k))
+                got_types += _ffi.buffer(btypes, k)
+                got_keys += _ffi.buffer(keys, k * keylen)
+                got_tags += _ffi.buffer(tags, k * TAG_SIZE)
+            if err[0] != _lib.FDN_ESPACE:
+                break
+        got = checks.Scanned(got_offs, bytes(got_types), bytes(got_keys), bytes(got_tags))
+        if err[0] == _lib.FDN_OK:
+            return got, end[0], None
+        if err[0] in _KINDS:
+            return got, end[0], RecordError(_KINDS[err[0]], end[0])
         _ok(err[0])
 
     @staticmethod

@@ -21,7 +21,7 @@ ZLEVEL_MIN, ZLEVEL_MAX = -(1 << 17), 22  # zstd's own bounds; 0 = never compress
 MAX_THREADS = 64
 
 API = ("zero_flags", "scores", "weak_hashes", "Codec", "pack", "unpack", "unpack_many",
-       "unpack_blocks", "scan", "check_span", "bucket_home", "bucket_find", "sort_entries", "merge", "lookup", "Table",
+       "unpack_blocks", "scan", "scan_columns", "check_span", "bucket_home", "bucket_find", "sort_entries", "merge", "lookup", "Table",
        "tables_lookup", "equal", "tables_absent")
 
 
@@ -43,6 +43,22 @@ class Checked(NamedTuple):
     raws: list
     tags: bytes
     problems: dict
+
+
+class Scanned(NamedTuple):
+    """What scan_columns found, in columns: each record's arena offset (offs, an array of u64), type
+    (btypes, one byte each), the first keylen bytes of its key field (keys) and its tag (tags, 16
+    bytes each), end to end."""
+
+    offs: object
+    btypes: bytes
+    keys: bytes
+    tags: bytes
+
+
+def key_length(keylen):
+    if not isinstance(keylen, int) or not 1 <= keylen <= SCORE_SIZE:
+        raise ValueError(f"keylen must be 1..{SCORE_SIZE}, not {keylen!r}")
 
 
 class RecordError(ValueError):

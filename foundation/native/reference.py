@@ -38,6 +38,7 @@ keylen + 8 bytes, key then u64le addr; the rest is zero. A key's home bucket
 is (u64 big-endian of its first 8 bytes, zero-padded) * nbuckets >> 64.
 """
 
+import array
 import collections
 import hashlib
 import hmac
@@ -301,6 +302,19 @@ def scan(codec, arena, iv, buf, base, verify=True):
         entries.append((base + pos, btype, key, S, R))
         pos += HEADER_SIZE + S
     return entries, base + pos, None
+
+
+def scan_columns(codec, arena, iv, buf, base, keylen=SCORE_SIZE, verify=True):
+    """scan's records in columns -> (checks.Scanned(offs, btypes, keys, tags), end, error): each
+    record's offset (an array of u64), type, first keylen bytes of its key field, and tag."""
+    checks.key_length(keylen)
+    entries, end, err = scan(codec, arena, iv, buf, base, verify)
+    data = bytes(buf)
+    tag = HEADER_SIZE - TAG_SIZE
+    got = checks.Scanned(array.array("Q", [e[0] for e in entries]), bytes(e[1] for e in entries),
+                         b"".join(e[2][:keylen] for e in entries),
+                         b"".join(data[e[0] - base + tag:e[0] - base + HEADER_SIZE] for e in entries))
+    return got, end, err
 
 
 def check_span(codec, arena, iv, buf, base, depth=checks.DECODED, score_key=None, threads=1):

@@ -20,7 +20,6 @@ fails every later one, so nothing past it is ever committed).
 import bisect
 import concurrent.futures
 import contextlib
-import ctypes
 import logging
 import os
 import struct
@@ -46,6 +45,8 @@ WRITE_QUEUE = 2
 
 def _sync_file_range():
     """libc's sync_file_range(2), or None where there is none."""
+    import ctypes  # here: only a write behind needs it, and every command's start would pay the import
+
     try:
         f = ctypes.CDLL(None, use_errno=True).sync_file_range
     except (OSError, AttributeError):
@@ -54,12 +55,15 @@ def _sync_file_range():
     return f
 
 
-_SYNC_FILE_RANGE = _sync_file_range()
+_SYNC_FILE_RANGE = False  # looked up at the first write behind
 SYNC_FILE_RANGE_WRITE = 2
 
 
 def _writeback(fd, off, n):
     """Start writing a range of a file to the disk, without waiting (durability is still fsync's)."""
+    global _SYNC_FILE_RANGE
+    if _SYNC_FILE_RANGE is False:
+        _SYNC_FILE_RANGE = _sync_file_range()
     if _SYNC_FILE_RANGE is not None:
         _SYNC_FILE_RANGE(fd, off, n, SYNC_FILE_RANGE_WRITE)
 MAX_FDS = 64
@@ -123,14 +127,15 @@ def read_head(root, mac_key):
 
 def write_slot(root, name, b, disk=None):
     """Write one head copy in place and make it durable. In place, not by rename: the other copy
-    holds the commit before, so a torn write costs this copy only, and a sync pays one fsync."""
+    holds the commit before, so a torn write costs this copy only, and a sync pays one fsync (an
+    fdatasync: the bytes and the size, without a journal commit for the mtime alone)."""
     path = os.path.join(root, name)
     created = not os.path.exists(path)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
     try:
         os.pwrite(fd, b, 0)
         os.ftruncate(fd, len(b))
-        os.fsync(fd)
+        os.fdatasync(fd)
     finally:
         os.close(fd)
     if created:
@@ -170,6 +175,14 @@ class OpenArena:
         base = F.addr(self.n, 0)
         self.addrs += [base + o for o in offs]
         self.types += bytes(btypes)
+
+    def add_columns(self, got):
+        """Add scanned records in columns (native.Scanned, keys keylen bytes each)."""
+        self.tags += got.tags
+        self.keys += got.keys
+        base = self.n << 32
+        self.addrs += [base | o for o in got.offs]
+        self.types += got.btypes
 
     def add_packed(self, recs, rel, offs, btype, keys, keylen):
         """Add k freshly packed records: rel are their offsets in recs, keys their 32-byte key fields."""
@@ -224,8 +237,12 @@ class Log:
             best = newest(self.slots)
             head = best if best is not None else self._head_from_arenas()
         self.head = F.Head(**vars(head))  # ours to move; the slots keep what they hold
+        try:  # one listing, not a stat per arena at every open
+            names = set(os.listdir(self.dir))
+        except FileNotFoundError:
+            names = set()
         for n in range(self.head.arena):
-            if not os.path.exists(self.path(n)):
+            if F.arena_name(n) not in names and not os.path.exists(self.path(n)):
                 # Its records are lost; every other arena is still served (salvage, never refuse the whole).
                 log.error("arena %d is missing (%s); its blocks cannot be read", n, self.path(n))
                 self.missing.append(n)
@@ -425,8 +442,8 @@ class Log:
         mv = memoryview(buf)
         end = F.ARENA_HEADER_SIZE
         while True:
-            entries, end, err = self.scan(n, header.iv, mv[end:], end)
-            oa.add(entries)
+            got, end, err = native.scan_columns(self.codec, n, header.iv, mv[end:], end, self.keylen)
+            oa.add_columns(got)
             if end >= committed:
                 break
             # Committed damage: step over it to the next record that verifies (Log.salvage). Its

@@ -106,7 +106,7 @@ class IndexCache:
         oa = self.log.open
         self.open_table = native.Table(self.keylen, oa.count + 1024)
         if oa.count and not self.venti:  # Venti starts every session with a cold index cache
-            self.open_table.add(bytes(oa.keys), oa.addrs)
+            self.open_table.add(bytes(oa.keys), array.array("Q", oa.addrs))  # an array: no check per entry
 
     def _pending_entries(self):
         """The write buffer as index entries (key, u64le addr) in log order, in one bytearray."""

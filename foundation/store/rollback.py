@@ -84,8 +84,8 @@ class Watch:
     def __init__(self, state_dir):
         self.path = os.path.join(state_dir, FILE)
 
-    def seen(self, uuid):
-        e = self._read().get(uuid)
+    def seen(self, uuid, runs=None):
+        e = (self._read() if runs is None else runs).get(uuid)
         try:
             return Seen(int(e["arena"]), int(e["end"]), bytes.fromhex(e["chain"]), str(e.get("seen", "")),
                         int(e.get("last", 0)), bytes.fromhex(e.get("tag", "")), str(e.get("from", "")))
@@ -103,14 +103,16 @@ class Watch:
         record below its end (with newer_only, only if it is newer than the one recorded); `source`:
         where it was seen, when not here (a replica's manifest)."""
         runs = self._read()
-        old = self.seen(uuid)
+        old = self.seen(uuid, runs)
         if newer_only and old and (head.arena, head.end) <= (old.arena, old.end):
             return
-        runs[uuid] = {"arena": head.arena, "end": head.end, "chain": head.chain.hex(),
-                      "last": last[0], "tag": last[1].hex(),
-                      "seen": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+        entry = {"arena": head.arena, "end": head.end, "chain": head.chain.hex(), "last": last[0],
+                 "tag": last[1].hex()}
         if source:
-            runs[uuid]["from"] = source
+            entry["from"] = source
+        if old and {k: v for k, v in runs[uuid].items() if k != "seen"} == entry:
+            return  # recorded already (a writer's open, mostly): the file is not rewritten
+        runs[uuid] = dict(entry, seen=datetime.now(timezone.utc).isoformat(timespec="seconds"))
         try:
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
             atomic_write(self.path, json.dumps(runs, indent=1, sort_keys=True).encode() + b"\n", sync=False)

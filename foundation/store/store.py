@@ -12,7 +12,6 @@ in-memory tricks off, for benchmarks.
 import json
 import logging
 import os
-import uuid as uuidlib
 from collections import OrderedDict
 from datetime import datetime, timezone
 
@@ -70,7 +69,9 @@ class Store(Writes, Reads, IndexCache):
             raise StoreMissing(path)
         if os.listdir(path):
             raise StoreNotEmpty(path)
-        su = str(uuidlib.uuid4())
+        import uuid  # here, not at every open: uuid imports platform
+
+        su = str(uuid.uuid4())
         keys = Keys.unkeyed()
         if encrypt:
             key_file = key_file or primary.default_key_path(su)
@@ -124,6 +125,7 @@ class Store(Writes, Reads, IndexCache):
 
     watch = None
     rolled_back = None
+    _counted = None  # the counters as last written
 
     def _init(self, path, key_file, passphrase, writable, tuning, master, recovering=False):
         self.path, self.writable, self.tuning = path, writable, tuning
@@ -335,7 +337,10 @@ class Store(Writes, Reads, IndexCache):
         """The commit point: everything written so far survives a crash."""
         self._need_writable()
         self.log.sync()
-        atomic_write(os.path.join(self.path, F.COUNTERS), json.dumps(self.counters).encode(), sync=False)
+        text = json.dumps(self.counters).encode()
+        if text != self._counted:  # a close after a commit has nothing new to count
+            atomic_write(os.path.join(self.path, F.COUNTERS), text, sync=False)
+            self._counted = text
 
     def flush(self):
         """Merge the write buffer into the on-disk index in one sorted pass."""
@@ -431,6 +436,17 @@ class Store(Writes, Reads, IndexCache):
         except (OSError, ValueError):
             pass
         return c
+
+    def log_mark(self):
+        """Where the log ends now, for log_bytes_since: (the open arena, its file's size)."""
+        n = self.log.open.n
+        return n, self.log.file_size(n)
+
+    def log_bytes_since(self, mark):
+        """Bytes the log grew by since log_mark() gave `mark`, from the arenas since then alone: a
+        command's fixed cost does not grow with the store (log_bytes stats every arena)."""
+        n0, size0 = mark
+        return sum(self.log.file_size(n) for n in range(n0, self.log.open.n + 1)) - size0
 
     def log_bytes(self):
         """Bytes of the log on disk (all arenas)."""
