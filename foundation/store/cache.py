@@ -27,22 +27,26 @@ log = logging.getLogger(__name__)
 
 def _malloc_trim():
     """glibc's malloc_trim(3), or None elsewhere."""
+    import ctypes  # here: only a flush needs it, and every command's start would pay the import
+
     try:
-        import ctypes
         f = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError, ImportError):
+    except (OSError, AttributeError):
         return None
     f.argtypes = [ctypes.c_size_t]
     return f
 
 
-_TRIM = _malloc_trim()
+_TRIM = False  # looked up at the first flush
 
 
 def give_back():
     """Hand freed heap memory back to the system. glibc keeps a freed block below its (adaptive,
     up to 32 MiB) mmap threshold for reuse: a flush that let go of a write buffer of tens of MB
     would otherwise leave them counted in the process until it exits."""
+    global _TRIM
+    if _TRIM is False:
+        _TRIM = _malloc_trim()
     if _TRIM is not None:
         _TRIM(0)
 
