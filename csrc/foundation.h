@@ -163,6 +163,7 @@ int64_t fdn_table_find(fdn_table *t, const uint8_t *key, size_t keylen,
 	uint64_t *out, size_t outcap);
 uint64_t fdn_table_len(fdn_table *t);
 void fdn_table_clear(fdn_table *t);
+int64_t fdn_table_entries(fdn_table *t, uint8_t *out, size_t outlen);
 int fdn_tables_lookup(fdn_table **ts, size_t nt, const uint8_t *keys,
 	size_t klen, const uint8_t *skip, size_t nskip, uint64_t *addrs,
 	int32_t *which, size_t n);

@@ -227,6 +227,28 @@ void fdn_table_clear(fdn_table *t)
 	pthread_rwlock_unlock(&t->lock);
 }
 
+/*
+ * Every entry in insertion order as index entries (key, then the addr as
+ * u64 little-endian) into out: the write buffer needs no second copy of its
+ * keys and addrs for a flush. Returns the number of entries; if out cannot
+ * hold them all it is left alone (call again with room for that many).
+ */
+int64_t fdn_table_entries(fdn_table *t, uint8_t *out, size_t outlen)
+{
+	size_t es = t->keylen + 8;
+	int64_t n;
+
+	pthread_rwlock_rdlock(&t->lock);
+	n = (int64_t)t->n;
+	if (t->n <= outlen / es)
+		for (size_t e = 0; e < t->n; e++) {
+			memcpy(out + e * es, t->keys + e * t->keylen, t->keylen);
+			fdn_put64(out + e * es + t->keylen, t->addrs[e]);
+		}
+	pthread_rwlock_unlock(&t->lock);
+	return n;
+}
+
 /* Lock each distinct table once: a list may name the same table twice. */
 static void lock_all(fdn_table **ts, size_t nt, int lock)
 {

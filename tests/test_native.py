@@ -993,6 +993,27 @@ def test_table_multimap(impl):
         t.find(b"aa")
 
 
+def test_table_entries(impl, other):
+    """entries(): every (key, u64le addr) in insertion order, repeated keys too; the same in both backends."""
+    rng = random.Random(21)
+    for kl in (4, 32):
+        t, u = impl.Table(kl, 0), other.Table(kl, 0)
+        assert t.entries() == bytearray()
+        keys = [rng.randbytes(kl) for _ in range(300)]
+        want = []
+        for _ in range(4):
+            chunk = [rng.choice(keys) for _ in range(500)]
+            addrs = [rng.getrandbits(64) for _ in chunk]
+            t.add(b"".join(chunk), array.array("Q", addrs))
+            u.add(b"".join(chunk), addrs)
+            want += [k + a.to_bytes(8, "little") for k, a in zip(chunk, addrs)]
+        got = t.entries()
+        assert isinstance(got, bytearray) and got == b"".join(want) and u.entries() == got
+        t.clear()
+        t.add(keys[0], [7])
+        assert t.entries() == keys[0] + (7).to_bytes(8, "little")
+
+
 def test_table_growth_vs_dict(impl):
     rng = random.Random(13)
     t = impl.Table(32, 10)
@@ -1129,6 +1150,24 @@ def test_scan_same_on_both_backends(impl, other, enc):
             a, b = impl.scan(c, 4, IV, buf, base, verify), other.scan(o, 4, IV, buf, base, verify)
             assert a[:2] == b[:2] and (a[2] and (a[2].kind, a[2].offset)) == (b[2] and (b[2].kind, b[2].offset))
             assert a[0] and all(isinstance(e[2], bytes) and len(e[2]) == 32 for e in a[0])
+
+
+def test_pack_into_caller_buffer(impl):
+    """pack(out=...) writes the same records into the caller's buffer and returns a view of them."""
+    bs, n = 4096, 200
+    buf = mixed(n, bs, seed=5)
+    keys = keys_for(n)
+    for enc in (None, ENC):
+        c = impl.Codec(enc, MAC, 1)
+        want, woffs = impl.pack(c, 3, IV, 100, 1, buf, bs, keys, threads=2)
+        out = bytearray(n * (64 + bs))
+        got, offs = impl.pack(c, 3, IV, 100, 1, buf, bs, keys, threads=2, out=out)
+        assert bytes(got) == want and offs == woffs
+        assert bytes(out[:len(want)]) == want
+    with pytest.raises(ValueError):
+        impl.pack(c, 3, IV, 100, 1, buf, bs, keys, out=bytearray(n * (64 + bs) - 1))
+    with pytest.raises(ValueError):
+        impl.pack(c, 3, IV, 100, 1, buf, bs, keys, out=bytes(n * (64 + bs)))
 
 
 @pytest.mark.parametrize("enc", [None, ENC])

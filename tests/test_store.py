@@ -350,13 +350,39 @@ def test_reader_sees_new_commits(make_store, mode):
             assert b"".join(r.read_blocks(r2)) == blocks(300, seed=12)
 
 
+def test_failed_flush_keeps_the_write_buffer(make_store, mode, monkeypatch):
+    """A flush lets the write buffer's table go while it writes the index; one that fails gives
+    every entry back, so the session still deduplicates against them and a later flush merges them."""
+    op = make_store(mode)
+    data = blocks(40, seed=14)
+    with op() as s:
+        refs = s.write_blocks(data)
+        before = sorted(s.wbuf.entries()[i:i + s.keylen + 8]
+                        for i in range(0, len(s.wbuf) * (s.keylen + 8), s.keylen + 8))
+        real = s.index.flush
+
+        def fail(entries, covered):
+            raise OSError(5, "injected")
+        monkeypatch.setattr(s.index, "flush", fail)
+        with pytest.raises(OSError):
+            s.flush()
+        after = s.wbuf.entries()
+        assert sorted(after[i:i + s.keylen + 8] for i in range(0, len(after), s.keylen + 8)) == before
+        assert s.write_blocks(data) == refs and s.counters["records"] == 40
+        monkeypatch.setattr(s.index, "flush", real)
+        s.flush()
+        assert len(s.wbuf) == 0 and s.index.h.entries == len(before)
+    with op(writable=False) as r:
+        assert b"".join(r.read_blocks(refs)) == data
+
+
 def test_small_write_buffer_survives_close_without_a_flush(make_store, mode):
     op = make_store(mode)
     with op() as s:
         refs = s.write_blocks(blocks(30, seed=13))
     with op() as s:
         assert s.index.h.entries == 0  # too few entries to be worth an index pass
-        assert len(s.paddrs) == 31  # found again from the log at open, with the commit record
+        assert len(s.wbuf) == 31  # found again from the log at open, with the commit record
         assert s.write_blocks(blocks(30, seed=13)) == refs
         assert s.counters["records"] == 30
     with op(writable=False) as s:

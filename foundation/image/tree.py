@@ -8,7 +8,7 @@ whole all-zero subtree. The shape depends only on the size, so two trees of
 equal content are equal block for block and dedup completely.
 
 `write_image` walks the leaves that must be (re)computed in increasing
-order, 16 MiB of source at a time, one `write_blocks` call per batch of
+order, 4 MiB of source at a time, one `write_blocks` call per batch of
 leaves (the store pipelined: a batch is read while the one before is
 hashed and the one before that appended) and one per level for the
 interior nodes completed, a few hundred at a time; it keeps open only the
@@ -31,7 +31,9 @@ from foundation.image import ranges as R
 from foundation.image.shape import Root, Shape, split_refs
 from foundation.store import BlockType
 
-CHUNK = 16 << 20  # bytes of source per write_blocks call (three such buffers in use)
+# Bytes of source per write_blocks call (three such buffers in use): 4 MiB batches cost the
+# same CPU as 16 MiB ones (measured) and a quarter of the memory.
+CHUNK = 4 << 20
 OPEN_NODES = 512  # level-1 nodes kept open before the completed ones are written
 
 

@@ -26,7 +26,9 @@ when bs == len(buf).
     scores(buf, bs, btype, key=None, skip=None, threads=1) -> bytes    n * 32
     weak_hashes(buf, bs, btype, seed, skip=None) -> bytes               n * 8
     Codec(enc_key, mac_key, zlevel)
-    pack(codec, arena, iv, offset, btype, buf, bs, keys, threads=1) -> (records, offsets)
+    pack(codec, arena, iv, offset, btype, buf, bs, keys, threads=1, out=None) -> (records, offsets)
+        out: a writable buffer of >= n * (HEADER_SIZE + blen) bytes to pack into (records
+        is then a memoryview of it); None: records is new bytes
     unpack(codec, arena, iv, offset, rec) -> (btype, key32, data)   or RecordError
     unpack_many(codec, arena, iv, buf, base, offsets, threads=1) -> [(btype, key32, data) | RecordError]
     unpack_blocks(codec, arena, iv, buf, base, offsets, bs, out=None, threads=1)
@@ -41,7 +43,8 @@ when bs == len(buf).
     sort_entries(entries, entsize, keylen)                in place
     merge(region, first, nregion, bucket_size, keylen, entries, nbuckets) -> spill
     lookup(region, first, nregion, bucket_size, keylen, key, nbuckets) -> ([addr], more)
-    Table(keylen, capacity_hint=0): add(keys, addrs), find(key), len, clear()
+    Table(keylen, capacity_hint=0): add(keys, addrs), find(key), len, clear(),
+        entries() -> bytearray of every (key, u64le addr) in insertion order
     tables_lookup(tables, keys, skip, keylen=None) -> ([addr], [which])
     tables_absent(tables, keys) -> [position]          keys no table holds, all-zero ones left out
     equal(a, b) -> bool

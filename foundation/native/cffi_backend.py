@@ -101,11 +101,17 @@ class _Native:
             return f"<native Codec encrypted={self.encrypted} zlevel={self.zlevel}>"
 
     @staticmethod
-    def pack(codec, arena, iv, offset, btype, buf, bs, keys, threads=1):
+    def pack(codec, arena, iv, offset, btype, buf, bs, keys, threads=1, out=None):
         n, blen = checks.pack_args(arena, iv, offset, btype, buf, bs, keys)
         threads = checks.thread_count(threads)
         cap = n * (HEADER_SIZE + blen)
         offs = _alloc("uint64_t[]", n)
+        if out is not None:  # the caller's buffer: packed in place, nothing copied or allocated
+            checks.pack_out(out, cap)
+            size = _ok(_lib.fdn_pack(_codec(codec, _Native), arena, _ro(iv), offset, btype,
+                                     _ro(buf), checks.nbytes(buf), bs, _ro(keys), n * SCORE_SIZE,
+                                     _rw(out), cap, offs, n, threads))
+            return memoryview(out)[:size], _ffi.unpack(offs, n)
         out = _take(cap)  # room for the worst case; the records are copied out
         try:
             size = _ok(_lib.fdn_pack(_codec(codec, _Native), arena, _ro(iv), offset, btype,
@@ -406,6 +412,15 @@ class _Native:
                 if k <= want:
                     return _ffi.unpack(out, k)
                 want = k
+
+        def entries(self):
+            es = self.keylen + 8
+            while True:
+                n = len(self)
+                out = bytearray(n * es)
+                k = _ok(_lib.fdn_table_entries(self._t, _ffi.from_buffer(out), len(out)))
+                if k == n:  # (else entries were added meanwhile: again with room for them)
+                    return out
 
         def __len__(self):
             return _lib.fdn_table_len(self._t)

@@ -162,6 +162,16 @@ def pack_args(arena, iv, offset, btype, buf, bs, keys):
     return n, blen
 
 
+def pack_out(out, cap):
+    """pack's optional output buffer: writable, with room for the worst case (every block raw)."""
+    try:
+        m = memoryview(out)
+    except TypeError:
+        raise TypeError(f"pack's out must be a writable buffer, not {type(out).__name__}") from None
+    if m.readonly or m.nbytes < cap:
+        raise ValueError(f"pack's out must be a writable buffer of at least {cap} bytes")
+
+
 def span(buf, base):
     """The size of buf, a span of an arena from base."""
     size = nbytes(buf)

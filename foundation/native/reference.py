@@ -168,9 +168,14 @@ def flat(block):
     return FLAT_RATIO * sum(c * c for c in collections.Counter(sample).values()) <= len(sample) ** 2
 
 
-def pack(codec, arena, iv, offset, btype, buf, bs, keys, threads=1):
+def pack(codec, arena, iv, offset, btype, buf, bs, keys, threads=1, out=None):
     n, blen = checks.pack_args(arena, iv, offset, btype, buf, bs, keys)
     checks.thread_count(threads)
+    if out is not None:  # the records written into the caller's buffer, a view of them returned
+        checks.pack_out(out, n * (HEADER_SIZE + blen))
+        recs, offsets = pack(codec, arena, iv, offset, btype, buf, bs, keys, threads)
+        memoryview(out)[:len(recs)] = recs
+        return memoryview(out)[:len(recs)], offsets
     codec, data, keys, iv = _codec(codec), bytes(buf), bytes(keys), bytes(iv)
     z = zstandard.ZstdCompressor(level=codec.zlevel, write_content_size=True) if codec.zlevel else None
     out, offsets, pos = bytearray(), [], offset
@@ -445,6 +450,7 @@ class Table:
         self.keylen = keylen
         self._map = {}
         self._n = 0
+        self._order = []  # (key, addr) in insertion order
 
     def add(self, keys, addrs):
         addrs = checks.addr_list(addrs)
@@ -452,8 +458,14 @@ class Table:
         if len(keys) != len(addrs) * self.keylen:
             raise ValueError(f"keys must be {self.keylen} bytes per addr ({len(addrs)} addrs)")
         for i, a in enumerate(addrs):
-            self._map.setdefault(keys[i * self.keylen:(i + 1) * self.keylen], []).append(a)
+            k = keys[i * self.keylen:(i + 1) * self.keylen]
+            self._map.setdefault(k, []).append(a)
+            self._order.append((k, a))
         self._n += len(addrs)
+
+    def entries(self):
+        """Every entry in insertion order as index entries: key, then the addr as u64 little-endian."""
+        return bytearray(b"".join(k + a.to_bytes(8, "little") for k, a in self._order))
 
     def find(self, key):
         if checks.nbytes(key) != self.keylen:
@@ -465,6 +477,7 @@ class Table:
 
     def clear(self):
         self._map.clear()
+        self._order.clear()
         self._n = 0
 
 

@@ -36,6 +36,11 @@ log = logging.getLogger(__name__)
 
 RH = L.HEADER_SIZE
 _tag_at = struct.Struct(f"{L.TAG_SIZE}s").unpack_from   # a record header's tag, read in place
+# Bytes of blocks packed per C call, and packed batches queued to the writer: each batch is a
+# buffer of its own until written, so these two bound the write path's memory (~PACK_BYTES x
+# (WRITE_QUEUE + 2)); 4 MiB keeps both cores busy in pack and the per-call cost small.
+PACK_BYTES = 4 << 20
+WRITE_QUEUE = 2
 
 
 def _sync_file_range():
@@ -218,6 +223,7 @@ class Log:
         self.moved = {}  # arena -> the file a reader reads instead (a pending gc switch's new arena)
         self.writer = None  # the writer thread of write_behind()
         self.queued = deque()  # its writes not yet waited for
+        self.spare = deque()  # pack buffers whose records are written, to pack into again
         self.failed = None  # the error of a write behind: every later write and sync fails with it
 
     # ---- opening and recovery ------------------------------------------------
@@ -685,17 +691,19 @@ class Log:
                 continue
             # Pack about what fits, judged by the size of recent records;
             # records past the arena's end are packed again into the next one.
-            m = min(n - i, max(16, int(room / self.avg_record * 1.03) + 8))
+            m = min(n - i, max(16, int(room / self.avg_record * 1.03) + 8), max(16, PACK_BYTES // bs))
+            out = self._pack_buffer(m * (RH + bs))
             recs, offs = native.pack(self.codec, oa.n, oa.header.iv, oa.end, btype,
-                                     buf[i * bs:(i + m) * bs], bs, keys[i * 32:(i + m) * 32], threads)
+                                     buf[i * bs:(i + m) * bs], bs, keys[i * 32:(i + m) * 32], threads, out=out)
             ends = offs[1:] + [oa.end + len(recs)]
             k = bisect.bisect_right(ends, oa.end + room)  # ends ascend
             if k == 0:
+                self.spare.append(out)
                 self.seal()
                 continue
             used = ends[k - 1] - oa.end
             self.avg_record = max(RH + 1, (ends[-1] - oa.end) / len(ends))
-            self._put(oa.fd, oa.end, memoryview(recs)[:used])
+            self._put(oa.fd, oa.end, recs[:used], out)
             first = len(oa.addrs)
             oa.add_packed(recs, [o - oa.end for o in offs[:k]], offs[:k], btype, keys[i * 32:(i + k) * 32],
                           self.keylen)
@@ -720,22 +728,39 @@ class Log:
                 self.writer.shutdown()
                 self.writer = None
 
-    def _put(self, fd, off, data):
-        """Write packed records at off: now, or queued to the writer thread."""
+    def _pack_buffer(self, size):
+        """A buffer to pack into: one whose records are written already, or a new one. Reusing
+        them keeps the write path's memory at a few buffers, never returned to and taken from
+        the allocator per batch (which left the heap fragmented), and copies nothing."""
+        while self.spare:
+            b = self.spare.popleft()
+            if len(b) >= size:
+                return b
+        return bytearray(max(size, PACK_BYTES + (PACK_BYTES >> 6)))  # a 4 MiB batch and its headers
+
+    def _put(self, fd, off, data, buf):
+        """Write packed records at off (a view of buf): now, or queued to the writer thread;
+        buf is reused once they are written."""
         if self.failed is not None:
             raise self.failed
         if self.writer is None:
             self.disk.pwrite(fd, "arena", off, data)
+            self._spare(buf)
             return
-        self.queued.append(self.writer.submit(self._write_out, fd, off, data))
-        while len(self.queued) > 2:  # bounded: each holds a packed batch
+        self.queued.append(self.writer.submit(self._write_out, fd, off, data, buf))
+        while len(self.queued) > WRITE_QUEUE:  # bounded: each holds a packed batch
             self._wait_one()
 
-    def _write_out(self, fd, off, data):
+    def _spare(self, buf):
+        if len(self.spare) <= WRITE_QUEUE:
+            self.spare.append(buf)
+
+    def _write_out(self, fd, off, data, buf):
         self.disk.pwrite(fd, "arena", off, data)
         # Start the disk on these bytes now, so the sync at the end waits for
         # the last batch only, not for the whole day's writes at once.
         _writeback(fd, off, len(data))
+        self._spare(buf)
 
     def _wait_one(self):
         try:

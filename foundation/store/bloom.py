@@ -50,20 +50,26 @@ def create(path, capacity):
     return Bloom(capacity, ERROR, path)
 
 
-def build(store, extra_keys=b""):
-    """A filter over every key of the store's index and `extra_keys` (keylen bytes each), written
-    beside the old one and renamed over it; `bloom.json` says it covers what the index covers."""
+def build(store, extra=b""):
+    """A filter over every key of the store's index and of `extra` (index entries: key and u64
+    addr each), written beside the old one and renamed over it; `bloom.json` says it covers what
+    the index covers."""
     path = os.path.join(store.path, F.BLOOM)
     kl = store.keylen
-    bf = create(path + ".new", size_for(store.index.h.entries + len(extra_keys) // kl))
+    bf = create(path + ".new", size_for(store.index.h.entries + len(extra) // (kl + 8)))
     for part in store.index.scan():
         _add(bf, part, kl, kl + 8)
-    _add(bf, extra_keys, kl, kl)
+    _add(bf, extra, kl, kl + 8)
     bf.sync()
     crash_point(CRASH_ENV, "bloom.grow")
     os.replace(path + ".new", path)
     atomic_write(os.path.join(store.path, F.BLOOM_STATE), json.dumps({"covered": store.index.h.covered}).encode())
     return bf
+
+
+def add_entries(bf, entries, kl):
+    """Add the key of every index entry (key and u64 addr) of `entries`."""
+    _add(bf, entries, kl, kl + 8)
 
 
 def _add(bf, buf, kl, step, batch=1 << 16):

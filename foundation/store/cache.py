@@ -25,13 +25,42 @@ from foundation.store.disk import atomic_write
 log = logging.getLogger(__name__)
 
 
+def _malloc_trim():
+    """glibc's malloc_trim(3), or None elsewhere."""
+    import ctypes  # here: only a flush needs it, and every command's start would pay the import
+
+    try:
+        f = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+    f.argtypes = [ctypes.c_size_t]
+    return f
+
+
+_TRIM = False  # looked up at the first flush
+
+
+def give_back():
+    """Hand freed heap memory back to the system. glibc keeps a freed block below its (adaptive,
+    up to 32 MiB) mmap threshold for reuse: a flush that let go of a write buffer of tens of MB
+    would otherwise leave them counted in the process until it exits."""
+    global _TRIM
+    if _TRIM is False:
+        _TRIM = _malloc_trim()
+    if _TRIM is not None:
+        _TRIM(0)
+
+
 @dataclass
 class Tuning:
     """Memory and policy knobs; none of them changes a byte on disk."""
 
-    index_cache_bytes: int = 64 << 20  # loaded arena summaries (LRU)
-    # Index entries waiting for a flush, counted at K + 8 bytes each; in memory the buffer takes
-    # about 4x that (a lookup table and the arrays a flush sorts): ~64 MiB at 400k entries (hash).
+    # Loaded arena summaries (LRU), counted at K + 24 bytes an entry; a table takes ~1.3x that
+    # (600 k entries, ~40 MB, in hash mode: the summaries of ~2.3 GiB of log).
+    index_cache_bytes: int = 32 << 20
+    # Index entries waiting for a flush, counted at K + 8 bytes each: 400 k entries in hash mode,
+    # held once, in a lookup table of ~60-75 bytes an entry (~30 MB); a flush sorts a copy of
+    # them (16 MiB) after letting the table go.
     write_buffer_bytes: int = 16 << 20
     block_cache_bytes: int = 32 << 20  # decoded blocks (LRU)
     policy: str = "foundation"  # or "venti": no Bloom filter, summaries or write buffer
@@ -70,32 +99,39 @@ class LRU:
     def __len__(self):
         return len(self.d)
 
-def _le(arr):
-    a = array.array("Q", arr)
-    a.byteswap()
-    return a.tobytes()
-
-
 class IndexCache:
     """Store's in-memory structures (mixed into foundation.store.store.Store)."""
 
     def _reset_buffer(self):
-        # The write buffer: entries of records not yet merged into the index,
-        # as a lookup table and as parallel arrays of keys and addresses.
+        # The write buffer: entries of records not yet merged into the index, in log order, in
+        # one lookup table (its entries() are what a flush merges: no second copy of them).
         self.wbuf = native.Table(self.keylen, 1024)
         self.holding = None  # (state, table of every intact record's ref) unreadable() made
-        self.pkeys = bytearray()
-        self.paddrs = array.array("Q")
         oa = self.log.open
         self.open_table = native.Table(self.keylen, oa.count + 1024)
         if oa.count and not self.venti:  # Venti starts every session with a cold index cache
             self.open_table.add(bytes(oa.keys), array.array("Q", oa.addrs))  # an array: no check per entry
 
     def _pending_entries(self):
-        """The write buffer as index entries (key, u64le addr), unsorted."""
-        kl = self.keylen
-        ab = self.paddrs.tobytes() if sys.byteorder == "little" else _le(self.paddrs)
-        return b"".join(self.pkeys[i * kl:(i + 1) * kl] + ab[i * 8:(i + 1) * 8] for i in range(len(self.paddrs)))
+        """The write buffer as index entries (key, u64le addr) in log order, in one bytearray."""
+        return self.wbuf.entries()
+
+    def _buffer_from(self, entries):
+        """A write buffer holding these index entries again (a flush that failed gives them back)."""
+        kl, es = self.keylen, self.keylen + 8
+        n = len(entries) // es
+        keys = bytearray(n * kl)
+        for j in range(kl):
+            keys[j::kl] = entries[j::es]
+        ab = bytearray(n * 8)
+        for j in range(8):
+            ab[j::8] = entries[kl + j::es]
+        addrs = array.array("Q", bytes(ab))
+        if sys.byteorder != "little":
+            addrs.byteswap()
+        t = native.Table(self.keylen, n + 1024)
+        t.add(keys, addrs)
+        return t
 
     def _catch_up(self, covered):
         """Put every record at or after `covered` into the write buffer."""
@@ -111,10 +147,7 @@ class IndexCache:
         first = bisect.bisect_left(addrs, covered)  # an arena's addresses ascend
         if first < len(addrs):
             # an array goes to the table without a check per entry
-            ks, ads = bytes(keys[first * kl:len(addrs) * kl]), array.array("Q", addrs[first:])
-            self.wbuf.add(ks, ads)
-            self.pkeys += ks
-            self.paddrs.extend(ads)
+            self.wbuf.add(bytes(keys[first * kl:len(addrs) * kl]), array.array("Q", addrs[first:]))
 
     def _open_bloom(self):
         p = os.path.join(self.path, F.BLOOM)
@@ -133,10 +166,12 @@ class IndexCache:
             rebuild_bloom(self)
             covered = self.index.h.covered
         # Keys written after that are in the write buffer; add them.
-        kl = self.keylen
-        first = bisect.bisect_left(self.paddrs, covered)
+        kl, es = self.keylen, self.keylen + 8
+        ents = self.wbuf.entries()
+        first = bisect.bisect_left(range(len(ents) // es), covered,  # addresses ascend (log order)
+                                   key=lambda i: int.from_bytes(ents[i * es + kl:(i + 1) * es], "little"))
         self.bloom.count = self.index.h.entries + first
-        self.bloom.update([bytes(self.pkeys[i * kl:(i + 1) * kl]) for i in range(first, len(self.paddrs))])
+        bloom.add_entries(self.bloom, memoryview(ents)[first * es:], kl)
 
     def adopt_bloom(self, bf):
         """Make bf the store's Bloom filter, grown (made again twice as large) once it is full."""
@@ -147,8 +182,8 @@ class IndexCache:
     def _grow_bloom(self):
         """The filter holds more keys than it was made for: make it again from the index and the write buffer."""
         old = self.bloom
-        self.adopt_bloom(bloom.build(self, self.pkeys))
-        self.bloom.count += len(self.paddrs)
+        self.adopt_bloom(bloom.build(self, self.wbuf.entries()))
+        self.bloom.count += len(self.wbuf)
         old.close()
 
     def _save_bloom(self):
@@ -162,7 +197,7 @@ class IndexCache:
         record past the index's `covered` back into the buffer, re-reading their arenas' summaries."""
         if self.venti:
             return True
-        full = len(self.paddrs) * (self.keylen + 8) >= self.tuning.write_buffer_bytes * self.tuning.flush_at_close
+        full = len(self.wbuf) * (self.keylen + 8) >= self.tuning.write_buffer_bytes * self.tuning.flush_at_close
         return full or self.log.open.n - F.split(self.index.h.covered)[0] > self.tuning.flush_arenas
 
     def _sealed(self, oa):

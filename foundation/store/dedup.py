@@ -251,10 +251,8 @@ class Writes:
         first = bisect.bisect_left(addrs, self.log.open.n << 32)  # addresses ascend
         if first < len(addrs):
             self.open_table.add(ks[first * kl:], packed[first:])
-        self.pkeys += ks
-        self.paddrs.extend(packed)
         if self.bloom is not None:
             self.bloom.update(ks[i * kl:(i + 1) * kl] for i in range(len(addrs)))
-        if len(self.paddrs) * (kl + 8) >= self.tuning.write_buffer_bytes:
+        if len(self.wbuf) * (kl + 8) >= self.tuning.write_buffer_bytes:
             self.flush()
         return addrs

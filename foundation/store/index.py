@@ -29,8 +29,10 @@ BUCKET_SIZE = 4096
 FILL = 0.9  # a new or grown index is sized for this load at its planned entries
 INITIAL = 32768  # entries a new store's index and Bloom filter are sized for
 GROW_LOAD = 0.75  # a flush past this load grows the index (linear probing stays short below it)
-CHUNK = 1 << 20  # entries sorted and merged at a time while growing (40 MiB in hash mode)
-REGION = 4096  # at most this many buckets per read/write of a flush (16 MiB)
+# The two below bound a flush's memory beside the write buffer (each buffer ~ 2x: a sort's or
+# a merge's scratch): 5 MiB of entries, 4 MiB regions; the passes stay sequential.
+CHUNK = 1 << 17  # entries sorted and merged at a time while growing (5 MiB in hash mode)
+REGION = 1024  # at most this many buckets per read/write of a flush (4 MiB)
 GAP = 128  # buckets (512 KiB): about what one seek costs in transfer time
 SLACK = 2  # extra buckets read after a region for entries that overflow
 CRASH_ENV = "FOUNDATION_INDEX_CRASH"  # tests: "index.grow" or "bloom.grow" exits before the new file is renamed
@@ -186,8 +188,15 @@ class Index:
                     chunk += mv[i * es:j * es]
                     new.merge_sorted(chunk)
                     i, chunk = j, bytearray()
-            chunk += mv[i * es:]
-            new.merge_sorted(chunk)
+            if chunk:
+                native.sort_entries(chunk, es, kl)
+                j = _upper(mv, es, kl, bytes(chunk[-es:len(chunk) - es + kl]), i)
+                chunk += mv[i * es:j * es]
+                new.merge_sorted(chunk)
+                i, chunk = j, None
+            if i < len(mv) // es:  # the rest of the new entries, sorted already: merged in place
+                new._merge(mv[i * es:])
+                new.h.entries += len(mv) // es - i
             new.flush(b"", covered)
             crash_point(CRASH_ENV, "index.grow")
         except BaseException:
@@ -239,9 +248,10 @@ class Index:
             batch = spill + bytes(mv[i * es:j * es])
             # Buckets a new index has not written yet are zeros: reading them is wasted time.
             known = max(0, min(count, self.zero_from - first))
-            region = bytearray(self.disk.pread(self.fd, "index", self._off(first), known * h.bucket_size)) \
-                if known else bytearray()
-            region += bytes((count - known) * h.bucket_size)
+            region = bytearray(count * h.bucket_size)
+            if known:
+                region[:known * h.bucket_size] = self.disk.pread(self.fd, "index", self._off(first),
+                                                                 known * h.bucket_size)
             try:
                 spill = native.merge(region, first, count, h.bucket_size, h.keylen, batch, h.nbuckets)
             except native.BucketError as e:
@@ -266,8 +276,8 @@ class Index:
     def scan(self):
         """Every entry, region by region (bytes of whole entries), in one sequential pass."""
         h = self.h
-        for first in range(0, h.nfile, REGION // 4):   # 4 MiB reads: sequential, and little memory
-            count = min(REGION // 4, h.nfile - first)
+        for first in range(0, h.nfile, REGION):   # 4 MiB reads: sequential, and little memory
+            count = min(REGION, h.nfile - first)
             region = self.disk.pread(self.fd, "index", self._off(first), count * h.bucket_size)
             yield b"".join(_bucket_entries(region, count, h.bucket_size, self.entsize))
 

@@ -9,7 +9,6 @@ flush) and the damaged-record bookkeeping. The "venti" policy turns the
 in-memory tricks off, for benchmarks.
 """
 
-import array
 import json
 import logging
 import os
@@ -24,7 +23,7 @@ from foundation.store import format as F
 from foundation.store import primary, switch
 from foundation.store.rollback import last_record
 from foundation.store.arena import Log
-from foundation.store.cache import LRU, IndexCache, Tuning
+from foundation.store.cache import LRU, IndexCache, Tuning, give_back
 from foundation.store.dedup import Writes
 from foundation.store.disk import Disk, atomic_write
 from foundation.store.index import Index, IndexFull
@@ -346,26 +345,33 @@ class Store(Writes, Reads, IndexCache):
     def flush(self):
         """Merge the write buffer into the on-disk index in one sorted pass."""
         self._need_writable()
-        if self.log.end_addr == self.index.h.covered and not self.paddrs:
+        if self.log.end_addr == self.index.h.covered and not len(self.wbuf):
             return
         # The index may only cover committed records: a cut tail must never
         # leave an index entry behind that names a block we no longer have.
         self.log.sync()
-        entries = bytearray(self._pending_entries())
+        entries = self._pending_entries()  # sorted in place, never copied: it is the flush's memory
+        # The table is let go while the index is written (no lookup runs meanwhile): a flush
+        # holds the entries once, not twice; should it fail, they go back into a table.
+        self.wbuf = native.Table(self.keylen, 1024)
+        give_back()
         native.sort_entries(entries, self.keylen + 8, self.keylen)
         covered = self.log.end_addr
         try:
-            self.index.flush(bytes(entries), covered)
-        except IndexFull:
-            from foundation.store.rebuild import grow_index
-            grow_index(self, bytes(entries), covered)
-        except DerivedCorrupt as e:  # the log is synced: the rebuilt index covers these entries too
-            self.replace_index(e)
+            try:
+                self.index.flush(entries, covered)
+            except IndexFull:
+                from foundation.store.rebuild import grow_index
+                grow_index(self, entries, covered)
+            except DerivedCorrupt as e:  # the log is synced: the rebuilt index covers these entries too
+                self.replace_index(e)
+        except BaseException:
+            self.wbuf = self._buffer_from(entries)
+            raise
+        del entries
+        give_back()
         if self.bloom is not None:
             self._save_bloom()
-        self.wbuf = native.Table(self.keylen, 1024)
-        self.pkeys = bytearray()
-        self.paddrs = array.array("Q")
 
     def _need_writable(self):
         if not self.writable:

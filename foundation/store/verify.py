@@ -295,7 +295,7 @@ def stats(store):
         "raw_bytes": c["raw_bytes"],
         "index_bytes": _disk_usage(os.path.join(p, F.INDEX)),
         "index_file_bytes": _size(os.path.join(p, F.INDEX)),
-        "index_entries": store.index.h.entries + len(store.paddrs),
+        "index_entries": store.index.h.entries + len(store.wbuf),
         "index_load": (store.index.h.entries / (store.index.h.nbuckets * store.index.cap)),
         "summary_bytes": sum(_size(os.path.join(sumdir, x)) for x in os.listdir(sumdir)),
         "bloom_bytes": _size(os.path.join(p, F.BLOOM)),
