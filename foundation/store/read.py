@@ -13,6 +13,8 @@ arena is visited once however the image's blocks are scattered over years.
 
 import array
 import concurrent.futures
+import itertools
+import operator
 import struct
 
 from foundation import native
@@ -25,9 +27,15 @@ LOG_SPAN = 16 << 20  # largest single read of a log-order pass
 SPAN_BLOCKS = 4096  # most blocks a span decodes into one buffer (16 MiB of 4 KiB blocks)
 LOG_GAP = 256 << 10  # records closer than this share a read: the bytes between cost less than a seek
 AHEAD = 2  # spans read and decoded ahead of the consumer, in as many threads
+SWEEP_MIN = 256  # misses from which _locate_all sweeps whole arenas instead of asking each
 
 
 _pool = None
+
+
+def _split(refs, rs, n):
+    """The n refs of rs bytes each in refs, as a tuple of bytes (one C call)."""
+    return struct.Struct(f"{rs}s" * n).unpack(refs) if n else ()
 
 
 def _workers():
@@ -154,7 +162,7 @@ class Reads:
         spans = self._log_spans(addrs)
         if not spans:
             return
-        split = [refs[i:i + rs] for i in range(0, len(refs), rs)]
+        split = _split(refs, rs, n)
         lg = self.log
         pool = _workers()
 
@@ -207,9 +215,10 @@ class Reads:
         flags = native.zero_flags(refs, rs)  # the null ref is all zeros
         if flags.count(0) == n:
             live, keys = range(n), refs
-        else:
-            live = [i for i, z in enumerate(flags) if not z]
-            keys = b"".join(refs[i * rs:(i + 1) * rs] for i in live)
+        else:  # C-level iterators: no Python frame per ref
+            keep = list(map(operator.not_, flags))
+            live = list(itertools.compress(range(n), keep))
+            keys = b"".join(itertools.compress(_split(refs, rs, n), keep))
         if self.mode != "hash":
             found = list(struct.unpack(f">{len(live)}Q", keys))
         else:
@@ -220,8 +229,15 @@ class Reads:
     def _locate_all(self, keys):
         """The log address of each 32-byte score in keys (NotFound/DataCorrupt for one nothing holds)."""
         self._recent = []
-        found, which = native.tables_lookup(self._tables(), keys, None)
+        sweep = len(keys) >= SWEEP_MIN * 32 and not self.venti
+        # a sweep asks only the tables the index does not cover: every key asked of every loaded
+        # summary in turn costs more than the sweep
+        tables = self._tables()[:2] if sweep else self._tables()
+        found, which = native.tables_lookup(tables, keys, None)
         miss = [j for j, w in enumerate(which) if w < 0]
+        if sweep:
+            self._sweep(keys, found, miss)
+            return found
         checked = []  # summaries already asked
         i = 0
         while i < len(miss):
@@ -244,6 +260,61 @@ class Reads:
                         found[k] = got[x]
                 miss, i = [k for x, k in enumerate(rest) if hit[x] < 0], 0
         return found
+
+    def _sweep(self, keys, found, miss):
+        """Fill found[j] for the many misses j (a whole image): every key goes into one table, and
+        each arena the index names for a miss is swept once, its summary's records looked up in
+        that table. The work is one probe per record of the arenas touched, not one per miss and
+        arena (a whole day's refs asked of every arena in turn cost more than the decode)."""
+        kl = 32
+        t = native.Table(kl, len(found))
+        t.add(keys, array.array("Q", range(len(found))))
+        done = bytearray(b"\1") * len(found)  # done[j]: found[j] holds its address
+        for j in miss:
+            done[j] = 0
+        swept = set()
+        for j in miss:
+            if done[j]:
+                continue
+            key = keys[j * kl:(j + 1) * kl]
+            same = [p for p in t.find(key) if done[p]]  # a block the image holds twice
+            if same:
+                found[j] = found[same[0]]
+                done[j] = 1
+                continue
+            for a in self._index_lookup(key):
+                n = a >> 32
+                if n not in swept:
+                    swept.add(n)
+                    self._sweep_arena(n, t, found, done)
+                if done[j]:
+                    break
+            else:  # not where the index says: the slow path finds it or names it lost
+                a = self._locate(key)
+                if a is None:
+                    self._missing(key)
+                found[j] = a
+                done[j] = 1
+
+    def _sweep_arena(self, n, t, found, done):
+        """Take from arena n's summary the address of every key of t not yet done."""
+        oa, bad = self.log.open, self.bad
+        if n > oa.n:
+            return
+        if n == oa.n:
+            akeys, aaddrs = bytes(oa.keys), list(oa.addrs)
+        else:
+            akeys, aaddrs = self._summary_arrays(n)[:2]
+        if not aaddrs:
+            return
+        js, hit = native.tables_lookup([t], bytes(akeys), None)
+        for y in [y for y, h in enumerate(hit) if h >= 0]:
+            j, a = js[y], aaddrs[y]
+            if not done[j] and not (bad and a in bad):
+                found[j] = a
+                done[j] = 1
+                # a block the image holds twice is found by its first position; the loop over
+                # the misses copies it to the others
 
     def _log_spans(self, addrs):
         """Sorted addresses -> [(arena, start, size, i, j)]: large reads, each in one arena, of addrs[i:j]."""
