@@ -350,6 +350,41 @@ def test_restore_reads_the_log_in_order_window_by_window(store, tmp_path, monkey
         assert len(reads) > passes and descents <= passes - 1, reads
 
 
+def test_cold_restore_sweeps_each_arena_once(tmp_path, monkeypatch):
+    """A store opened cold knows none of the image's blocks: they are located by sweeping each
+    arena the index names (one index lookup and one summary read an arena, not one a block), a
+    block named at several places lands in each, and the file is exact."""
+    from foundation.store import read as read_mod
+
+    path = make_store(tmp_path / "store", mode="hash")
+    rng = seeded(31)
+    img = bytearray(content(rng, 2 << 20))
+    for i in (3, 77, 300, 401):  # one record, four places, in different arenas' reach
+        img[BS * i:BS * (i + 1)] = b"twice" * (BS // 5) + bytes(BS % 5)
+    with open_store(path) as s:
+        root = full(s, img)
+        for _ in range(3):  # later days scatter the image's blocks over the log
+            ch = mutate(rng, img)
+            root = write_image(s, BytesSource(bytes(img)), len(img), prev=root, changed=ch)
+        s.sync()
+        s.flush()  # every record in the on-disk index: the write buffer answers for none
+        arenas = s.log.open.n + 1
+    assert arenas >= 4, arenas
+    with open_store(path, writable=False) as s:
+        asked = []
+        lookup = s._index_lookup
+        monkeypatch.setattr(s, "_index_lookup", lambda key: asked.append(key) or lookup(key))
+        sweeps = []
+        sweep_arena = read_mod.Reads._sweep_arena
+        monkeypatch.setattr(read_mod.Reads, "_sweep_arena",
+                            lambda self, n, *a: sweeps.append(n) or sweep_arena(self, n, *a))
+        out = tmp_path / "out.raw"
+        restore_image(s, root, out)
+        assert out.read_bytes() == img
+        assert sweeps and len(sweeps) == len(set(sweeps)) and len(sweeps) <= arenas
+        assert len(asked) <= 2 * arenas  # not one a block (the image has 512)
+
+
 def test_restore_of_a_damaged_record_fails_naming_it(tmp_path):
     path = make_store(tmp_path / "store", mode="hash")
     img = seeded(22).randbytes(64 * BS)
