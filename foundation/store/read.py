@@ -169,8 +169,10 @@ class Reads:
         def decode(sp, out):  # a worker: read the span, decode it (the GIL released in both)
             arena, start, size, i, j = sp
             b = self.disk.pread(lg.fd(arena), "arena", start, size)
-            if len(b) != size:
+            if len(b) <= (addrs[j - 1] & 0xFFFFFFFF) - start:
                 return None, None, True
+            # A read short of the span's end is the end of the arena's file (a span reaches a
+            # record's largest size past its last one): unpack_blocks finds a record cut short.
             offs = array.array("Q", [a & 0xFFFFFFFF for a in addrs[i:j]])
             return native.unpack_blocks(self.codec, arena, lg.iv(arena), b, start, offs, bs, out, lg.threads)
 
