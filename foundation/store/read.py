@@ -12,6 +12,7 @@ arena is visited once however the image's blocks are scattered over years.
 """
 
 import array
+import bisect
 import concurrent.futures
 import itertools
 import operator
@@ -319,25 +320,29 @@ class Reads:
                 # the misses copies it to the others
 
     def _log_spans(self, addrs):
-        """Sorted addresses -> [(arena, start, size, i, j)]: large reads, each in one arena, of addrs[i:j]."""
+        """Sorted addresses -> [(arena, start, size, i, j)]: large reads, each in one arena, of addrs[i:j].
+
+        A span ends at the first gap wider than LOG_GAP, before LOG_SPAN bytes or SPAN_BLOCKS
+        records, or at the arena's end; the gaps are found in one pass of C-level iterators and
+        each end by bisection, so there is Python per span, not per block."""
         spans = []
         most = L.HEADER_SIZE + self.block_size  # a record's largest size
+        n = len(addrs)
+        gaps = list(itertools.compress(range(1, n), map(LOG_GAP.__lt__, map(operator.sub, addrs[1:], addrs))))
+        g = 0
         i = 0
-        while i < len(addrs):
+        while i < n:
             arena, start = F.split(addrs[i])
             limit = self.log._limit(arena)
-            j = i + 1
-            last = start
             base = arena << 32
-            while j < len(addrs):
-                o = addrs[j] - base  # past this arena when >= 1 << 32
-                if o - last > LOG_GAP or o + most - start > LOG_SPAN or j - i >= SPAN_BLOCKS:
-                    break
-                last = o
-                j += 1
+            while g < len(gaps) and gaps[g] <= i:
+                g += 1
+            # the first address past the span's byte limit (past this arena's too: those are >= 1 << 32)
+            j = bisect.bisect_right(addrs, base + start + LOG_SPAN - most, i + 1, min(n, i + SPAN_BLOCKS))
+            j = max(i + 1, min(j, gaps[g] if g < len(gaps) else n))
             if start >= limit:
                 raise DataCorrupt(f"arena {arena} offset {start}: no record there (beyond the end of the log)")
-            spans.append((arena, start, min(last + most, limit) - start, i, j))
+            spans.append((arena, start, min(addrs[j - 1] - base + most, limit) - start, i, j))
             i = j
         return spans
 
