@@ -329,25 +329,34 @@ def test_restore_reads_the_log_in_order_window_by_window(store, tmp_path, monkey
     img += b"odd tail"
     root = write_image(store, BytesSource(bytes(img)), len(img), prev=root, changed=[(len(img) - BS - 8, BS + 8)])
     store.sync()
-    reads = []
-    pread = store.disk.pread
+    from foundation.store import read as read_mod
 
-    def spy(fd, what, off, n):
-        if threading.current_thread().name.startswith("log-read"):
-            reads.append((arena_of[fd], off))
-        return pread(fd, what, off, n)
+    # Spans are handed to the reading threads in log order (two read at once, so the reads
+    # themselves may start in either order): the order of submission is what a pass decides.
+    reads, order = [], []
+    span_read, span_open = read_mod._SpanReads.read, read_mod._SpanReads.open
 
-    arena_of = {store.log.fd(n): n for n in range(store.log.open.n + 1)}
-    monkeypatch.setattr(store.disk, "pread", spy)
+    def spy(self, arena, start, size, rb):
+        reads.append((arena, start))
+        return span_read(self, arena, start, size, rb)
+
+    def spy_open(self, arena):
+        order.append(arena)
+        return span_open(self, arena)
+
+    monkeypatch.setattr(read_mod._SpanReads, "read", spy)
+    monkeypatch.setattr(read_mod._SpanReads, "open", spy_open)
     out = tmp_path / "out.raw"
     for window, passes in ((1 << 20, 4), (None, 1)):
         monkeypatch.setattr(reader_mod, "WINDOW", window or (1 << 30))
         reads.clear()
+        order.clear()
         restore_image(store, root, out)
         assert out.read_bytes() == img
         assert os.stat(out).st_blocks * 512 < len(img)
-        descents = sum(b < a for a, b in zip(reads, reads[1:]))
-        assert len(reads) > passes and descents <= passes - 1, reads
+        assert len(order) == len(reads) and sorted(reads) == sorted(set(reads))  # each span read once
+        descents = sum(b < a for a, b in zip(order, order[1:]))
+        assert len(order) > passes and descents <= passes - 1, order
 
 
 def test_cold_restore_sweeps_each_arena_once(tmp_path, monkeypatch):
@@ -378,13 +387,17 @@ def test_cold_restore_sweeps_each_arena_once(tmp_path, monkeypatch):
         # that read comes back short. Here every span asks 16 bytes more and gets them cut off.
         import types
         monkeypatch.setattr(read_mod, "L", types.SimpleNamespace(HEADER_SIZE=read_mod.L.HEADER_SIZE + 16))
-        pread = s.disk.pread
+        span_read = read_mod._SpanReads.read
 
-        def short(fd, what, off, n):
-            b = pread(fd, what, off, n)
-            return b[:-16] if threading.current_thread().name.startswith("log-read") and n > 8192 else b
+        def short(self, arena, start, size, rb):
+            b = span_read(self, arena, start, size, rb)
+            return b[:-16] if len(b) == size else b
 
-        monkeypatch.setattr(s.disk, "pread", short)
+        monkeypatch.setattr(read_mod._SpanReads, "read", short)
+        direct = []  # the passes' O_DIRECT descriptors (None where the file system refuses one)
+        span_close = read_mod._SpanReads.close
+        monkeypatch.setattr(read_mod._SpanReads, "close",
+                            lambda self: direct.extend(self.direct.values()) or span_close(self))
         slow = []  # refs read block by block (tree nodes; a span's blocks only after damage)
         read_blocks = read_mod.Reads.read_blocks
         monkeypatch.setattr(read_mod.Reads, "read_blocks",
@@ -401,6 +414,11 @@ def test_cold_restore_sweeps_each_arena_once(tmp_path, monkeypatch):
         # the span at an arena's end reads short of a record's largest size past its last record:
         # still decoded in one piece, not block by block
         assert sum(slow) < 16, slow
+        from foundation.image.reader import open_direct
+        probe = open_direct(str(out))
+        if probe is not None:  # sealed arenas were read around the page cache
+            os.close(probe)
+            assert direct and all(fd is not None for fd in direct), direct
 
 
 def test_direct_writes_whole_pages_and_the_rest_through_the_cache(tmp_path, monkeypatch):

@@ -14,8 +14,11 @@ arena is visited once however the image's blocks are scattered over years.
 import array
 import bisect
 import concurrent.futures
+import errno
 import itertools
+import mmap
 import operator
+import os
 import struct
 
 from foundation import native
@@ -28,6 +31,8 @@ LOG_SPAN = 16 << 20  # largest single read of a log-order pass
 SPAN_BLOCKS = 4096  # most blocks a span decodes into one buffer (16 MiB of 4 KiB blocks)
 LOG_GAP = 256 << 10  # records closer than this share a read: the bytes between cost less than a seek
 AHEAD = 2  # spans read and decoded ahead of the consumer, in as many threads
+READ_ALIGN = 4096  # what O_DIRECT asks of a read's offset, length and buffer
+DIRECT_READS = True  # a log-order pass reads sealed arenas with O_DIRECT
 SWEEP_MIN = 256  # misses from which _locate_all sweeps whole arenas instead of asking each
 
 
@@ -47,6 +52,54 @@ def _workers():
     if _pool is None:
         _pool = concurrent.futures.ThreadPoolExecutor(max_workers=AHEAD, thread_name_prefix="log-read")
     return _pool
+
+
+class _SpanReads:
+    """The reads of one log-order pass: each span read into one of a few page-aligned buffers
+    that the pass recycles (no fresh pages to fault in a span), a sealed arena through an O_DIRECT
+    descriptor opened for the pass (the disk's data lands in the buffer without a copy through the
+    page cache, which a restore would only evict again). The open arena, whose newest records may
+    still be in the page cache only, and a file system that refuses O_DIRECT are read through the
+    cache."""
+
+    def __init__(self, store):
+        self.store, self.direct, self.free = store, {}, []
+        self.ok = DIRECT_READS and bool(getattr(os, "O_DIRECT", 0))
+
+    def open(self, arena):
+        """The pass's O_DIRECT descriptor of a sealed arena, opened by the consumer thread."""
+        lg = self.store.log
+        if self.ok and arena not in self.direct and arena < lg.open.n:
+            try:  # the very file lg.fd reads (a gc may have renamed another over its path since)
+                self.direct[arena] = os.open(f"/proc/self/fd/{lg.fd(arena)}", os.O_RDONLY | os.O_DIRECT)
+            except OSError:
+                self.direct[arena] = None
+
+    def buffer(self):
+        return self.free.pop() if self.free else mmap.mmap(-1, LOG_SPAN + 2 * READ_ALIGN)
+
+    def read(self, arena, start, size, rb):
+        """The span's bytes as a view of rb (fewer at the end of the arena's file)."""
+        disk, mv = self.store.disk, memoryview(rb)
+        fd = self.direct.get(arena) if self.ok else None
+        if fd is not None:
+            lo = start - start % READ_ALIGN
+            hi = -(-(start + size) // READ_ALIGN) * READ_ALIGN
+            try:
+                got = disk.pread_into(fd, "arena", lo, mv[:hi - lo])
+                return mv[start - lo:max(start - lo, min(got, start - lo + size))]
+            except OSError as e:
+                if e.errno != errno.EINVAL:
+                    raise
+                self.ok = False  # accepted at open, refused at read: the page cache for the rest
+        got = disk.pread_into(self.store.log.fd(arena), "arena", start, mv[:size])
+        return mv[:got]
+
+    def close(self):
+        for fd in self.direct.values():
+            if fd is not None:
+                os.close(fd)
+        self.direct.clear()
 
 
 class Reads:
@@ -166,10 +219,11 @@ class Reads:
         split = _split(refs, rs, n)
         lg = self.log
         pool = _workers()
+        reads = _SpanReads(self)
 
-        def decode(sp, out):  # a worker: read the span, decode it (the GIL released in both)
+        def decode(sp, out, rb):  # a worker: read the span, decode it (the GIL released in both)
             arena, start, size, i, j = sp
-            b = self.disk.pread(lg.fd(arena), "arena", start, size)
+            b = reads.read(arena, start, size, rb)
             if len(b) <= (addrs[j - 1] & 0xFFFFFFFF) - start:
                 return None, None, True
             # A read short of the span's end is the end of the arena's file (a span reaches a
@@ -178,12 +232,18 @@ class Reads:
             return native.unpack_blocks(self.codec, arena, lg.iv(arena), b, start, offs, bs, out, lg.threads)
 
         def submit(sp):
-            return pool.submit(decode, sp, alloc((sp[4] - sp[3]) * bs) if alloc else None)
+            reads.open(sp[0])
+            rb = reads.buffer()
+            f = pool.submit(decode, sp, alloc((sp[4] - sp[3]) * bs) if alloc else None, rb)
+            f.rb = rb
+            return f
 
         pending = [submit(sp) for sp in spans[:AHEAD]]
         try:
             for k, (arena, start, size, i, j) in enumerate(spans):
-                data, keys, bad = pending.pop(0).result()
+                f = pending.pop(0)
+                data, keys, bad = f.result()
+                reads.free.append(f.rb)  # decoded: its read buffer serves the next span
                 if k + AHEAD < len(spans):
                     pending.append(submit(spans[k + AHEAD]))
                 pos = positions[i:j]
@@ -210,6 +270,7 @@ class Reads:
             for f in pending:  # a span under way still writes into its buffer: let it finish first
                 if not f.cancelled():
                     concurrent.futures.wait([f])
+            reads.close()
 
     def _log_order(self, refs, n):
         """(log addresses, positions in refs) of the non-null refs, sorted by address; a repeated
