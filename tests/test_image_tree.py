@@ -379,6 +379,10 @@ def test_cold_restore_sweeps_each_arena_once(tmp_path, monkeypatch):
         s.flush()  # every record in the on-disk index: the write buffer answers for none
         arenas = s.log.open.n + 1
     assert arenas >= 4, arenas
+    monkeypatch.setattr(read_mod, "SWEEP_MIN", 256)  # a restore's window, at this image's scale
+    monkeypatch.setattr(read_mod, "DIRECT_MIN", 0)
+    from foundation.image import reader as reader_mod
+    monkeypatch.setattr(reader_mod, "DIRECT_WRITES", True)  # the switch's path, exact too
     with open_store(path, writable=False) as s:
         asked = []
         lookup = s._index_lookup

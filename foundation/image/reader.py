@@ -35,6 +35,9 @@ BATCH = 8192  # leaves per read_blocks call
 WINDOW = 1 << 30  # bytes of image whose blocks one restore pass reads in log order
 LOG_ORDER_MIN = 256  # a random read below this many blocks goes through read_blocks and its cache
 WRITES_AHEAD = 2  # spans decoded ahead of the writer thread
+DIRECT_WRITES = False  # O_DIRECT for a restore's file: 0.3-0.4 CPU s less a 2 GiB day, but the restore
+# then waits for the disk, where through the page cache it ends as the last write is queued (wall
+# 4.6-7.0 s against 3.2-3.7 s on the benchmark machine; benchmarks/README.md)
 DIRECT_ALIGN = 4096  # what O_DIRECT asks of a write's offset, length and buffer (a page covers every disk)
 SPAN_BYTES = 16 << 20  # the largest span the store decodes into one buffer (store.read.SPAN_BLOCKS of 4 KiB)
 SPAN_BUFFERS = 4  # more than the spans the store decodes ahead of the one handed out (store.read.AHEAD)
@@ -430,7 +433,8 @@ def restore_image(store, root, path, fmt="raw", progress=None):
     tmpq = tmp + ".qcow2"
     try:
         fd = _open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        direct = open_direct(tmp) if fmt == "raw" else None  # qemu-img reads the raw file back: cache it
+        # qemu-img reads the raw file back: keep that one in the cache
+        direct = open_direct(tmp) if DIRECT_WRITES and fmt == "raw" else None
         try:
             write_raw(store, root, fd, progress=progress, direct=direct)
             os.ftruncate(fd, root.size)

@@ -32,8 +32,11 @@ SPAN_BLOCKS = 4096  # most blocks a span decodes into one buffer (16 MiB of 4 Ki
 LOG_GAP = 256 << 10  # records closer than this share a read: the bytes between cost less than a seek
 AHEAD = 2  # spans read and decoded ahead of the consumer, in as many threads
 READ_ALIGN = 4096  # what O_DIRECT asks of a read's offset, length and buffer
-DIRECT_READS = True  # a log-order pass reads sealed arenas with O_DIRECT
-SWEEP_MIN = 256  # misses from which _locate_all sweeps whole arenas instead of asking each
+DIRECT_READS = True  # a large log-order pass reads sealed arenas with O_DIRECT
+DIRECT_MIN = 64 << 20  # bytes of spans from which a pass reads around the page cache: a smaller one
+# (a 16 MiB window of a vda.raw copy) is one of a stream that the kernel's read-ahead serves best
+SWEEP_MIN = 16384  # refs from which _locate_all sweeps whole arenas (a restore's window, 64 MiB of
+# 4 KiB blocks); fewer (a vda.raw window) are asked of the summaries already loaded, then one by one
 
 
 _pool = None
@@ -62,9 +65,9 @@ class _SpanReads:
     still be in the page cache only, and a file system that refuses O_DIRECT are read through the
     cache."""
 
-    def __init__(self, store):
+    def __init__(self, store, nbytes):
         self.store, self.direct, self.free = store, {}, []
-        self.ok = DIRECT_READS and bool(getattr(os, "O_DIRECT", 0))
+        self.ok = DIRECT_READS and nbytes >= DIRECT_MIN and bool(getattr(os, "O_DIRECT", 0))
 
     def open(self, arena):
         """The pass's O_DIRECT descriptor of a sealed arena, opened by the consumer thread."""
@@ -219,7 +222,7 @@ class Reads:
         split = _split(refs, rs, n)
         lg = self.log
         pool = _workers()
-        reads = _SpanReads(self)
+        reads = _SpanReads(self, sum(sp[2] for sp in spans))
 
         def decode(sp, out, rb):  # a worker: read the span, decode it (the GIL released in both)
             arena, start, size, i, j = sp
