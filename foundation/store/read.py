@@ -13,6 +13,7 @@ arena is visited once however the image's blocks are scattered over years.
 
 import array
 import bisect
+import collections
 import concurrent.futures
 import errno
 import itertools
@@ -67,7 +68,8 @@ class _SpanReads:
 
     def __init__(self, store, nbytes):
         self.store, self.direct, self.free = store, {}, []
-        self.ok = DIRECT_READS and nbytes >= DIRECT_MIN and bool(getattr(os, "O_DIRECT", 0))
+        self.big = nbytes >= DIRECT_MIN
+        self.ok = DIRECT_READS and self.big and bool(getattr(os, "O_DIRECT", 0))
 
     def open(self, arena):
         """The pass's O_DIRECT descriptor of a sealed arena, opened by the consumer thread."""
@@ -79,11 +81,18 @@ class _SpanReads:
                 self.direct[arena] = None
 
     def buffer(self):
+        """A read buffer for a large pass; None for a small one, whose spans are read as bytes (a
+        buffer of its own would cost a small pass more page faults than it saves)."""
+        if not self.big:
+            return None
         return self.free.pop() if self.free else mmap.mmap(-1, LOG_SPAN + 2 * READ_ALIGN)
 
     def read(self, arena, start, size, rb):
-        """The span's bytes as a view of rb (fewer at the end of the arena's file)."""
-        disk, mv = self.store.disk, memoryview(rb)
+        """The span's bytes, a view of rb when it is given (fewer at the end of the arena's file)."""
+        disk = self.store.disk
+        if rb is None:
+            return disk.pread(self.store.log.fd(arena), "arena", start, size)
+        mv = memoryview(rb)
         fd = self.direct.get(arena) if self.ok else None
         if fd is not None:
             lo = start - start % READ_ALIGN
@@ -246,7 +255,8 @@ class Reads:
             for k, (arena, start, size, i, j) in enumerate(spans):
                 f = pending.pop(0)
                 data, keys, bad = f.result()
-                reads.free.append(f.rb)  # decoded: its read buffer serves the next span
+                if f.rb is not None:
+                    reads.free.append(f.rb)  # decoded: its read buffer serves the next span
                 if k + AHEAD < len(spans):
                     pending.append(submit(spans[k + AHEAD]))
                 pos = positions[i:j]
@@ -305,6 +315,7 @@ class Reads:
         if sweep:
             self._sweep(keys, found, miss)
             return found
+        self._promote(which)
         checked = []  # summaries already asked
         i = 0
         while i < len(miss):
@@ -327,6 +338,18 @@ class Reads:
                         found[k] = got[x]
                 miss, i = [k for x, k in enumerate(rest) if hit[x] < 0], 0
         return found
+
+    def _promote(self, which):
+        """Move the summaries that answered to the front of the tables asked next (the LRU's newest
+        end): a lookup stops at the first table that holds a key, so the next window of a
+        sequential read, whose blocks lie in the same few arenas, costs a probe or two a block,
+        not one for every summary loaded before them."""
+        names = list(reversed(self.summaries))  # _tables() order, after the open table and write buffer
+        hits = collections.Counter(w for w in which if w >= 2)
+        for w, _ in sorted(hits.items(), key=lambda h: h[1]):  # the one with most hits ends newest
+            n = names[w - 2]
+            if n in self.summaries:
+                self.summaries.move_to_end(n)
 
     def _sweep(self, keys, found, miss):
         """Fill found[j] for the many misses j (a whole image): every key goes into one table, and
