@@ -347,6 +347,7 @@ def test_restore_reads_the_log_in_order_window_by_window(store, tmp_path, monkey
     monkeypatch.setattr(read_mod._SpanReads, "read", spy)
     monkeypatch.setattr(read_mod._SpanReads, "open", spy_open)
     out = tmp_path / "out.raw"
+    monkeypatch.setattr(reader_mod, "FIRST_WINDOW_PART", 1)  # windows of WINDOW from the first
     for window, passes in ((1 << 20, 4), (None, 1)):
         monkeypatch.setattr(reader_mod, "WINDOW", window or (1 << 30))
         reads.clear()
@@ -357,6 +358,30 @@ def test_restore_reads_the_log_in_order_window_by_window(store, tmp_path, monkey
         assert len(order) == len(reads) and sorted(reads) == sorted(set(reads))  # each span read once
         descents = sum(b < a for a, b in zip(order, order[1:]))
         assert len(order) > passes and descents <= passes - 1, order
+
+
+def test_restore_windows_grow_from_a_small_first_one(store, tmp_path, monkeypatch):
+    """The first window is WINDOW / FIRST_WINDOW_PART, each next one twice the one before, up to
+    WINDOW; the file is exact whatever the cut."""
+    from foundation.image import reader as reader_mod
+
+    img = bytearray(content(seeded(41), 3 << 20))
+    img[BS * 100:BS * 300] = bytes(BS * 200)  # a hole across a window's edge
+    root = full(store, img)
+    sizes = []
+    plan = reader_mod._plan
+    monkeypatch.setattr(reader_mod, "_plan",
+                        lambda s, runs: sizes.append(sum(c for _, c, _ in runs)) or plan(s, runs))
+    monkeypatch.setattr(reader_mod, "WINDOW", 512 * BS)
+    monkeypatch.setattr(reader_mod, "FIRST_WINDOW_PART", 4)
+    out = tmp_path / "out.raw"
+    restore_image(store, root, out)
+    assert out.read_bytes() == img
+    per_node, left, want, expect = BS // store.ref_size, len(img) // BS, 128, []
+    while left:  # the leaves come a tree node at a time
+        expect.append(min(left, -(-want // per_node) * per_node))
+        left, want = left - expect[-1], min(512, 2 * want)
+    assert sizes == expect and len(sizes) >= 2, sizes
 
 
 def test_cold_restore_sweeps_each_arena_once(tmp_path, monkeypatch):

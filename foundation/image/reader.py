@@ -33,6 +33,7 @@ from foundation.image.shape import Shape, split_refs
 
 BATCH = 8192  # leaves per read_blocks call
 WINDOW = 1 << 30  # bytes of image whose blocks one restore pass reads in log order
+FIRST_WINDOW_PART = 16  # a restore's first window is this part of WINDOW (the pipeline fills sooner)
 LOG_ORDER_MIN = 256  # a random read below this many blocks goes through read_blocks and its cache
 WRITES_AHEAD = 2  # spans decoded ahead of the writer thread
 DIRECT_WRITES = False  # O_DIRECT for a restore's file: 0.3-0.4 CPU s less a 2 GiB day, but the restore
@@ -300,22 +301,42 @@ def write_raw(store, root, fd, sparse=True, progress=None, window=None, direct=N
             if jobs:
                 pending.append(pool.submit(out.write, jobs, buf))
 
-        runs, leaves = [], 0
-        for run in r.iter_leaves(batch=per):
-            runs.append(run)
-            leaves += run[1]
-            if leaves >= per:
-                _window(store, runs, bs, size, rs, zero, submit, alloc, progress)
-                runs, leaves = [], 0
-        if runs:
-            _window(store, runs, bs, size, rs, zero, submit, alloc, progress)
+        grow = [max(1, per // FIRST_WINDOW_PART)]
+        leaves = r.iter_leaves(batch=grow[0])
+
+        def plan():  # the planner thread: the next window's leaf runs, its blocks located
+            # The first window is small, so the disk and both cores are busy sooner; each later
+            # one is planned while the one before it is read and written, and twice its size at
+            # most (planning costs about half what decoding does, so the pipeline never waits).
+            want = grow[0]
+            grow[0] = min(per, 2 * want)
+            runs, n = [], 0
+            for run in leaves:
+                runs.append(run)
+                n += run[1]
+                if n >= want:
+                    break
+            return _plan(store, runs) if runs else None
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="restore-plan") as planner:
+            ahead = planner.submit(plan)
+            while True:
+                w = ahead.result()
+                if w is None:
+                    break
+                # The next window is planned (tree read, blocks located: Python and small reads)
+                # while this one's spans are read and decoded (C, the GIL released).
+                ahead = planner.submit(plan)
+                _window(store, w, bs, size, rs, zero, submit, alloc, progress)
+            ahead.cancel()
         while pending:
             pending.popleft().result()
 
 
-def _window(store, runs, bs, size, rs, zero, submit, alloc, progress):
-    """Restore one window of leaf runs [(first leaf, count, refs or None)]."""
-    leaf, parts, nulls = [], [], []  # leaf of each ref, the refs, runs of null leaves
+def _plan(store, runs):
+    """One window of leaf runs [(first leaf, count, refs or None)] -> (runs, leaf of each ref, runs of
+    null leaves, the store's log-order plan of its refs)."""
+    leaf, parts, nulls = [], [], []
     for start, count, refs in runs:
         if refs is None:
             nulls.append((start, count))
@@ -323,6 +344,13 @@ def _window(store, runs, bs, size, rs, zero, submit, alloc, progress):
             leaf.extend(range(start, start + count))
             parts.append(refs)
     refs = b"".join(parts)
+    return runs, leaf, nulls, store.log_order_plan(refs) if refs else None
+
+
+def _window(store, w, bs, size, rs, zero, submit, alloc, progress):
+    """Restore one planned window (_plan)."""
+    runs, leaf, nulls, plan = w
+    refs = plan[0] if plan else b""
     if zero:  # a device keeps whatever it held: write the zeros too
         flags = native.zero_flags(refs, rs) if refs else b""  # the null ref is all zeros
         nulls += [(leaf[i], 1) for i in range(len(flags)) if flags[i]]
@@ -335,7 +363,7 @@ def _window(store, runs, bs, size, rs, zero, submit, alloc, progress):
                 off += m
         submit(jobs)
     if refs:
-        for positions, data in store.read_blocks_in_log_order(refs, alloc):
+        for positions, data in store.read_blocks_in_log_order(refs, alloc, plan):
             submit(_runs([leaf[p] for p in positions], memoryview(data), bs, size),
                    data if isinstance(data, (bytearray, mmap.mmap)) else None)
     if progress is not None:

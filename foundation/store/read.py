@@ -203,7 +203,19 @@ class Reads:
 
     # ---- whole images: the log read once, in order ---------------------------------
 
-    def read_blocks_in_log_order(self, refs, alloc=None):
+    def log_order_plan(self, refs):
+        """What read_blocks_in_log_order does before it reads: every block located, sorted by log
+        address, cut into spans. Made apart (a restore plans its next window while the spans of
+        this one are read) and handed back as `plan`."""
+        rs = self.ref_size
+        n = len(refs) // rs
+        if len(refs) != n * rs:
+            raise BadInput(f"refs must be a multiple of {rs} bytes")
+        refs = bytes(refs)
+        addrs, positions = self._log_order(refs, n)
+        return refs, addrs, positions, self._log_spans(addrs)
+
+    def read_blocks_in_log_order(self, refs, alloc=None, plan=None):
         """Yield (positions, data) for the blocks named by the concatenated refs, in log order.
 
         data holds len(positions) blocks of block_size bytes: block k is the
@@ -217,18 +229,14 @@ class Reads:
         offset in DataCorrupt or takes an intact copy the store holds.
         alloc(nbytes), when given, supplies the writable buffers to decode
         into (a reader that recycles them saves fresh memory's page faults);
-        data may then be longer than its blocks.
+        data may then be longer than its blocks. plan, when given, is
+        log_order_plan(refs), made before.
         """
         rs, bs = self.ref_size, self.block_size
-        n = len(refs) // rs
-        if len(refs) != n * rs:
-            raise BadInput(f"refs must be a multiple of {rs} bytes")
-        refs = bytes(refs)
-        addrs, positions = self._log_order(refs, n)
-        spans = self._log_spans(addrs)
+        refs, addrs, positions, spans = plan if plan is not None else self.log_order_plan(refs)
         if not spans:
             return
-        split = _split(refs, rs, n)
+        split = _split(refs, rs, len(refs) // rs)
         lg = self.log
         pool = _workers()
         reads = _SpanReads(self, sum(sp[2] for sp in spans))
