@@ -1,7 +1,6 @@
 """Image trees in a real store: many days of random changes, both modes, every size edge."""
 
 import os
-import threading
 
 import pytest
 from test_image_support import BS, MemStore, content, make_store, mutate, open_store, seeded

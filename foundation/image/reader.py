@@ -3,8 +3,10 @@
 Reads are the paper's weak spot (§5.3, §7.2): a day's blocks lie wherever
 dedup found them in the log, and after a year of nights the newest day's
 blocks are spread over a year of arenas. So a restore never reads in image
-order: it takes a window of the image (1 GiB) at a time, gathers the leaf
-refs of the window, has `store.read_blocks_in_log_order` read their
+order: it takes a window of the image (from 64 MiB, doubling to 1 GiB) at a
+time, gathers the leaf refs of the window and locates them (planned in a
+thread while the window before is written), has
+`store.read_blocks_in_log_order` read their
 records front to back in large spans (each arena once per window, decoded
 on every core into one buffer a span, no Python object per block) and
 writes each run of consecutive blocks where it belongs with one pwrite.
@@ -36,9 +38,9 @@ WINDOW = 1 << 30  # bytes of image whose blocks one restore pass reads in log or
 FIRST_WINDOW_PART = 16  # a restore's first window is this part of WINDOW (the pipeline fills sooner)
 LOG_ORDER_MIN = 256  # a random read below this many blocks goes through read_blocks and its cache
 WRITES_AHEAD = 2  # spans decoded ahead of the writer thread
-DIRECT_WRITES = False  # O_DIRECT for a restore's file: 0.3-0.4 CPU s less a 2 GiB day, but the restore
-# then waits for the disk, where through the page cache it ends as the last write is queued (wall
-# 4.6-7.0 s against 3.2-3.7 s on the benchmark machine; benchmarks/README.md)
+DIRECT_WRITES = False  # O_DIRECT for a restore's file: up to 0.4 CPU s less a 2 GiB day, but the
+# restore then waits for the disk, where through the page cache it ends as the last write is queued
+# (wall 4.6-7.0 s against 3.3-3.7 s on the benchmark machine; benchmarks/README.md)
 DIRECT_ALIGN = 4096  # what O_DIRECT asks of a write's offset, length and buffer (a page covers every disk)
 SPAN_BYTES = 16 << 20  # the largest span the store decodes into one buffer (store.read.SPAN_BLOCKS of 4 KiB)
 SPAN_BUFFERS = 4  # more than the spans the store decodes ahead of the one handed out (store.read.AHEAD)

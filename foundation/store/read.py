@@ -7,8 +7,9 @@ verified by the C core, so a read returns exactly the bytes written or
 raises DataCorrupt naming arena and offset. `Reads` is the part of Store
 that does this. A whole image (restore, a long sequential read) goes
 through `read_blocks_in_log_order` instead: every block it needs is located
-first, then the log is read once, front to back, in large spans, so an
-arena is visited once however the image's blocks are scattered over years.
+first (for a large batch, by sweeping each arena the index names once),
+then the log is read once, front to back, in large spans, so an arena is
+visited once however the image's blocks are scattered over years.
 """
 
 import array
