@@ -91,10 +91,14 @@ class MemStore:
         if placed:
             yield [p for p, _ in placed], [d for _, d in placed]
 
-    def read_blocks_in_log_order(self, refs, alloc=None):
+    def log_order_plan(self, refs):
+        """Like Store.log_order_plan: whatever read_blocks_in_log_order takes back as `plan`."""
+        return (bytes(refs),)
+
+    def read_blocks_in_log_order(self, refs, alloc=None, plan=None):
         """One batch as one buffer of blocks, in write order, like Store.read_blocks_in_log_order."""
         self.calls["read_blocks_in_log_order"] += 1
-        for positions, datas in self._in_log_order(refs):
+        for positions, datas in self._in_log_order(plan[0] if plan else refs):
             yield positions, b"".join(datas)
 
     def latest(self, btype):

@@ -1,7 +1,6 @@
 """Image trees in a real store: many days of random changes, both modes, every size edge."""
 
 import os
-import threading
 
 import pytest
 from test_image_support import BS, MemStore, content, make_store, mutate, open_store, seeded
@@ -329,25 +328,171 @@ def test_restore_reads_the_log_in_order_window_by_window(store, tmp_path, monkey
     img += b"odd tail"
     root = write_image(store, BytesSource(bytes(img)), len(img), prev=root, changed=[(len(img) - BS - 8, BS + 8)])
     store.sync()
-    reads = []
-    pread = store.disk.pread
+    from foundation.store import read as read_mod
 
-    def spy(fd, what, off, n):
-        if threading.current_thread().name.startswith("log-read"):
-            reads.append((arena_of[fd], off))
-        return pread(fd, what, off, n)
+    # Spans are handed to the reading threads in log order (two read at once, so the reads
+    # themselves may start in either order): the order of submission is what a pass decides.
+    reads, order = [], []
+    span_read, span_open = read_mod._SpanReads.read, read_mod._SpanReads.open
 
-    arena_of = {store.log.fd(n): n for n in range(store.log.open.n + 1)}
-    monkeypatch.setattr(store.disk, "pread", spy)
+    def spy(self, arena, start, size, rb):
+        reads.append((arena, start))
+        return span_read(self, arena, start, size, rb)
+
+    def spy_open(self, arena):
+        order.append(arena)
+        return span_open(self, arena)
+
+    monkeypatch.setattr(read_mod._SpanReads, "read", spy)
+    monkeypatch.setattr(read_mod._SpanReads, "open", spy_open)
     out = tmp_path / "out.raw"
+    monkeypatch.setattr(reader_mod, "FIRST_WINDOW_PART", 1)  # windows of WINDOW from the first
     for window, passes in ((1 << 20, 4), (None, 1)):
         monkeypatch.setattr(reader_mod, "WINDOW", window or (1 << 30))
         reads.clear()
+        order.clear()
         restore_image(store, root, out)
         assert out.read_bytes() == img
         assert os.stat(out).st_blocks * 512 < len(img)
-        descents = sum(b < a for a, b in zip(reads, reads[1:]))
-        assert len(reads) > passes and descents <= passes - 1, reads
+        assert len(order) == len(reads) and sorted(reads) == sorted(set(reads))  # each span read once
+        descents = sum(b < a for a, b in zip(order, order[1:]))
+        assert len(order) > passes and descents <= passes - 1, order
+
+
+def test_restore_windows_grow_from_a_small_first_one(store, tmp_path, monkeypatch):
+    """The first window is WINDOW / FIRST_WINDOW_PART, each next one twice the one before, up to
+    WINDOW; the file is exact whatever the cut."""
+    from foundation.image import reader as reader_mod
+
+    img = bytearray(content(seeded(41), 3 << 20))
+    img[BS * 100:BS * 300] = bytes(BS * 200)  # a hole across a window's edge
+    root = full(store, img)
+    sizes = []
+    plan = reader_mod._plan
+    monkeypatch.setattr(reader_mod, "_plan",
+                        lambda s, runs: sizes.append(sum(c for _, c, _ in runs)) or plan(s, runs))
+    monkeypatch.setattr(reader_mod, "WINDOW", 512 * BS)
+    monkeypatch.setattr(reader_mod, "FIRST_WINDOW_PART", 4)
+    out = tmp_path / "out.raw"
+    restore_image(store, root, out)
+    assert out.read_bytes() == img
+    per_node, left, want, expect = BS // store.ref_size, len(img) // BS, 128, []
+    while left:  # the leaves come a tree node at a time
+        expect.append(min(left, -(-want // per_node) * per_node))
+        left, want = left - expect[-1], min(512, 2 * want)
+    assert sizes == expect and len(sizes) >= 2, sizes
+
+
+def test_cold_restore_sweeps_each_arena_once(tmp_path, monkeypatch):
+    """A store opened cold knows none of the image's blocks: they are located by sweeping each
+    arena the index names (one index lookup and one summary read an arena, not one a block), a
+    block named at several places lands in each, and the file is exact."""
+    from foundation.store import read as read_mod
+
+    path = make_store(tmp_path / "store", mode="hash")
+    rng = seeded(31)
+    img = bytearray(content(rng, 2 << 20))
+    for i in (3, 77, 300, 401):  # one record, four places, in different arenas' reach
+        img[BS * i:BS * (i + 1)] = b"twice" * (BS // 5) + bytes(BS % 5)
+    with open_store(path) as s:
+        root = full(s, img)
+        for _ in range(3):  # later days scatter the image's blocks over the log
+            ch = mutate(rng, img)
+            root = write_image(s, BytesSource(bytes(img)), len(img), prev=root, changed=ch)
+        s.sync()
+        s.flush()  # every record in the on-disk index: the write buffer answers for none
+        arenas = s.log.open.n + 1
+    assert arenas >= 4, arenas
+    monkeypatch.setattr(read_mod, "SWEEP_MIN", 256)  # a restore's window, at this image's scale
+    monkeypatch.setattr(read_mod, "DIRECT_MIN", 0)
+    from foundation.image import reader as reader_mod
+    monkeypatch.setattr(reader_mod, "DIRECT_WRITES", True)  # the switch's path, exact too
+    with open_store(path, writable=False) as s:
+        asked = []
+        lookup = s._index_lookup
+        monkeypatch.setattr(s, "_index_lookup", lambda key: asked.append(key) or lookup(key))
+        # A span reaches a record's largest size past its last record: at the end of an arena's file
+        # that read comes back short. Here every span asks 16 bytes more and gets them cut off.
+        import types
+        monkeypatch.setattr(read_mod, "L", types.SimpleNamespace(HEADER_SIZE=read_mod.L.HEADER_SIZE + 16))
+        span_read = read_mod._SpanReads.read
+
+        def short(self, arena, start, size, rb):
+            b = span_read(self, arena, start, size, rb)
+            return b[:-16] if len(b) == size else b
+
+        monkeypatch.setattr(read_mod._SpanReads, "read", short)
+        direct = []  # the passes' O_DIRECT descriptors (None where the file system refuses one)
+        span_close = read_mod._SpanReads.close
+        monkeypatch.setattr(read_mod._SpanReads, "close",
+                            lambda self: direct.extend(self.direct.values()) or span_close(self))
+        slow = []  # refs read block by block (tree nodes; a span's blocks only after damage)
+        read_blocks = read_mod.Reads.read_blocks
+        monkeypatch.setattr(read_mod.Reads, "read_blocks",
+                            lambda self, refs: slow.append(len(refs) // 32) or read_blocks(self, refs))
+        sweeps = []
+        sweep_arena = read_mod.Reads._sweep_arena
+        monkeypatch.setattr(read_mod.Reads, "_sweep_arena",
+                            lambda self, n, *a: sweeps.append(n) or sweep_arena(self, n, *a))
+        out = tmp_path / "out.raw"
+        restore_image(s, root, out)
+        assert out.read_bytes() == img
+        assert sweeps and len(sweeps) == len(set(sweeps)) and len(sweeps) <= arenas
+        assert len(asked) <= 2 * arenas  # not one a block (the image has 512)
+        # the span at an arena's end reads short of a record's largest size past its last record:
+        # still decoded in one piece, not block by block
+        assert sum(slow) < 16, slow
+        from foundation.image.reader import open_direct
+        probe = open_direct(str(out))
+        if probe is not None:  # sealed arenas were read around the page cache
+            os.close(probe)
+            assert direct and all(fd is not None for fd in direct), direct
+
+
+def test_direct_writes_whole_pages_and_the_rest_through_the_cache(tmp_path, monkeypatch):
+    """A restore's writer: whole pages of a page-aligned buffer go through the O_DIRECT descriptor,
+    a short last block through the page cache, and a file system that refuses O_DIRECT mid-way
+    gets the rest through the cache; the bytes are exact either way."""
+    import errno
+    import mmap
+
+    from foundation.image import reader as reader_mod
+
+    path = tmp_path / "out.raw"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    direct = reader_mod.open_direct(str(path))
+    if direct is None:
+        pytest.skip("no O_DIRECT on this file system")
+    try:
+        buf = mmap.mmap(-1, 1 << 20)
+        buf[:] = seeded(5).randbytes(1 << 20)
+        out = reader_mod._Out(fd, direct)
+        view = memoryview(buf)
+        jobs = [(view[:8192], 4096), (view[8192:8192 + 100], 20480)]
+        assert out.write(jobs, buf) is buf and out.direct == direct
+        os.fsync(fd)
+        got = os.pread(fd, 20580, 0)
+        assert got == bytes(4096) + buf[:8192] + bytes(8192) + buf[8192:8292]
+        del view, jobs
+        calls = []
+        pwrite = reader_mod._pwrite
+
+        def refuse(f, b, off):
+            calls.append(f)
+            if f == direct:
+                raise OSError(errno.EINVAL, "Invalid argument")
+            return pwrite(f, b, off)
+
+        monkeypatch.setattr(reader_mod, "_pwrite", refuse)
+        view = memoryview(buf)
+        out.write([(view[:4096], 0), (view[4096:8192], 65536)], buf)
+        assert calls == [direct, fd, fd] and out.direct is None
+        assert os.pread(fd, 4096, 0) == buf[:4096] and os.pread(fd, 4096, 65536) == buf[4096:8192]
+        del view
+        buf.close()
+    finally:
+        os.close(fd)
+        os.close(direct)
 
 
 def test_restore_of_a_damaged_record_fails_naming_it(tmp_path):

@@ -3,8 +3,10 @@
 Reads are the paper's weak spot (§5.3, §7.2): a day's blocks lie wherever
 dedup found them in the log, and after a year of nights the newest day's
 blocks are spread over a year of arenas. So a restore never reads in image
-order: it takes a window of the image (1 GiB) at a time, gathers the leaf
-refs of the window, has `store.read_blocks_in_log_order` read their
+order: it takes a window of the image (from 64 MiB, doubling to 1 GiB) at a
+time, gathers the leaf refs of the window and locates them (planned in a
+thread while the window before is written), has
+`store.read_blocks_in_log_order` read their
 records front to back in large spans (each arena once per window, decoded
 on every core into one buffer a span, no Python object per block) and
 writes each run of consecutive blocks where it belongs with one pwrite.
@@ -19,6 +21,8 @@ stream of a sequentially read vda.raw).
 
 import collections
 import concurrent.futures
+import errno
+import mmap
 import os
 import stat
 import threading
@@ -31,8 +35,14 @@ from foundation.image.shape import Shape, split_refs
 
 BATCH = 8192  # leaves per read_blocks call
 WINDOW = 1 << 30  # bytes of image whose blocks one restore pass reads in log order
+FIRST_WINDOW_PART = 16  # a restore's first window is this part of WINDOW (the pipeline fills sooner)
 LOG_ORDER_MIN = 256  # a random read below this many blocks goes through read_blocks and its cache
 WRITES_AHEAD = 2  # spans decoded ahead of the writer thread
+DIRECT_WRITES = False  # O_DIRECT for a restore's file: up to 0.4 CPU s less a 2 GiB day, but the
+# restore then waits for the disk, where through the page cache it ends as the last write is queued
+# (wall 4.6-7.0 s against 3.3-3.7 s on the benchmark machine; benchmarks/README.md)
+DIRECT_ALIGN = 4096  # what O_DIRECT asks of a write's offset, length and buffer (a page covers every disk)
+SPAN_BYTES = 16 << 20  # the largest span the store decodes into one buffer (store.read.SPAN_BLOCKS of 4 KiB)
 SPAN_BUFFERS = 4  # more than the spans the store decodes ahead of the one handed out (store.read.AHEAD)
 
 
@@ -252,7 +262,7 @@ class ImageReader:
         yield from walk(sh.depth, 0, self.root.ref)
 
 
-def write_raw(store, root, fd, sparse=True, progress=None, window=None):
+def write_raw(store, root, fd, sparse=True, progress=None, window=None, direct=None):
     """Write the image to an open file descriptor; holes stay holes when `sparse`.
 
     A window of the image (`window` bytes) at a time: its leaf refs are
@@ -260,19 +270,27 @@ def write_raw(store, root, fd, sparse=True, progress=None, window=None):
     each arena once, front to back, decoded in the C core into one buffer a
     span) and each run of consecutive blocks written where it belongs with
     one pwrite by a writer thread, so memory holds the window's refs and a
-    few spans, not its data.
+    few spans, not its data. `direct`, a second descriptor of the same file
+    opened with O_DIRECT, takes the runs that are whole pages: they go from
+    the decode buffers (page-aligned, recycled) to the disk without a copy
+    into the page cache, which cost more CPU than any other step of a restore.
     """
     r = ImageReader(store, root)
     bs, size, rs = r.block_size, root.size, store.ref_size
     per = max(1, (window or WINDOW) // bs)
     zero = bytes(min(size, 8 << 20)) if not sparse else b""
     free = []  # decode buffers whose blocks are written: reused, their pages already mapped
+    if direct is not None and bs % DIRECT_ALIGN:
+        direct = None  # a run of such blocks need not start on a page
+    out = _Out(fd, direct)
 
     def alloc(n):
         for i, b in enumerate(free):
             if len(b) >= n:
                 return free.pop(i)
-        return bytearray(n)
+        if direct is None:
+            return bytearray(n)
+        return mmap.mmap(-1, max(n, SPAN_BYTES))  # page-aligned; one size, so every one is reused
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="restore-write") as pool:
         pending = collections.deque()
@@ -283,24 +301,44 @@ def write_raw(store, root, fd, sparse=True, progress=None, window=None):
                 if done.result() is not None:
                     free.append(done.result())
             if jobs:
-                pending.append(pool.submit(_write_jobs, fd, jobs, buf))
+                pending.append(pool.submit(out.write, jobs, buf))
 
-        runs, leaves = [], 0
-        for run in r.iter_leaves(batch=per):
-            runs.append(run)
-            leaves += run[1]
-            if leaves >= per:
-                _window(store, runs, bs, size, rs, zero, submit, alloc, progress)
-                runs, leaves = [], 0
-        if runs:
-            _window(store, runs, bs, size, rs, zero, submit, alloc, progress)
+        grow = [max(1, per // FIRST_WINDOW_PART)]
+        leaves = r.iter_leaves(batch=grow[0])
+
+        def plan():  # the planner thread: the next window's leaf runs, its blocks located
+            # The first window is small, so the disk and both cores are busy sooner; each later
+            # one is planned while the one before it is read and written, and twice its size at
+            # most (planning costs about half what decoding does, so the pipeline never waits).
+            want = grow[0]
+            grow[0] = min(per, 2 * want)
+            runs, n = [], 0
+            for run in leaves:
+                runs.append(run)
+                n += run[1]
+                if n >= want:
+                    break
+            return _plan(store, runs) if runs else None
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="restore-plan") as planner:
+            ahead = planner.submit(plan)
+            while True:
+                w = ahead.result()
+                if w is None:
+                    break
+                # The next window is planned (tree read, blocks located: Python and small reads)
+                # while this one's spans are read and decoded (C, the GIL released).
+                ahead = planner.submit(plan)
+                _window(store, w, bs, size, rs, zero, submit, alloc, progress)
+            ahead.cancel()
         while pending:
             pending.popleft().result()
 
 
-def _window(store, runs, bs, size, rs, zero, submit, alloc, progress):
-    """Restore one window of leaf runs [(first leaf, count, refs or None)]."""
-    leaf, parts, nulls = [], [], []  # leaf of each ref, the refs, runs of null leaves
+def _plan(store, runs):
+    """One window of leaf runs [(first leaf, count, refs or None)] -> (runs, leaf of each ref, runs of
+    null leaves, the store's log-order plan of its refs)."""
+    leaf, parts, nulls = [], [], []
     for start, count, refs in runs:
         if refs is None:
             nulls.append((start, count))
@@ -308,6 +346,13 @@ def _window(store, runs, bs, size, rs, zero, submit, alloc, progress):
             leaf.extend(range(start, start + count))
             parts.append(refs)
     refs = b"".join(parts)
+    return runs, leaf, nulls, store.log_order_plan(refs) if refs else None
+
+
+def _window(store, w, bs, size, rs, zero, submit, alloc, progress):
+    """Restore one planned window (_plan)."""
+    runs, leaf, nulls, plan = w
+    refs = plan[0] if plan else b""
     if zero:  # a device keeps whatever it held: write the zeros too
         flags = native.zero_flags(refs, rs) if refs else b""  # the null ref is all zeros
         nulls += [(leaf[i], 1) for i in range(len(flags)) if flags[i]]
@@ -320,9 +365,9 @@ def _window(store, runs, bs, size, rs, zero, submit, alloc, progress):
                 off += m
         submit(jobs)
     if refs:
-        for positions, data in store.read_blocks_in_log_order(refs, alloc):
+        for positions, data in store.read_blocks_in_log_order(refs, alloc, plan):
             submit(_runs([leaf[p] for p in positions], memoryview(data), bs, size),
-                   data if isinstance(data, bytearray) else None)
+                   data if isinstance(data, (bytearray, mmap.mmap)) else None)
     if progress is not None:
         progress(min(size, sum(c for _, c, _ in runs) * bs))
 
@@ -342,14 +387,47 @@ def _runs(leaves, data, bs, size):
     return jobs
 
 
-def _write_jobs(fd, jobs, done=None):
-    """Write [(buffer, offset)]; -> done, the buffer they were cut from, now free."""
-    for buf, off in jobs:
-        n = os.pwrite(fd, buf, off)
-        while n < len(buf):  # rare: a short write
-            n += os.pwrite(fd, buf[n:], off + n)
-    jobs.clear()  # drop the views of done
-    return done
+class _Out:
+    """The writer thread's end of a restore: pwrite each (buffer, offset) job, through the O_DIRECT
+    descriptor when it has one and the run is whole pages of a page-aligned buffer (an mmap);
+    the rest (a short last block, a block re-read after damage) and everything after a
+    file system refuses O_DIRECT go through the page cache."""
+
+    def __init__(self, fd, direct):
+        self.fd, self.direct = fd, direct
+
+    def write(self, jobs, done=None):
+        """Write [(buffer, offset)]; -> done, the buffer they were cut from, now free."""
+        dfd = self.direct if isinstance(done, mmap.mmap) else None
+        for buf, off in jobs:
+            if dfd is not None and not (off | len(buf)) % DIRECT_ALIGN:
+                try:
+                    _pwrite(dfd, buf, off)
+                    continue
+                except OSError as e:
+                    if e.errno != errno.EINVAL:
+                        raise
+                    self.direct = dfd = None  # not for this file system: the page cache for the rest
+            _pwrite(self.fd, buf, off)
+        jobs.clear()  # drop the views of done
+        return done
+
+
+def _pwrite(fd, buf, off):
+    n = os.pwrite(fd, buf, off)
+    while n < len(buf):  # rare: a short write
+        n += os.pwrite(fd, buf[n:], off + n)
+
+
+def open_direct(path):
+    """A second descriptor of `path` for O_DIRECT writes, or None where there is no such thing."""
+    flag = getattr(os, "O_DIRECT", 0)
+    if not flag:
+        return None
+    try:
+        return os.open(path, os.O_WRONLY | flag)
+    except OSError:
+        return None  # tmpfs and a few others refuse it
 
 
 def restore_image(store, root, path, fmt="raw", progress=None):
@@ -385,13 +463,17 @@ def restore_image(store, root, path, fmt="raw", progress=None):
     tmpq = tmp + ".qcow2"
     try:
         fd = _open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        # qemu-img reads the raw file back: keep that one in the cache
+        direct = open_direct(tmp) if DIRECT_WRITES and fmt == "raw" else None
         try:
-            write_raw(store, root, fd, progress=progress)
+            write_raw(store, root, fd, progress=progress, direct=direct)
             os.ftruncate(fd, root.size)
         except OSError as e:
             raise RestoreFailed(path, e.strerror) from None
         finally:
             os.close(fd)
+            if direct is not None:
+                os.close(direct)
         if fmt == "qcow2":
             try:
                 qemuimg.run(["convert", "-q", "-f", "raw", "-O", "qcow2", tmp, tmpq], f"convert to {tmpq}")

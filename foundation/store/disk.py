@@ -64,6 +64,16 @@ class Disk:
         self._count(what, fd, off, len(b), False)
         return b
 
+    def pread_into(self, fd, what, off, buf):
+        """Read into the writable buffer buf from off (a large read into a buffer the caller
+        reuses: no fresh pages a read); -> the bytes read, fewer at the end of the file."""
+        try:
+            n = os.preadv(fd, [buf], off)
+        except OSError as e:
+            raise self._error(e, what) from None
+        self._count(what, fd, off, n, False)
+        return n
+
     def pwrite(self, fd, what, off, data):
         try:
             n = os.pwrite(fd, data, off)

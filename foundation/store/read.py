@@ -7,12 +7,20 @@ verified by the C core, so a read returns exactly the bytes written or
 raises DataCorrupt naming arena and offset. `Reads` is the part of Store
 that does this. A whole image (restore, a long sequential read) goes
 through `read_blocks_in_log_order` instead: every block it needs is located
-first, then the log is read once, front to back, in large spans, so an
-arena is visited once however the image's blocks are scattered over years.
+first (for a large batch, by sweeping each arena the index names once),
+then the log is read once, front to back, in large spans, so an arena is
+visited once however the image's blocks are scattered over years.
 """
 
 import array
+import bisect
+import collections
 import concurrent.futures
+import errno
+import itertools
+import mmap
+import operator
+import os
 import struct
 
 from foundation import native
@@ -25,9 +33,20 @@ LOG_SPAN = 16 << 20  # largest single read of a log-order pass
 SPAN_BLOCKS = 4096  # most blocks a span decodes into one buffer (16 MiB of 4 KiB blocks)
 LOG_GAP = 256 << 10  # records closer than this share a read: the bytes between cost less than a seek
 AHEAD = 2  # spans read and decoded ahead of the consumer, in as many threads
+READ_ALIGN = 4096  # what O_DIRECT asks of a read's offset, length and buffer
+DIRECT_READS = True  # a large log-order pass reads sealed arenas with O_DIRECT
+DIRECT_MIN = 64 << 20  # bytes of spans from which a pass reads around the page cache: a smaller one
+# (a 16 MiB window of a vda.raw copy) is one of a stream that the kernel's read-ahead serves best
+SWEEP_MIN = 16384  # refs from which _locate_all sweeps whole arenas (a restore's window, 64 MiB of
+# 4 KiB blocks); fewer (a vda.raw window) are asked of the summaries already loaded, then one by one
 
 
 _pool = None
+
+
+def _split(refs, rs, n):
+    """The n refs of rs bytes each in refs, as a tuple of bytes (one C call)."""
+    return struct.Struct(f"{rs}s" * n).unpack(refs) if n else ()
 
 
 def _workers():
@@ -38,6 +57,62 @@ def _workers():
     if _pool is None:
         _pool = concurrent.futures.ThreadPoolExecutor(max_workers=AHEAD, thread_name_prefix="log-read")
     return _pool
+
+
+class _SpanReads:
+    """The reads of one log-order pass: each span read into one of a few page-aligned buffers
+    that the pass recycles (no fresh pages to fault in a span), a sealed arena through an O_DIRECT
+    descriptor opened for the pass (the disk's data lands in the buffer without a copy through the
+    page cache, which a restore would only evict again). The open arena, whose newest records may
+    still be in the page cache only, and a file system that refuses O_DIRECT are read through the
+    cache."""
+
+    def __init__(self, store, nbytes):
+        self.store, self.direct, self.free = store, {}, []
+        self.big = nbytes >= DIRECT_MIN
+        self.ok = DIRECT_READS and self.big and bool(getattr(os, "O_DIRECT", 0))
+
+    def open(self, arena):
+        """The pass's O_DIRECT descriptor of a sealed arena, opened by the consumer thread."""
+        lg = self.store.log
+        if self.ok and arena not in self.direct and arena < lg.open.n:
+            try:  # the very file lg.fd reads (a gc may have renamed another over its path since)
+                self.direct[arena] = os.open(f"/proc/self/fd/{lg.fd(arena)}", os.O_RDONLY | os.O_DIRECT)
+            except OSError:
+                self.direct[arena] = None
+
+    def buffer(self):
+        """A read buffer for a large pass; None for a small one, whose spans are read as bytes (a
+        buffer of its own would cost a small pass more page faults than it saves)."""
+        if not self.big:
+            return None
+        return self.free.pop() if self.free else mmap.mmap(-1, LOG_SPAN + 2 * READ_ALIGN)
+
+    def read(self, arena, start, size, rb):
+        """The span's bytes, a view of rb when it is given (fewer at the end of the arena's file)."""
+        disk = self.store.disk
+        if rb is None:
+            return disk.pread(self.store.log.fd(arena), "arena", start, size)
+        mv = memoryview(rb)
+        fd = self.direct.get(arena) if self.ok else None
+        if fd is not None:
+            lo = start - start % READ_ALIGN
+            hi = -(-(start + size) // READ_ALIGN) * READ_ALIGN
+            try:
+                got = disk.pread_into(fd, "arena", lo, mv[:hi - lo])
+                return mv[start - lo:max(start - lo, min(got, start - lo + size))]
+            except OSError as e:
+                if e.errno != errno.EINVAL:
+                    raise
+                self.ok = False  # accepted at open, refused at read: the page cache for the rest
+        got = disk.pread_into(self.store.log.fd(arena), "arena", start, mv[:size])
+        return mv[:got]
+
+    def close(self):
+        for fd in self.direct.values():
+            if fd is not None:
+                os.close(fd)
+        self.direct.clear()
 
 
 class Reads:
@@ -129,7 +204,19 @@ class Reads:
 
     # ---- whole images: the log read once, in order ---------------------------------
 
-    def read_blocks_in_log_order(self, refs, alloc=None):
+    def log_order_plan(self, refs):
+        """What read_blocks_in_log_order does before it reads: every block located, sorted by log
+        address, cut into spans. Made apart (a restore plans its next window while the spans of
+        this one are read) and handed back as `plan`."""
+        rs = self.ref_size
+        n = len(refs) // rs
+        if len(refs) != n * rs:
+            raise BadInput(f"refs must be a multiple of {rs} bytes")
+        refs = bytes(refs)
+        addrs, positions = self._log_order(refs, n)
+        return refs, addrs, positions, self._log_spans(addrs)
+
+    def read_blocks_in_log_order(self, refs, alloc=None, plan=None):
         """Yield (positions, data) for the blocks named by the concatenated refs, in log order.
 
         data holds len(positions) blocks of block_size bytes: block k is the
@@ -143,36 +230,42 @@ class Reads:
         offset in DataCorrupt or takes an intact copy the store holds.
         alloc(nbytes), when given, supplies the writable buffers to decode
         into (a reader that recycles them saves fresh memory's page faults);
-        data may then be longer than its blocks.
+        data may then be longer than its blocks. plan, when given, is
+        log_order_plan(refs), made before.
         """
         rs, bs = self.ref_size, self.block_size
-        n = len(refs) // rs
-        if len(refs) != n * rs:
-            raise BadInput(f"refs must be a multiple of {rs} bytes")
-        refs = bytes(refs)
-        addrs, positions = self._log_order(refs, n)
-        spans = self._log_spans(addrs)
+        refs, addrs, positions, spans = plan if plan is not None else self.log_order_plan(refs)
         if not spans:
             return
-        split = [refs[i:i + rs] for i in range(0, len(refs), rs)]
+        split = _split(refs, rs, len(refs) // rs)
         lg = self.log
         pool = _workers()
+        reads = _SpanReads(self, sum(sp[2] for sp in spans))
 
-        def decode(sp, out):  # a worker: read the span, decode it (the GIL released in both)
+        def decode(sp, out, rb):  # a worker: read the span, decode it (the GIL released in both)
             arena, start, size, i, j = sp
-            b = self.disk.pread(lg.fd(arena), "arena", start, size)
-            if len(b) != size:
+            b = reads.read(arena, start, size, rb)
+            if len(b) <= (addrs[j - 1] & 0xFFFFFFFF) - start:
                 return None, None, True
+            # A read short of the span's end is the end of the arena's file (a span reaches a
+            # record's largest size past its last one): unpack_blocks finds a record cut short.
             offs = array.array("Q", [a & 0xFFFFFFFF for a in addrs[i:j]])
             return native.unpack_blocks(self.codec, arena, lg.iv(arena), b, start, offs, bs, out, lg.threads)
 
         def submit(sp):
-            return pool.submit(decode, sp, alloc((sp[4] - sp[3]) * bs) if alloc else None)
+            reads.open(sp[0])
+            rb = reads.buffer()
+            f = pool.submit(decode, sp, alloc((sp[4] - sp[3]) * bs) if alloc else None, rb)
+            f.rb = rb
+            return f
 
         pending = [submit(sp) for sp in spans[:AHEAD]]
         try:
             for k, (arena, start, size, i, j) in enumerate(spans):
-                data, keys, bad = pending.pop(0).result()
+                f = pending.pop(0)
+                data, keys, bad = f.result()
+                if f.rb is not None:
+                    reads.free.append(f.rb)  # decoded: its read buffer serves the next span
                 if k + AHEAD < len(spans):
                     pending.append(submit(spans[k + AHEAD]))
                 pos = positions[i:j]
@@ -199,6 +292,7 @@ class Reads:
             for f in pending:  # a span under way still writes into its buffer: let it finish first
                 if not f.cancelled():
                     concurrent.futures.wait([f])
+            reads.close()
 
     def _log_order(self, refs, n):
         """(log addresses, positions in refs) of the non-null refs, sorted by address; a repeated
@@ -207,9 +301,10 @@ class Reads:
         flags = native.zero_flags(refs, rs)  # the null ref is all zeros
         if flags.count(0) == n:
             live, keys = range(n), refs
-        else:
-            live = [i for i, z in enumerate(flags) if not z]
-            keys = b"".join(refs[i * rs:(i + 1) * rs] for i in live)
+        else:  # C-level iterators: no Python frame per ref
+            keep = list(map(operator.not_, flags))
+            live = list(itertools.compress(range(n), keep))
+            keys = b"".join(itertools.compress(_split(refs, rs, n), keep))
         if self.mode != "hash":
             found = list(struct.unpack(f">{len(live)}Q", keys))
         else:
@@ -220,8 +315,16 @@ class Reads:
     def _locate_all(self, keys):
         """The log address of each 32-byte score in keys (NotFound/DataCorrupt for one nothing holds)."""
         self._recent = []
-        found, which = native.tables_lookup(self._tables(), keys, None)
+        sweep = len(keys) >= SWEEP_MIN * 32 and not self.venti
+        # a sweep asks only the tables the index does not cover: every key asked of every loaded
+        # summary in turn costs more than the sweep
+        tables = self._tables()[:2] if sweep else self._tables()
+        found, which = native.tables_lookup(tables, keys, None)
         miss = [j for j, w in enumerate(which) if w < 0]
+        if sweep:
+            self._sweep(keys, found, miss)
+            return found
+        self._promote(which)
         checked = []  # summaries already asked
         i = 0
         while i < len(miss):
@@ -245,26 +348,97 @@ class Reads:
                 miss, i = [k for x, k in enumerate(rest) if hit[x] < 0], 0
         return found
 
+    def _promote(self, which):
+        """Move the summaries that answered to the front of the tables asked next (the LRU's newest
+        end): a lookup stops at the first table that holds a key, so the next window of a
+        sequential read, whose blocks lie in the same few arenas, costs a probe or two a block,
+        not one for every summary loaded before them."""
+        names = list(reversed(self.summaries))  # _tables() order, after the open table and write buffer
+        hits = collections.Counter(w for w in which if w >= 2)
+        for w, _ in sorted(hits.items(), key=lambda h: h[1]):  # the one with most hits ends newest
+            n = names[w - 2]
+            if n in self.summaries:
+                self.summaries.move_to_end(n)
+
+    def _sweep(self, keys, found, miss):
+        """Fill found[j] for the many misses j (a whole image): every key goes into one table, and
+        each arena the index names for a miss is swept once, its summary's records looked up in
+        that table. The work is one probe per record of the arenas touched, not one per miss and
+        arena (a whole day's refs asked of every arena in turn cost more than the decode)."""
+        kl = 32
+        t = native.Table(kl, len(found))
+        t.add(keys, array.array("Q", range(len(found))))
+        done = bytearray(b"\1") * len(found)  # done[j]: found[j] holds its address
+        for j in miss:
+            done[j] = 0
+        swept = set()
+        for j in miss:
+            if done[j]:
+                continue
+            key = keys[j * kl:(j + 1) * kl]
+            same = [p for p in t.find(key) if done[p]]  # a block the image holds twice
+            if same:
+                found[j] = found[same[0]]
+                done[j] = 1
+                continue
+            for a in self._index_lookup(key):
+                n = a >> 32
+                if n not in swept:
+                    swept.add(n)
+                    self._sweep_arena(n, t, found, done)
+                if done[j]:
+                    break
+            else:  # not where the index says: the slow path finds it or names it lost
+                a = self._locate(key)
+                if a is None:
+                    self._missing(key)
+                found[j] = a
+                done[j] = 1
+
+    def _sweep_arena(self, n, t, found, done):
+        """Take from arena n's summary the address of every key of t not yet done."""
+        oa, bad = self.log.open, self.bad
+        if n > oa.n:
+            return
+        if n == oa.n:
+            akeys, aaddrs = bytes(oa.keys), list(oa.addrs)
+        else:
+            akeys, aaddrs = self._summary_arrays(n)[:2]
+        if not aaddrs:
+            return
+        js, hit = native.tables_lookup([t], bytes(akeys), None)
+        for y in [y for y, h in enumerate(hit) if h >= 0]:
+            j, a = js[y], aaddrs[y]
+            if not done[j] and not (bad and a in bad):
+                found[j] = a
+                done[j] = 1
+                # a block the image holds twice is found by its first position; the loop over
+                # the misses copies it to the others
+
     def _log_spans(self, addrs):
-        """Sorted addresses -> [(arena, start, size, i, j)]: large reads, each in one arena, of addrs[i:j]."""
+        """Sorted addresses -> [(arena, start, size, i, j)]: large reads, each in one arena, of addrs[i:j].
+
+        A span ends at the first gap wider than LOG_GAP, before LOG_SPAN bytes or SPAN_BLOCKS
+        records, or at the arena's end; the gaps are found in one pass of C-level iterators and
+        each end by bisection, so there is Python per span, not per block."""
         spans = []
         most = L.HEADER_SIZE + self.block_size  # a record's largest size
+        n = len(addrs)
+        gaps = list(itertools.compress(range(1, n), map(LOG_GAP.__lt__, map(operator.sub, addrs[1:], addrs))))
+        g = 0
         i = 0
-        while i < len(addrs):
+        while i < n:
             arena, start = F.split(addrs[i])
             limit = self.log._limit(arena)
-            j = i + 1
-            last = start
             base = arena << 32
-            while j < len(addrs):
-                o = addrs[j] - base  # past this arena when >= 1 << 32
-                if o - last > LOG_GAP or o + most - start > LOG_SPAN or j - i >= SPAN_BLOCKS:
-                    break
-                last = o
-                j += 1
+            while g < len(gaps) and gaps[g] <= i:
+                g += 1
+            # the first address past the span's byte limit (past this arena's too: those are >= 1 << 32)
+            j = bisect.bisect_right(addrs, base + start + LOG_SPAN - most, i + 1, min(n, i + SPAN_BLOCKS))
+            j = max(i + 1, min(j, gaps[g] if g < len(gaps) else n))
             if start >= limit:
                 raise DataCorrupt(f"arena {arena} offset {start}: no record there (beyond the end of the log)")
-            spans.append((arena, start, min(last + most, limit) - start, i, j))
+            spans.append((arena, start, min(addrs[j - 1] - base + most, limit) - start, i, j))
             i = j
         return spans
 
