@@ -5,14 +5,19 @@ content, no guest OS, the nights' 1 MiB pieces written through QEMU's
 monitor); only Foundation's half of the pair is started. Each archive runs
 cold, measured (wall, CPU, peak RSS), and with `--profile DIR` also once
 under cProfile instead (its figures then include the profiler's cost). Every night is restored and checked byte for byte against the
-reference image.
+reference image. With two `--tree DIR` (source trees of Foundation, e.g.
+main and a branch) the nights alternate between them, A B B A A B ...,
+each `foundation archive` run from its tree on the same domain and store
+(the full backup from the first), and the medians per tree are printed.
 
     python3 benchmarks/archive_profile.py WORK [--nights 3] [--label before] [--profile DIR]
+    python3 benchmarks/archive_profile.py WORK --nights 10 --tree /work/main --tree . --label night
 """
 
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 
@@ -35,7 +40,10 @@ def main():
     p.add_argument("--change", type=int, default=64 * MIB)
     p.add_argument("--label", default="run")
     p.add_argument("--profile", help="directory for cProfile dumps of a full and a night archive")
+    p.add_argument("--tree", action="append", default=[],
+                   help="a Foundation source tree to run `archive` from (repeat: nights alternate A B B A ...)")
     a = p.parse_args()
+    trees = [os.path.abspath(t) for t in a.tree]
     work = os.path.join(a.work, "domains")
     subprocess.run(["rm", "-rf", work], check=True)
     os.makedirs(work)
@@ -52,6 +60,10 @@ def main():
                 cmd = pair.fdn("archive")
                 prof = os.path.join(a.profile, f"{a.label}-night{n}.prof")
                 m = measure.op([cmd[0], "-m", "cProfile", "-o", prof, *cmd[1:]])
+            elif trees:
+                tree = trees[0] if n == 0 else trees[((n - 1) + (n - 1) // 2) % len(trees)]   # A B B A A B
+                m = measure.op(pair.fdn("archive"), env={"PYTHONPATH": tree})
+                m["tree"] = tree
             else:
                 m = pair.backup("foundation", n)
             m["night"] = n
@@ -69,6 +81,13 @@ def main():
         res["load"] = os.getloadavg()
     finally:
         pair.close()
+    for t in trees:
+        ns = [r for r in res["runs"] if r.get("tree") == t and r["night"] > 0]
+        if ns:
+            res.setdefault("medians", {})[t] = med = {
+                k: statistics.median(r[k] for r in ns) for k in ("seconds", "cpu_seconds", "peak_rss")}
+            print(f"{t}: {len(ns)} nights, median {med['seconds']:.3f} s wall, {med['cpu_seconds']:.3f} CPU s, "
+                  f"{med['peak_rss'] / 1e6:.0f} MB peak")
     print(measure.save(f"archive-profile-{a.label}", res))
 
 
