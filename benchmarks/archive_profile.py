@@ -6,12 +6,15 @@ monitor); only Foundation's half of the pair is started. Each archive runs
 cold, measured (wall, CPU, peak RSS), and with `--profile DIR` also once
 under cProfile instead (its figures then include the profiler's cost). Every night is restored and checked byte for byte against the
 reference image. With two `--tree DIR` (source trees of Foundation, e.g.
-main and a branch) the nights alternate between them, A B B A A B ...,
-each `foundation archive` run from its tree on the same domain and store
-(the full backup from the first), and the medians per tree are printed.
+main and a branch) the nights alternate between them two by two, A A B B
+A A ..., each `foundation archive` run from its tree on the same domain
+and store (the full backup from the first); the medians per tree are
+printed over the second night of each pair, so that each figure is a night
+after a night of the same code (what a tree keeps for the next night, such
+as the file listings' `looked` ranges, is then its own).
 
     python3 benchmarks/archive_profile.py WORK [--nights 3] [--label before] [--profile DIR]
-    python3 benchmarks/archive_profile.py WORK --nights 10 --tree /work/main --tree . --label night
+    python3 benchmarks/archive_profile.py WORK --nights 20 --tree /work/main --tree . --label night
 """
 
 import argparse
@@ -61,9 +64,9 @@ def main():
                 prof = os.path.join(a.profile, f"{a.label}-night{n}.prof")
                 m = measure.op([cmd[0], "-m", "cProfile", "-o", prof, *cmd[1:]])
             elif trees:
-                tree = trees[0] if n == 0 else trees[((n - 1) + (n - 1) // 2) % len(trees)]   # A B B A A B
+                tree = trees[0] if n == 0 else trees[(n - 1) // 2 % len(trees)]      # A A B B A A ...
                 m = measure.op(pair.fdn("archive"), env={"PYTHONPATH": tree})
-                m["tree"] = tree
+                m["tree"], m["second"] = tree, n > 0 and (n - 1) % 2 == 1
             else:
                 m = pair.backup("foundation", n)
             m["night"] = n
@@ -78,11 +81,21 @@ def main():
             res["runs"].append(m)
             if not m["restored_equal"]:
                 raise SystemExit(f"night {n}: the restore differs from the reference")
+        for t in trees:
+            # `find` afterwards: listings already up to date (what archive left), and from scratch
+            env = {"PYTHONPATH": t}
+            scratch = os.path.join(work, "find-state")
+            res.setdefault("find", {})[t] = {
+                "up_to_date": [measure.op(pair.fdn("find", "*.none"), env=env) for _ in range(3)],
+                "from_scratch": [measure.op(pair.fdn("find", "--state-dir", scratch, "--rebuild", "*.none"),
+                                            env=env)]}
+            subprocess.run(["rm", "-rf", scratch], check=True)
+            print(t, "find:", json.dumps(res["find"][t]), flush=True)
         res["load"] = os.getloadavg()
     finally:
         pair.close()
     for t in trees:
-        ns = [r for r in res["runs"] if r.get("tree") == t and r["night"] > 0]
+        ns = [r for r in res["runs"] if r.get("tree") == t and r.get("second")]
         if ns:
             res.setdefault("medians", {})[t] = med = {
                 k: statistics.median(r[k] for r in ns) for k in ("seconds", "cpu_seconds", "peak_rss")}

@@ -55,6 +55,7 @@ def run(args):
         raise UsageError("give VM names or --all, not both")
     # The store first: nothing is touched if it is missing, unmounted, locked or the key is wrong.
     results = []
+    listed = False
     try:
         with open_store(args, writable=not args.check) as store:
             if args.check:
@@ -62,6 +63,10 @@ def run(args):
                 print(f"store {store_path(args)} is present ({how})")
                 return 0
             _archive_all(args, conf, store, results)
+            if not any(r.store_failed for r in results):
+                # Each snapshot is synced with its catalog record already: the listings read
+                # through this open store instead of opening it again.
+                listed = _list_files(args, conf, results, store)
     except Error as e:
         record_run(settings(args).state_dir, results, e)     # for `foundation notify`
         raise
@@ -71,12 +76,20 @@ def run(args):
     record_run(settings(args).state_dir, results)
     if results:
         after_write(args)  # configured replicas; a failure there only warns, the status stays
-        done = [r.name for r in results if r.status == "ok"]
-        if done and conf.list_files:
-            from foundation.cli.find import update_listings
-
-            update_listings(args, done, settings(args).state_dir)   # only warns, too
+        if not listed:
+            _list_files(args, conf, results)
     return 0 if all(r.status in ("ok", "unchanged") for r in results) else 1
+
+
+def _list_files(args, conf, results, store=None):
+    """Add the archived snapshots to `find`'s file listings (only warns); -> whether there was any."""
+    done = [r.name for r in results if r.status == "ok"]
+    if not (done and conf.list_files):
+        return False
+    from foundation.cli.find import update_listings
+
+    update_listings(args, done, settings(args).state_dir, store)
+    return True
 
 
 def _archive_all(args, conf, store, results):
