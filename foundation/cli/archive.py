@@ -13,6 +13,7 @@ journal.
 
 import logging
 import sys
+import threading
 
 from foundation.cli.common import Progress, after_write, open_store, settings, store_path
 from foundation.config import QUIESCE_MODES
@@ -55,18 +56,14 @@ def run(args):
         raise UsageError("give VM names or --all, not both")
     # The store first: nothing is touched if it is missing, unmounted, locked or the key is wrong.
     results = []
-    listed = False
+    listed = []
     try:
         with open_store(args, writable=not args.check) as store:
             if args.check:
                 how = "encrypted, the key fits" if store.conf.get("encrypted") else "not encrypted"
                 print(f"store {store_path(args)} is present ({how})")
                 return 0
-            _archive_all(args, conf, store, results)
-            if not any(r.store_failed for r in results):
-                # Each snapshot is synced with its catalog record already: the listings read
-                # through this open store instead of opening it again.
-                listed = _list_files(args, conf, results, store)
+            listed = _archive_all(args, conf, store, results)     # the VMs listed as they went
     except Error as e:
         record_run(settings(args).state_dir, results, e)     # for `foundation notify`
         raise
@@ -76,20 +73,47 @@ def run(args):
     record_run(settings(args).state_dir, results)
     if results:
         after_write(args)  # configured replicas; a failure there only warns, the status stays
-        if not listed:
-            _list_files(args, conf, results)
+        _list_files(args, conf, results, listed)
     return 0 if all(r.status in ("ok", "unchanged") for r in results) else 1
 
 
-def _list_files(args, conf, results, store=None):
-    """Add the archived snapshots to `find`'s file listings (only warns); -> whether there was any."""
-    done = [r.name for r in results if r.status == "ok"]
-    if not (done and conf.list_files):
-        return False
-    from foundation.cli.find import update_listings
+def _list_files(args, conf, results, listed):
+    """Add what `listed` left out (a VM whose run was only finished) to `find`'s file listings (only warns)."""
+    done = [r.name for r in results if r.status == "ok" and r.name not in listed]
+    if done and conf.list_files:
+        from foundation.cli.find import update_listings
 
-    update_listings(args, done, settings(args).state_dir, store)
-    return True
+        update_listings(args, done, settings(args).state_dir)
+
+
+class _Lister:
+    """The file listings of each VM, added while its merge runs.
+
+    A snapshot is synced with its catalog record before the merge starts, so
+    its listing can be read through the archive's open store then; the merge
+    is QEMU's work (the archive only polls it). The archiver waits for this
+    thread before it uses the store again.
+    """
+
+    def __init__(self, args, conf, store):
+        self.args, self.store, self.on = args, store, conf.list_files
+        self.thread, self.names = None, []
+
+    def stored(self, name):
+        from foundation.cli.find import update_listings
+
+        if not self.on:
+            return
+        self.wait()
+        self.names.append(name)
+        self.thread = threading.Thread(target=update_listings, name="listings", daemon=True,
+                                       args=(self.args, [name], settings(self.args).state_dir, self.store))
+        self.thread.start()
+
+    def wait(self):
+        if self.thread is not None:
+            self.thread.join()
+            self.thread = None
 
 
 def _archive_all(args, conf, store, results):
@@ -99,20 +123,26 @@ def _archive_all(args, conf, store, results):
     names = _names(args, conf, conn)
     if not names:
         print("no VM to archive (libvirt knows none, or all are excluded)")
-        return
+        return []
     tty = sys.stderr.isatty()
+    lister = _Lister(args, conf, store)
     archiver = Archiver(conn, StoreSink(store), settings(args).state_dir,
                         quiesce=args.quiesce or conf.quiesce,
-                        progress=(lambda what, total: Progress(what, total)) if tty else None)
-    for i, name in enumerate(names):
-        log.info("archiving %s (%d of %d)", name, i + 1, len(names))
-        r = archiver.archive(name)
-        results.append(r)
-        if r.store_failed:
-            for rest in names[i + 1:]:
-                results.append(Result(rest, status="not run", error="the store failed; this VM was not touched"))
-            log.error("the store failed: the remaining VMs were not touched")
-            break
+                        progress=(lambda what, total: Progress(what, total)) if tty else None,
+                        after=lister)
+    try:
+        for i, name in enumerate(names):
+            log.info("archiving %s (%d of %d)", name, i + 1, len(names))
+            r = archiver.archive(name)
+            results.append(r)
+            if r.store_failed:
+                for rest in names[i + 1:]:
+                    results.append(Result(rest, status="not run", error="the store failed; this VM was not touched"))
+                log.error("the store failed: the remaining VMs were not touched")
+                break
+    finally:
+        lister.wait()
+    return lister.names
 
 
 def _names(args, conf, conn):

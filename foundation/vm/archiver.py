@@ -148,12 +148,17 @@ def _fsync_path(path):
 class Archiver:
     """Archives VMs of one libvirt connection into one sink, journaling in `state_dir`."""
 
-    def __init__(self, conn, sink, state_dir, quiesce="auto", progress=None):
+    def __init__(self, conn, sink, state_dir, quiesce="auto", progress=None, after=None):
         self.conn, self.sink, self.state_dir = conn, sink, state_dir
         self.quiesce = quiesce_mode(quiesce)     # auto | always | never (true/false accepted)
         if self.quiesce is None:
             raise ValueError(f"quiesce must be auto, always or never, not {quiesce!r}")
         self.progress = progress        # progress(what, total) -> callable(n) with .finish()
+        # after.stored(name) is called once a snapshot is durable in the catalog, before its merge,
+        # so that the caller can read the sink's store meanwhile (the file listings, in a thread);
+        # after.wait() is called before the sink is used again.
+        self.after = after
+        self._on_base = set()           # new overlays this process saw backed by their base after a merge
 
     # -- one VM -----------------------------------------------------------
 
@@ -474,6 +479,8 @@ class Archiver:
                 "run": {"id": run["id"], "started": run["started"], "resumed": bool(res.repaired)}}
         self._sink("record the snapshot in the catalog", name, self.sink.add, run["id"], name,
                    dom.uuid, datetime.datetime.fromisoformat(run["time"]), disks, meta)
+        if self.after:
+            self.after.stored(name)
 
     def _nvram(self, dom):
         path = dom.nvram()
@@ -489,6 +496,8 @@ class Archiver:
 
     def _sink(self, what, name, fn, *args, **kw):
         """Call the sink; a failing store (full, unplugged, damaged) becomes StoreFailed."""
+        if self.after:
+            self.after.wait()
         try:
             return fn(*args, **kw)
         except (StoreFull, StoreMissing, StoreDiskFailed, DataCorrupt, DerivedCorrupt) as e:
@@ -526,6 +535,7 @@ class Archiver:
             if qemuimg.backing_of(d["new"]) != d["base"]:
                 raise MergeFailed(dom.name, d["old"], d["base"],
                                   f"{MERGE_ATTEMPTS} attempts; see /var/log/libvirt/qemu/{dom.name}.log")
+        self._on_base.add(d["new"])
         if dom.inactive_mentions(d["old"]):
             dom.redefine({target: (d["new"], "qcow2")})
         _fsync_path(d["base"])
@@ -536,6 +546,8 @@ class Archiver:
             old = d["old"]
             if not (old and d["new"]) or not os.path.exists(old):
                 continue
-            if old in tops.values() or qemuimg.backing_of(d["new"]) == old or dom.inactive_mentions(old):
+            # (the merge just read the new overlay's backing file: one qemu-img less)
+            on_old = d["new"] not in self._on_base and qemuimg.backing_of(d["new"]) == old
+            if old in tops.values() or on_old or dom.inactive_mentions(old):
                 raise ChainInconsistent(dom.name, f"{old} is still in use after its merge; not deleted")
             os.unlink(old)
