@@ -159,6 +159,7 @@ class Archiver:
         # after.wait() is called before the sink is used again.
         self.after = after
         self._on_base = set()           # new overlays this process saw backed by their base after a merge
+        self._taken = set()             # new overlays this process's own snapshot made (backed by the old)
 
     # -- one VM -----------------------------------------------------------
 
@@ -411,6 +412,7 @@ class Archiver:
         tops = dom.tops()
         if any(tops.get(t) != p for t, p in news.items()):
             raise ChainInconsistent(dom.name, f"after the snapshot the disks are {tops}, expected {news}")
+        self._taken.update(p for p in news.values() if p)
         run.update(time=when.isoformat(), quiesced=frozen is not None, not_quiesced=why,
                    pause=round(pause, 4), frozen=None if frozen is None else round(frozen, 4))
         res.snapshot_pause, res.freeze_seconds = pause, frozen
@@ -515,8 +517,9 @@ class Archiver:
     def _merge(self, dom, target, d, res):
         """Merge overlay(k) into the base and make overlay(k+1) sit on the base."""
         lv = dom.libvirt
-        for _ in range(MERGE_ATTEMPTS):
-            if qemuimg.backing_of(d["new"]) == d["base"]:
+        for i in range(MERGE_ATTEMPTS):
+            # A snapshot this process took put the new overlay over the old one: not merged yet.
+            if not (i == 0 and d["new"] in self._taken) and qemuimg.backing_of(d["new"]) == d["base"]:
                 break
             if dom.active():
                 job = dom.block_job(target)
