@@ -65,7 +65,8 @@ def main():
                 m = measure.op([cmd[0], "-m", "cProfile", "-o", prof, *cmd[1:]])
             elif trees:
                 tree = trees[0] if n == 0 else trees[(n - 1) // 2 % len(trees)]      # A A B B A A ...
-                m = measure.op(pair.fdn("archive"), env={"PYTHONPATH": tree})
+                # run from the tree: `python -m` puts the working directory before PYTHONPATH
+                m = measure.op(pair.fdn("archive"), cwd=tree, env={"PYTHONPATH": tree})
                 m["tree"], m["second"] = tree, n > 0 and (n - 1) % 2 == 1
             else:
                 m = pair.backup("foundation", n)
@@ -86,9 +87,9 @@ def main():
             env = {"PYTHONPATH": t}
             scratch = os.path.join(work, "find-state")
             res.setdefault("find", {})[t] = {
-                "up_to_date": [measure.op(pair.fdn("find", "*.none"), env=env) for _ in range(3)],
+                "up_to_date": [measure.op(pair.fdn("find", "*.none"), cwd=t, env=env) for _ in range(3)],
                 "from_scratch": [measure.op(pair.fdn("find", "--state-dir", scratch, "--rebuild", "*.none"),
-                                            env=env)]}
+                                            cwd=t, env=env)]}
             subprocess.run(["rm", "-rf", scratch], check=True)
             print(t, "find:", json.dumps(res["find"][t]), flush=True)
         res["load"] = os.getloadavg()
