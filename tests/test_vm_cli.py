@@ -332,7 +332,7 @@ def test_archive_adds_the_night_to_the_file_listings(make_vm, store):
 
 
 def test_two_vms_in_one_run_are_both_listed(make_vm, store):
-    """Each VM's listing runs in a thread during its merge; the next VM's archive waits for it."""
+    """Both VMs of one run are added to the file listings, each night's probe ranges kept."""
     import sqlite3
 
     vms = [make_vm([DiskSpec("vda", "raw")]) for _ in range(2)]

@@ -8,14 +8,13 @@ never stops the others, but a failing store does (every further VM would
 only gain an overlay the next run must finish). The exit status is 0 only
 if every VM was archived. A summary table ends the run; on a terminal a
 progress bar shows each disk, under systemd plain log lines go to the
-journal. Each VM's new snapshot is added to `find`'s file listings (config
-`list_files`) in a thread while QEMU merges its overlay; a failure there
-only warns, and `find` adds what is missing when it next runs.
+journal. After the store is closed, the new snapshots are added to
+`find`'s file listings (config `list_files`); a failure there only warns,
+and `find` adds what is missing when it next runs.
 """
 
 import logging
 import sys
-import threading
 
 from foundation.cli.common import Progress, after_write, open_store, settings, store_path
 from foundation.config import QUIESCE_MODES
@@ -58,14 +57,13 @@ def run(args):
         raise UsageError("give VM names or --all, not both")
     # The store first: nothing is touched if it is missing, unmounted, locked or the key is wrong.
     results = []
-    listed = []
     try:
         with open_store(args, writable=not args.check) as store:
             if args.check:
                 how = "encrypted, the key fits" if store.conf.get("encrypted") else "not encrypted"
                 print(f"store {store_path(args)} is present ({how})")
                 return 0
-            listed = _archive_all(args, conf, store, results)     # the VMs listed as they went
+            _archive_all(args, conf, store, results)
     except Error as e:
         record_run(settings(args).state_dir, results, e)     # for `foundation notify`
         raise
@@ -75,47 +73,12 @@ def run(args):
     record_run(settings(args).state_dir, results)
     if results:
         after_write(args)  # configured replicas; a failure there only warns, the status stays
-        _list_files(args, conf, results, listed)
+        done = [r.name for r in results if r.status == "ok"]
+        if done and conf.list_files:
+            from foundation.cli.find import update_listings
+
+            update_listings(args, done, settings(args).state_dir)   # only warns, too
     return 0 if all(r.status in ("ok", "unchanged") for r in results) else 1
-
-
-def _list_files(args, conf, results, listed):
-    """Add what `listed` left out (a VM whose run was only finished) to `find`'s file listings (only warns)."""
-    done = [r.name for r in results if r.status == "ok" and r.name not in listed]
-    if done and conf.list_files:
-        from foundation.cli.find import update_listings
-
-        update_listings(args, done, settings(args).state_dir)
-
-
-class _Lister:
-    """The file listings of each VM, added while its merge runs.
-
-    A snapshot is synced with its catalog record before the merge starts, so
-    its listing can be read through the archive's open store then; the merge
-    is QEMU's work (the archive only polls it). The archiver waits for this
-    thread before it uses the store again.
-    """
-
-    def __init__(self, args, conf, store):
-        self.args, self.store, self.on = args, store, conf.list_files
-        self.thread, self.names = None, []
-
-    def stored(self, name):
-        from foundation.cli.find import update_listings
-
-        if not self.on:
-            return
-        self.wait()
-        self.names.append(name)
-        self.thread = threading.Thread(target=update_listings, name="listings", daemon=True,
-                                       args=(self.args, [name], settings(self.args).state_dir, self.store))
-        self.thread.start()
-
-    def wait(self):
-        if self.thread is not None:
-            self.thread.join()
-            self.thread = None
 
 
 def _archive_all(args, conf, store, results):
@@ -125,26 +88,20 @@ def _archive_all(args, conf, store, results):
     names = _names(args, conf, conn)
     if not names:
         print("no VM to archive (libvirt knows none, or all are excluded)")
-        return []
+        return
     tty = sys.stderr.isatty()
-    lister = _Lister(args, conf, store)
     archiver = Archiver(conn, StoreSink(store), settings(args).state_dir,
                         quiesce=args.quiesce or conf.quiesce,
-                        progress=(lambda what, total: Progress(what, total)) if tty else None,
-                        after=lister)
-    try:
-        for i, name in enumerate(names):
-            log.info("archiving %s (%d of %d)", name, i + 1, len(names))
-            r = archiver.archive(name)
-            results.append(r)
-            if r.store_failed:
-                for rest in names[i + 1:]:
-                    results.append(Result(rest, status="not run", error="the store failed; this VM was not touched"))
-                log.error("the store failed: the remaining VMs were not touched")
-                break
-    finally:
-        lister.wait()
-    return lister.names
+                        progress=(lambda what, total: Progress(what, total)) if tty else None)
+    for i, name in enumerate(names):
+        log.info("archiving %s (%d of %d)", name, i + 1, len(names))
+        r = archiver.archive(name)
+        results.append(r)
+        if r.store_failed:
+            for rest in names[i + 1:]:
+                results.append(Result(rest, status="not run", error="the store failed; this VM was not touched"))
+            log.error("the store failed: the remaining VMs were not touched")
+            break
 
 
 def _names(args, conf, conn):

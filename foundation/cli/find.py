@@ -7,7 +7,6 @@ cannot be read is named on stderr and the exit status says so; it is
 never searched as if it were empty.
 """
 
-import contextlib
 import json
 import logging
 import sys
@@ -81,16 +80,15 @@ def run(args):
     return status
 
 
-def update_listings(args, names, state, store=None):
-    """Add the new snapshots of `names` to the listings, after `archive` (through its open `store`, or
-    opened here); a failure only warns."""
+def update_listings(args, names, state):
+    """Add the new snapshots of `names` to the listings, after `archive`; a failure only warns."""
     try:
         from foundation.snapshotfs.filesindex import FilesIndex
 
-        with contextlib.nullcontext(store) if store is not None else open_store(args, writable=False) as s:
-            idx = FilesIndex(state, s.uuid)
+        with open_store(args, writable=False) as store:
+            idx = FilesIndex(state, store.uuid)
             try:
-                n = idx.update(s, Catalog.load(s), names)
+                n = idx.update(store, Catalog.load(store), names)
             finally:
                 idx.close()
         log.info("file listings: %d snapshot disk(s) added", n)

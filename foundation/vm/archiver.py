@@ -148,16 +148,12 @@ def _fsync_path(path):
 class Archiver:
     """Archives VMs of one libvirt connection into one sink, journaling in `state_dir`."""
 
-    def __init__(self, conn, sink, state_dir, quiesce="auto", progress=None, after=None):
+    def __init__(self, conn, sink, state_dir, quiesce="auto", progress=None):
         self.conn, self.sink, self.state_dir = conn, sink, state_dir
         self.quiesce = quiesce_mode(quiesce)     # auto | always | never (true/false accepted)
         if self.quiesce is None:
             raise ValueError(f"quiesce must be auto, always or never, not {quiesce!r}")
         self.progress = progress        # progress(what, total) -> callable(n) with .finish()
-        # after.stored(name) is called once a snapshot is durable in the catalog, before its merge,
-        # so that the caller can read the sink's store meanwhile (the file listings, in a thread);
-        # after.wait() is called before the sink is used again.
-        self.after = after
         self._on_base = set()           # new overlays this process saw backed by their base after a merge
         self._taken = set()             # new overlays this process's own snapshot made (backed by the old)
 
@@ -481,8 +477,6 @@ class Archiver:
                 "run": {"id": run["id"], "started": run["started"], "resumed": bool(res.repaired)}}
         self._sink("record the snapshot in the catalog", name, self.sink.add, run["id"], name,
                    dom.uuid, datetime.datetime.fromisoformat(run["time"]), disks, meta)
-        if self.after:
-            self.after.stored(name)
 
     def _nvram(self, dom):
         path = dom.nvram()
@@ -498,8 +492,6 @@ class Archiver:
 
     def _sink(self, what, name, fn, *args, **kw):
         """Call the sink; a failing store (full, unplugged, damaged) becomes StoreFailed."""
-        if self.after:
-            self.after.wait()
         try:
             return fn(*args, **kw)
         except (StoreFull, StoreMissing, StoreDiskFailed, DataCorrupt, DerivedCorrupt) as e:
