@@ -329,3 +329,27 @@ def test_archive_adds_the_night_to_the_file_listings(make_vm, store):
     rows = sqlite3.connect(db).execute("SELECT sid, disk, seq, error FROM snaps WHERE vm = ? ORDER BY seq",
                                        (vm.name,)).fetchall()
     assert rows == [(ids[0], "vda", 0, None), (ids[1], "vda", 1, None)]
+
+
+def test_two_vms_in_one_run_are_both_listed(make_vm, store):
+    """Both VMs of one run are added to the file listings, each night's probe ranges kept."""
+    import sqlite3
+
+    vms = [make_vm([DiskSpec("vda", "raw")]) for _ in range(2)]
+    for i, vm in enumerate(vms):
+        vm.write("vda", 0x42 + i, 0, 64 << 10)
+    for night in range(2):
+        for i, vm in enumerate(vms):
+            vm.write("vda", 0x50 + 0x10 * night + i, (1 + night) << 20, 64 << 10)   # past the probe's reads
+        p = archive(store, *(vm.name for vm in vms))
+        assert p.returncode == 0, p.stderr
+    with store(writable=False) as s:
+        cat = Catalog.load(s)
+        ids = {vm.name: [x.id for x in cat.snapshots(vm.name)] for vm in vms}
+        db = os.path.join(store.state, "files", f"{s.uuid}.sqlite")
+    con = sqlite3.connect(db)
+    for vm in vms:
+        rows = con.execute("SELECT sid, seq, error FROM snaps WHERE vm = ? ORDER BY seq", (vm.name,)).fetchall()
+        assert rows == [(ids[vm.name][0], 0, None), (ids[vm.name][1], 1, None)]
+        # no file system on these disks: both nights keep the ranges the probe read
+        assert con.execute("SELECT count(*) FROM looked WHERE sid IN (?, ?)", tuple(ids[vm.name])).fetchone() == (2,)

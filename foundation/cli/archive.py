@@ -8,7 +8,9 @@ never stops the others, but a failing store does (every further VM would
 only gain an overlay the next run must finish). The exit status is 0 only
 if every VM was archived. A summary table ends the run; on a terminal a
 progress bar shows each disk, under systemd plain log lines go to the
-journal.
+journal. After the store is closed, the new snapshots are added to
+`find`'s file listings (config `list_files`); a failure there only warns,
+and `find` adds what is missing when it next runs.
 """
 
 import logging

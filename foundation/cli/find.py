@@ -13,7 +13,6 @@ import sys
 
 from foundation.catalog import Catalog, format_size, format_time, parse_time
 from foundation.cli.common import open_store, settings
-from foundation.cli.diff import need_tsk
 from foundation.errors import FilesUnreadable
 
 log = logging.getLogger(__name__)
@@ -40,6 +39,8 @@ def add_arguments(p):
 
 
 def run(args):
+    from foundation.cli.diff import need_tsk
+
     need_tsk()
     from foundation.snapshotfs.changes import show_path
     from foundation.snapshotfs.filesindex import FilesIndex

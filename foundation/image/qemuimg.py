@@ -98,15 +98,18 @@ def layer_map(path, share=False):
     return ext
 
 
-def chain_map(path, fmt):
+def chain_map(path, fmt, pool=None):
     """Extents of a frozen image through its whole chain: list of (start, length, file | None, offset | None, zero).
 
     `file` and `offset` say where the bytes lie on the host when QEMU
     reports it (an uncompressed, unencrypted cluster of a layer without an
     external data file, or a raw layer): reading them there gives exactly
     what the guest reads. Extents without them (compressed clusters) must be
-    read through QEMU; `zero` marks extents that read as zeros.
+    read through QEMU; `zero` marks extents that read as zeros. With `pool`
+    (an executor), the map runs beside the `info`.
     """
+    args = (["map", "--output=json", "-U", "-f", fmt, path], f"map {path}")
+    mapped = pool.submit(run_json, *args) if pool is not None else None
     layers = run_json(["info", "--backing-chain", "--output=json", "-U", "-f", fmt, path],
                       f"info --backing-chain {path}")
     files = []
@@ -116,7 +119,7 @@ def chain_map(path, fmt):
         direct = layer.get("format") in ("raw", "qcow2") and not data_file and name.startswith("/")
         files.append(name if direct else None)
     out = []
-    for e in run_json(["map", "--output=json", "-U", "-f", fmt, path], f"map {path}"):
+    for e in mapped.result() if mapped is not None else run_json(*args):
         zero = bool(e.get("zero")) and not e.get("data")
         f = files[e.get("depth", 0)] if not zero and e.get("depth", 0) < len(files) else None
         off = e.get("offset") if f is not None else None

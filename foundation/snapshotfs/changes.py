@@ -27,74 +27,14 @@ from foundation.catalog import format_size as human
 from foundation.catalog import format_time
 from foundation.errors import DataCorrupt, FilesUnreadable
 from foundation.image import ImageReader
-from foundation.image.tree import Shape
 from foundation.guestfs.sources import Overlay, Slice
+from foundation.snapshotfs.treediff import _merge, changed_ranges  # noqa: F401 (imported from here too)
 from foundation.snapshotfs.volumes import DiskFiles, ReadFailed, scrub
 
 READ = 1 << 20                     # bytes per read when contents are compared
-BATCH = 4096                       # tree nodes per read_blocks call
 _DATA_TYPES = {pytsk3.TSK_FS_ATTR_TYPE_DEFAULT, pytsk3.TSK_FS_ATTR_TYPE_NTFS_DATA}
 _PLAIN = int(pytsk3.TSK_FS_ATTR_NONRES)
 _ODD = int(pytsk3.TSK_FS_ATTR_RES) | int(pytsk3.TSK_FS_ATTR_COMP) | int(pytsk3.TSK_FS_ATTR_ENC)
-
-
-# ---- changed byte ranges of two image trees -------------------------------------
-def changed_ranges(store, a, b):
-    """[(offset, length)] of disk bytes where trees `a` and `b` (Roots) may differ, merged.
-
-    Subtrees with equal refs are identical and never read. Trees of different
-    depth (a resized disk) count as wholly changed.
-    """
-    size = max(a.size, b.size)
-    if a.ref == b.ref and a.size == b.size:
-        return []
-    if a.depth != b.depth or a.depth == 0:
-        return [(0, size)] if size else []
-    sa, sb = Shape(store, a.size), Shape(store, b.size)
-    sa.check(a)
-    sb.check(b)
-    F, rs, bs, null = sa.fanout, sa.rs, sa.bs, store.null_ref
-    counts = [max(x, y) for x, y in zip(sa.counts, sb.counts)]
-    zero = bytes(bs)
-    level = [(0, a.ref, b.ref)]     # differing node pairs of one level: (index, ref a, ref b)
-    runs = []                       # differing leaves, as [first, end) runs
-    for k in range(a.depth, 0, -1):
-        nxt = []
-        for i in range(0, len(level), BATCH):
-            part = level[i:i + BATCH]
-            want = [r for _, ra, rb in part for r in (ra, rb) if r != null]
-            got = dict(zip(want, store.read_blocks(b"".join(want)))) if want else {}
-            for j, ra, rb in part:
-                ca, cb = got.get(ra, zero), got.get(rb, zero)
-                if len(ca) != bs or len(cb) != bs:
-                    raise DataCorrupt(f"a tree node holds {len(ca)} or {len(cb)} bytes, not {bs}")
-                for s in range(min(F, counts[k - 1] - j * F)):
-                    if ca[s * rs:(s + 1) * rs] == cb[s * rs:(s + 1) * rs]:
-                        continue
-                    c = j * F + s
-                    if k > 1:
-                        nxt.append((c, ca[s * rs:(s + 1) * rs], cb[s * rs:(s + 1) * rs]))
-                    elif runs and runs[-1][1] == c:
-                        runs[-1][1] = c + 1     # leaves are kept as runs only: a whole new disk stays small
-                    else:
-                        runs.append([c, c + 1])
-        level = nxt
-    out = [(s * bs, min(e * bs, size) - s * bs) for s, e in runs]
-    if a.size != b.size:
-        lo = min(a.size, b.size)
-        out = [(o, n) for o, n in out if o < lo] + [(lo, size - lo)]
-        out = [(o, min(n, size - o)) for o, n in out]
-    return _merge(out)
-
-
-def _merge(ranges):
-    out = []
-    for o, n in sorted(ranges):
-        if out and o <= out[-1][0] + out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][0] + out[-1][1], o + n) - out[-1][0])
-        elif n > 0:
-            out.append((o, n))
-    return out
 
 
 class Ranges:
@@ -123,12 +63,15 @@ class Ranges:
 class TreeSource:
     """An archived disk as a byte source (reads past the end are short, as a file's)."""
 
-    def __init__(self, store, entry):
+    def __init__(self, store, entry, record=False):
         self.r = ImageReader(store, entry.root)
         self.size = entry.size
+        self.seen = [] if record else None      # with `record`: every (offset, length) read
 
     def read(self, offset, length):
         end = min(offset + length, self.size)
+        if self.seen is not None and offset < end:
+            self.seen.append((offset, end - offset))
         return self.r.read(offset, end - offset) if offset < end else b""
 
 

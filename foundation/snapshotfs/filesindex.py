@@ -11,19 +11,31 @@ not in the store, which holds only encrypted and authenticated records:
 the host already holds the VMs' disks and the key in the clear, and a
 lost or stale index costs only the time to rebuild it. The SQL schema is
 in docs/format.md ("File listings").
+
+A night that changed nothing where the file systems lie costs no file
+system reader at all: each indexed disk keeps the byte ranges its listing
+was decided from (every byte the readers read, and the span of every file
+system found), and a next day whose changed ranges (treediff.py, from the
+image trees alone) miss all of them reads, by construction, the same bytes
+and so lists the same files. Only file systems whose span on the disk is
+known (read by TSK from a partition or the bare disk) allow that; any
+other disk is compared as before.
 """
 
+import bisect
 import fcntl
 import hashlib
+import json
 import logging
 import os
 import sqlite3
 
 from foundation.catalog import format_time
 from foundation.errors import DataCorrupt, FilesUnreadable, UsageError
-from foundation.snapshotfs.changes import (READ, Side, TreeSource, find_entry, kind_of, label, size_of,
-                                           snapshot_changes, unreadable)
-from foundation.snapshotfs.volumes import ReadFailed, scrub
+from foundation.snapshotfs.treediff import _merge, changed_ranges
+
+# The file-system readers (changes.py, foundation.guestfs: pytsk3, dissect) are
+# imported only when a disk must really be read, not on a night that skips them.
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +49,7 @@ CREATE TABLE IF NOT EXISTS files (vm TEXT, disk TEXT, part TEXT, path TEXT, name
 CREATE INDEX IF NOT EXISTS files_name ON files (name);
 CREATE INDEX IF NOT EXISTS files_path ON files (vm, disk, part, path, last);
 CREATE INDEX IF NOT EXISTS files_open ON files (vm, disk, last);
+CREATE TABLE IF NOT EXISTS looked (sid INTEGER, disk TEXT, root TEXT, ranges TEXT, PRIMARY KEY (sid, disk));
 """
 
 
@@ -77,6 +90,7 @@ class FilesIndex:
         with self.db:
             self.db.execute("DELETE FROM files")
             self.db.execute("DELETE FROM snaps")
+            self.db.execute("DELETE FROM looked")
             self.db.execute("INSERT OR REPLACE INTO meta VALUES ('format', ?)", (str(FORMAT),))
 
     # ---- building --------------------------------------------------------------------
@@ -112,25 +126,52 @@ class FilesIndex:
             # mode renames blocks): index this disk's chain again from the start.
             with self.db:
                 self.db.execute("DELETE FROM files WHERE vm = ? AND disk = ?", (vm, disk))
+                self.db.execute("DELETE FROM looked WHERE disk = ? AND sid IN "
+                                "(SELECT sid FROM snaps WHERE vm = ? AND disk = ?)", (disk, vm, disk))
                 self.db.execute("DELETE FROM snaps WHERE vm = ? AND disk = ?", (vm, disk))
             rows, todo, done = {}, chain, []
         prev = next((s for s in reversed(done) if rows[s.id][2] is None), None)
         seq = max((r[1] for r in rows.values() if r[1] is not None), default=-1) + 1
         sides = {}
         for s in todo:
-            if self._index_one(store, vm, disk, s, prev, rows[prev.id][1] if prev else None, seq, sides):
+            prev_seq = rows[prev.id][1] if prev else None
+            if (prev is not None and self._unchanged(store, vm, disk, s, prev, prev_seq, seq)
+                    or self._index_one(store, vm, disk, s, prev, prev_seq, seq, sides)):
                 rows[s.id] = (_root(s, disk), seq, None)
                 prev, seq = s, seq + 1
             for k in [k for k in sides if prev is None or k[0] != prev.id]:
                 del sides[k]           # keep only the walk the next night is compared with
         return len(todo)
 
+    def _unchanged(self, store, vm, disk, snap, prev, prev_seq, seq):
+        """Index `snap` as `prev` again if nothing its listing was read from changed; -> whether it was."""
+        a, b = prev.disks[disk], snap.disks[disk]
+        got = self.db.execute("SELECT ranges FROM looked WHERE sid = ? AND disk = ? AND root = ?",
+                              (prev.id, disk, _root(prev, disk))).fetchone()
+        if got is None or a.size != b.size or _meet(changed_ranges(store, a.root, b.root), json.loads(got[0])):
+            return False
+        with self.db:
+            self.db.execute("UPDATE files SET last = ? WHERE vm = ? AND disk = ? AND first <= ? AND last >= ?",
+                            (seq, vm, disk, prev_seq, prev_seq))
+            self.db.execute("INSERT INTO snaps VALUES (?, ?, ?, ?, ?, ?, NULL)",
+                            (snap.id, disk, vm, format_time(snap.time), _root(snap, disk), seq))
+            # the same bytes read give the same reads: what was looked at is looked at again
+            self.db.execute("INSERT OR REPLACE INTO looked VALUES (?, ?, ?, ?)",
+                            (snap.id, disk, _root(snap, disk), got[0]))
+        return True
+
     def _index_one(self, store, vm, disk, snap, prev, prev_seq, seq, sides):
         """Index one snapshot's disk against `prev` (at prev_seq); False if it could not be read."""
+        from foundation.snapshotfs.changes import TreeSource, snapshot_changes
+
+        def source(s, d):
+            return TreeSource(store, s.disks[d], record=s is snap)   # what snap's listing is read from
+
         try:
-            changes = snapshot_changes(lambda s, d: TreeSource(store, s.disks[d]), prev, snap, disk, store, sides)
+            changes = snapshot_changes(source, prev, snap, disk, store, sides)
             new = [self._row(store, snap, disk, c, prev_seq, seq) for c in changes
                    if c.after is not None and (c.content or c.before is None)]
+            looked = _looked(sides.get((snap.id, disk)))
         except FilesUnreadable as e:
             log.warning("%s", e)
             with self.db:
@@ -149,9 +190,14 @@ class FilesIndex:
             self.db.executemany("INSERT INTO files VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", new)
             self.db.execute("INSERT INTO snaps VALUES (?, ?, ?, ?, ?, ?, NULL)",
                             (snap.id, disk, vm, format_time(snap.time), _root(snap, disk), seq))
+            if looked is not None:
+                self.db.execute("INSERT OR REPLACE INTO looked VALUES (?, ?, ?, ?)",
+                                (snap.id, disk, _root(snap, disk), looked))
         return True
 
     def _row(self, store, snap, disk, c, prev_seq, seq):
+        from foundation.snapshotfs.changes import kind_of, size_of
+
         e, vm = c.after, snap.name
         changed = True
         if c.before is None and prev_seq is not None:
@@ -161,6 +207,9 @@ class FilesIndex:
 
     def _differs_from_last_seen(self, store, snap, disk, c):
         """A path back after a gap: compare it with the version seen last (True if unknown)."""
+        from foundation.snapshotfs.changes import Side, TreeSource, find_entry, kind_of, label, size_of, unreadable
+        from foundation.snapshotfs.volumes import ReadFailed, scrub
+
         vm = snap.name
         got = self.db.execute(
             "SELECT f.last, f.size, f.type, s.sid FROM files f JOIN snaps s ON s.vm = f.vm AND s.disk = f.disk "
@@ -227,8 +276,40 @@ class FilesIndex:
         return out
 
 
+def _looked(side):
+    """JSON [[offset, length], ...] of the disk bytes `side`'s listing was decided from, or None.
+
+    Every byte its readers read (the partition table, superblocks, journal,
+    the walk), and the whole span of each file system found, since a change
+    anywhere inside a file system may change its files. None when a file
+    system's span is unknown (not read by TSK from a slice of this disk) or
+    one failed to open: such a disk is always compared.
+    """
+    if side is None or side.source.seen is None or side.files.failed:
+        return None
+    spans = []
+    for v in side.volumes().values():
+        sp = side.span(v)
+        if sp is None:
+            return None
+        spans.append((sp[0], sp[1] - sp[0]))
+    return json.dumps(_merge(side.source.seen + spans), separators=(",", ":"))
+
+
+def _meet(changed, looked):
+    """Whether any range of `changed` overlaps one of `looked` (both sorted, merged [(offset, length)])."""
+    starts = [o for o, _ in looked]
+    for o, n in changed:
+        i = bisect.bisect_right(starts, o + n - 1) - 1     # the last looked range starting inside or before
+        if i >= 0 and looked[i][0] + looked[i][1] > o:
+            return True
+    return False
+
+
 def _digest(vol, e):
     """SHA-256 of a file's bytes, read one side at a time (so a failure names its day)."""
+    from foundation.snapshotfs.changes import READ
+
     h = hashlib.sha256()
     f = vol.open_file(e.addr)
     for off in range(0, e.size, READ):

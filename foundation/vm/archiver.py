@@ -154,6 +154,8 @@ class Archiver:
         if self.quiesce is None:
             raise ValueError(f"quiesce must be auto, always or never, not {quiesce!r}")
         self.progress = progress        # progress(what, total) -> callable(n) with .finish()
+        self._on_base = set()           # new overlays this process saw backed by their base after a merge
+        self._taken = set()             # new overlays this process's own snapshot made (backed by the old)
 
     # -- one VM -----------------------------------------------------------
 
@@ -406,6 +408,7 @@ class Archiver:
         tops = dom.tops()
         if any(tops.get(t) != p for t, p in news.items()):
             raise ChainInconsistent(dom.name, f"after the snapshot the disks are {tops}, expected {news}")
+        self._taken.update(p for p in news.values() if p)
         run.update(time=when.isoformat(), quiesced=frozen is not None, not_quiesced=why,
                    pause=round(pause, 4), frozen=None if frozen is None else round(frozen, 4))
         res.snapshot_pause, res.freeze_seconds = pause, frozen
@@ -506,8 +509,9 @@ class Archiver:
     def _merge(self, dom, target, d, res):
         """Merge overlay(k) into the base and make overlay(k+1) sit on the base."""
         lv = dom.libvirt
-        for _ in range(MERGE_ATTEMPTS):
-            if qemuimg.backing_of(d["new"]) == d["base"]:
+        for i in range(MERGE_ATTEMPTS):
+            # A snapshot this process took put the new overlay over the old one: not merged yet.
+            if not (i == 0 and d["new"] in self._taken) and qemuimg.backing_of(d["new"]) == d["base"]:
                 break
             if dom.active():
                 job = dom.block_job(target)
@@ -526,6 +530,7 @@ class Archiver:
             if qemuimg.backing_of(d["new"]) != d["base"]:
                 raise MergeFailed(dom.name, d["old"], d["base"],
                                   f"{MERGE_ATTEMPTS} attempts; see /var/log/libvirt/qemu/{dom.name}.log")
+        self._on_base.add(d["new"])
         if dom.inactive_mentions(d["old"]):
             dom.redefine({target: (d["new"], "qcow2")})
         _fsync_path(d["base"])
@@ -536,6 +541,8 @@ class Archiver:
             old = d["old"]
             if not (old and d["new"]) or not os.path.exists(old):
                 continue
-            if old in tops.values() or qemuimg.backing_of(d["new"]) == old or dom.inactive_mentions(old):
+            # (the merge just read the new overlay's backing file: one qemu-img less)
+            on_old = d["new"] not in self._on_base and qemuimg.backing_of(d["new"]) == old
+            if old in tops.values() or on_old or dom.inactive_mentions(old):
                 raise ChainInconsistent(dom.name, f"{old} is still in use after its merge; not deleted")
             os.unlink(old)

@@ -15,6 +15,7 @@ read the partition table.
 """
 
 import bisect
+import concurrent.futures
 
 from foundation.image import qemuimg
 from foundation.image.source import RawSource
@@ -35,10 +36,16 @@ class SnapshotSource:
         self.base_raw = base_format == "raw"
         self._ext = []          # (start, end, file | None, host offset | None, zero), sorted
         self.changed = None
-        if top != base:         # opened without -U: refused if anything still writes `top`
-            self.changed = _merge([(s, s + n) for s, n, _, _ in qemuimg.layer_map(top)])
-        if top_format != "raw":
-            self._ext = [(s, s + n, f, off, z) for s, n, f, off, z in qemuimg.chain_map(top, top_format)]
+        # The qemu-img runs are independent: run them side by side (each is mostly process start).
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            # opened without -U: refused if anything still writes `top`
+            day = pool.submit(qemuimg.layer_map, top) if top != base else None
+            try:
+                chain = qemuimg.chain_map(top, top_format, pool) if top_format != "raw" else []
+            finally:                # a layer still written is the error to report, whatever else failed
+                if day is not None:
+                    self.changed = _merge([(s, s + n) for s, n, _, _ in day.result()])
+        self._ext = [(s, s + n, f, off, z) for s, n, f, off, z in chain]
         self._starts = [e[0] for e in self._ext]
         self._files = {}
         self._nbd = None

@@ -1,0 +1,122 @@
+"""The file listings `find` searches, added night by night as `archive` does, against a rebuild from scratch.
+
+A night whose changes miss every byte the listing was read from (the
+partition table, the superblocks, each file system's span) is listed
+without opening a file system; the result must be exactly the listing
+made by comparing the file systems, which the same days indexed with that
+shortcut turned off give.
+"""
+
+import os
+
+import pytest
+
+pytest.importorskip("pytsk3")
+
+import snapshotfs_support as T  # noqa: E402
+from guest_days import MIB, GuestDisk, GuestFS, rnd  # noqa: E402
+
+
+def _poke(path, offset, data):
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(data)
+
+
+def _tables(path):
+    import sqlite3
+
+    db = sqlite3.connect(path)
+    try:
+        files = sorted(db.execute("SELECT vm, disk, part, path, name, first, last, size, type, changed FROM files"))
+        snaps = sorted(db.execute("SELECT sid, disk, vm, time, root, seq, error FROM snaps"))
+    finally:
+        db.close()
+    return files, snaps
+
+
+def _update(arch, state):
+    from foundation.catalog import Catalog
+    from foundation.snapshotfs.filesindex import FilesIndex
+    from foundation.store import Store
+
+    with Store.open(arch.store_path, key_file=arch.key_file) as s:
+        idx = FilesIndex(state, s.uuid)
+        try:
+            n = idx.update(s, Catalog.load(s), ["web"])
+        finally:
+            idx.close()
+        return n, idx.path
+
+
+@pytest.mark.parametrize("mode", ["hash", "value"])
+def test_nights_outside_the_file_systems_are_listed_without_reading_them(tmp_path, monkeypatch, mode):
+    from foundation.snapshotfs import filesindex
+
+    w = str(tmp_path)
+    arch = T.StoreArchiver(f"{w}/archive", mode=mode)
+    ext = GuestFS("ext4", f"{w}/ext.img", 16 * MIB, {"a.txt": b"day 0\n", "sub/b.bin": rnd(100_000, 1)})
+    fat = GuestFS("vfat", f"{w}/fat.img", 8 * MIB, {"README.TXT": b"fat\n"})
+    vda = GuestDisk(f"{w}/vda.img", 48 * MIB, [ext, fat], "gpt")      # ends at 26 MiB: 21 MiB free after
+    vdb = f"{w}/vdb.img"                                                # no file system at all
+    with open(vdb, "wb") as f:
+        f.write(rnd(16 * MIB, 2))
+    opened = []
+    real = filesindex.FilesIndex._index_one
+
+    def index_one(self, store, vm, disk, snap, *a):
+        opened.append((disk, snap.time.day))
+        return real(self, store, vm, disk, snap, *a)
+
+    monkeypatch.setattr(filesindex.FilesIndex, "_index_one", index_one)
+    state = f"{w}/state"
+
+    def night(day):
+        vda.sync()
+        arch.add("web", T.utc(2026, 10, day), {"vda": vda.path, "vdb": vdb})
+        return _update(arch, state)
+
+    night(1)
+    _poke(vda.path, 30 * MIB, rnd(MIB, 3))            # free space after the partitions
+    _poke(vdb, 8 * MIB, rnd(MIB, 4))
+    night(2)
+    ext.write("a.txt", b"day 3, longer than before\n")
+    _poke(vda.path, 40 * MIB, rnd(MIB, 5))
+    night(3)
+    night(4)                                          # nothing changed
+    fat.write("NEW.TXT", b"new\n")
+    _poke(vdb, 0, rnd(4096, 6))                       # where a partition table or superblock would be
+    night(5)
+    assert opened == [("vda", 1), ("vdb", 1), ("vda", 3), ("vda", 5), ("vdb", 5)]
+
+    # the same days indexed the slow way, from scratch: the same listing
+    monkeypatch.setattr(filesindex.FilesIndex, "_unchanged", lambda *a: False)
+    n, path = _update(arch, f"{w}/rebuilt")
+    assert n == 10
+    got, want = _tables(os.path.join(state, "files", os.path.basename(path))), _tables(path)
+    assert got == want
+    files, snaps = got
+    assert all(e is None for *_, e in snaps) and len(snaps) == 10
+    a = [(first, last, size) for _, disk, _, p, *_r in files if p == "/a.txt"
+         for first, last, size in [(_r[1], _r[2], _r[3])]]
+    assert a == [(0, 1, 6), (2, 4, 26)]               # seq 0-1 the old a.txt, 2-4 the new one
+    assert {p for _, d, _, p, *_ in files if d == "vdb"} == set()
+
+
+def test_a_disk_whose_file_system_cannot_be_spanned_is_always_compared(tmp_path, monkeypatch):
+    """_looked gives no ranges when a file system failed to open: the next night reads the disk again."""
+    from foundation.snapshotfs import filesindex
+
+    class Side:
+        class files:
+            failed = {"p1": "damaged"}
+
+        class source:
+            seen = [(0, 4096)]
+
+    assert filesindex._looked(Side) is None
+    assert filesindex._looked(None) is None
+    assert filesindex._meet([(10, 5)], [[0, 10], [20, 5]]) is False
+    assert filesindex._meet([(10, 11)], [[0, 10], [20, 5]]) is True
+    assert filesindex._meet([(9, 1)], [[0, 10]]) is True
+    assert filesindex._meet([], [[0, 10]]) is False
