@@ -668,7 +668,12 @@ class Log:
                 continue
             # Pack about what fits, judged by the size of recent records;
             # records past the arena's end are packed again into the next one.
-            m = min(n - i, max(16, int(room / self.avg_record * 1.03) + 8))
+            # Where the rest might not fit, half the room at a time: the next
+            # blocks may compress worse than the last ones (up to 1 MB of an
+            # arena was packed twice), and the last small pack overshoots by
+            # a few records only.
+            est = room / self.avg_record
+            m = min(n - i, int(est / 2) if est > 512 else max(16, int(est * 1.03) + 8))
             recs, offs = native.pack(self.codec, oa.n, oa.header.iv, oa.end, btype,
                                      buf[i * bs:(i + m) * bs], bs, keys[i * 32:(i + m) * 32], threads)
             ends = offs[1:] + [oa.end + len(recs)]

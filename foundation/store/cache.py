@@ -93,9 +93,16 @@ class IndexCache:
 
     def _pending_entries(self):
         """The write buffer as index entries (key, u64le addr), unsorted."""
-        kl = self.keylen
+        kl, n = self.keylen, len(self.paddrs)
         ab = self.paddrs.tobytes() if sys.byteorder == "little" else _le(self.paddrs)
-        return b"".join(self.pkeys[i * kl:(i + 1) * kl] + ab[i * 8:(i + 1) * 8] for i in range(len(self.paddrs)))
+        # Interleaved a byte column at a time (kl + 8 strided copies), not an entry at a time.
+        es = kl + 8
+        out = bytearray(n * es)
+        for j in range(kl):
+            out[j::es] = self.pkeys[j:n * kl:kl]
+        for j in range(8):
+            out[kl + j::es] = ab[j::8]
+        return out
 
     def _catch_up(self, covered):
         """Put every record at or after `covered` into the write buffer."""

@@ -346,7 +346,7 @@ class Store(Writes, Reads, IndexCache):
         # The index may only cover committed records: a cut tail must never
         # leave an index entry behind that names a block we no longer have.
         self.log.sync()
-        entries = bytearray(self._pending_entries())
+        entries = self._pending_entries()  # a new bytearray, sorted in place
         native.sort_entries(entries, self.keylen + 8, self.keylen)
         covered = self.log.end_addr
         try:
