@@ -658,6 +658,7 @@ class Log:
         n = max(1, len(buf) // bs)
         addrs = []
         i = 0
+        mv = memoryview(buf)  # each pack is handed its blocks in place, not a copy of them
         if self.torn is not None:
             self.seal()
         while i < n:
@@ -675,7 +676,7 @@ class Log:
             est = room / self.avg_record
             m = min(n - i, int(est / 2) if est > 512 else max(16, int(est * 1.03) + 8))
             recs, offs = native.pack(self.codec, oa.n, oa.header.iv, oa.end, btype,
-                                     buf[i * bs:(i + m) * bs], bs, keys[i * 32:(i + m) * 32], threads)
+                                     mv[i * bs:(i + m) * bs], bs, keys[i * 32:(i + m) * 32], threads)
             ends = offs[1:] + [oa.end + len(recs)]
             k = bisect.bisect_right(ends, oa.end + room)  # ends ascend
             if k == 0:

@@ -250,9 +250,10 @@ class Writes:
         same keys as a list of bytes; False: the caller gives them (_bloom_add)."""
         if len(fresh) * bs == len(buf) or len(fresh) == 1 and bs == len(buf):
             data = buf
-        else:
+        else:  # gathered a run of neighbouring blocks at a time
             mv = memoryview(buf)
-            data = b"".join(mv[i * bs:(i + 1) * bs] for i in fresh)
+            cut = [k for k in range(1, len(fresh)) if fresh[k] != fresh[k - 1] + 1]
+            data = b"".join(mv[fresh[a] * bs:(fresh[b - 1] + 1) * bs] for a, b in zip([0] + cut, cut + [len(fresh)]))
         addrs = self.log.append(btype, data, bs, fkeys, self.tuning.threads)
         packed = array.array("Q", addrs)  # the tables take it without a check per entry
         kl = self.keylen
