@@ -98,6 +98,8 @@ class Writes:
         if self.mode == "hash":
             keys = native.scores(buf, bs, btype, key=self.keys.score, skip=zero, threads=self.tuning.threads)
             self._settle_append()  # the index must hold the batch before this one
+            if self._pipe is not None:
+                self._flush_if_full()
             return self._write_hash(buf, bs, btype, zero, keys, n)
         self.settle()
         weak = native.weak_hashes(buf, bs, btype, self.keys.weak_seed, skip=zero)
@@ -144,7 +146,9 @@ class Writes:
     def _bloom_add(self, ks):
         """The Bloom filter takes a batch's fresh keys in the caller's thread while the append
         thread packs them: one key at a time in Python is the longest part of an append after the
-        pack, and the filter may hold a key early (a false "maybe" at worst, never a lost one)."""
+        pack, and the filter may hold a key early (a false "maybe" at worst, never a lost one).
+        The write buffer is then flushed by the caller too (_write), so that no flush covers
+        records whose keys the filter does not hold yet."""
         bf = self.bloom
         if bf is None:
             return
@@ -279,6 +283,10 @@ class Writes:
             if klist is None or kl != 32:
                 klist = [ks[i:i + kl] for i in range(0, len(ks), kl)]
             self.bloom.update(klist)
-        if len(self.paddrs) * (kl + 8) >= self.tuning.write_buffer_bytes:
-            self.flush()
+        if klist is not False:  # else the caller flushes, once the filter holds these keys
+            self._flush_if_full()
         return addrs
+
+    def _flush_if_full(self):
+        if len(self.paddrs) * (self.keylen + 8) >= self.tuning.write_buffer_bytes:
+            self.flush()
