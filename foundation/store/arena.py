@@ -553,6 +553,7 @@ class Log:
             if self.open is not None and old == self.open.n:
                 self.fds[old] = ofd
                 continue
+            self.drain()  # no queued write may outlive its file's descriptor
             if old in self.dirty:
                 self.disk.fsync(ofd, "arena")
                 self.dirty.discard(old)
@@ -561,6 +562,7 @@ class Log:
 
     def forget(self, n):
         """Arena n's file is about to be replaced: close it and drop what was read from it."""
+        self.drain()
         fd = self.fds.pop(n, None)
         if fd is not None:
             os.close(fd)
@@ -742,16 +744,20 @@ class Log:
 
     def seal(self):
         """Seal the open arena and start the next one (write order: trailer,
-        fsync, summary, new arena, head)."""
-        self.drain()
+        fsync, summary, new arena, head). Inside write_behind() the trailer is queued behind
+        the arena's records, so an append does not wait for the writer at every seal."""
         oa = self.open
         amac = F.arena_mac(self.keys.mac, oa.hbytes, bytes(oa.tags), oa.count, oa.end)
         chain = F.chain_mac(self.keys.mac, self.head.chain, oa.n, amac)
-        self.disk.pwrite(oa.fd, "arena", oa.end, F.Trailer(oa.count, oa.end, amac, chain).pack())
+        trailer = F.Trailer(oa.count, oa.end, amac, chain).pack()
         if self.torn == oa.n:
+            self.drain()
+            self.disk.pwrite(oa.fd, "arena", oa.end, trailer)
             # The trailer first: killed before this cut, the next open finds the seal and finishes it.
             os.ftruncate(oa.fd, oa.end + F.TRAILER_SIZE)
             self.torn = None
+        else:
+            self._put(oa.fd, oa.end, trailer)
         # No fsync here: the next sync() makes every arena written since the
         # last one durable before the head names them (see docs/format.md).
         self.dirty.add(oa.n)
