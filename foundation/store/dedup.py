@@ -12,10 +12,11 @@ sorted batches. `Writes` is the part of Store that does this.
 Inside `pipelined()` (an image being archived), a compare-by-hash write
 returns as soon as its blocks are named and decided: the append of its
 fresh blocks (compress, encrypt, index) runs in one thread while the
-caller reads and hashes the next batch, and the next store call waits for
-it first; the packed records are written by another thread while the next
-batch is packed (`Log.write_behind`). So reading, hashing, packing and
-writing overlap on every core, and the log is still written in order.
+caller feeds their keys to the Bloom filter and reads and hashes the
+next batch, and the next store call waits for it first; the packed
+records are written by another thread while the next batch is packed
+(`Log.write_behind`). So reading, hashing, packing and writing overlap on
+every core, and the log is still written in order.
 """
 
 import array
