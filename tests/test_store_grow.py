@@ -83,7 +83,8 @@ def test_pipelined_writes_grow_the_filter_and_store_each_block_once(make_store, 
     batches[2] = batches[2][:BS * 100] + batches[2][:BS * 100] + batches[2][BS * 200:]  # a repeat inside
     batches[4] = batches[1][:BS * 350] + batches[4][BS * 350:]                        # an earlier batch
     batches[5] = old + batches[5][BS * 300:]                                          # an earlier session
-    distinct = {b[i:i + BS] for b in batches for i in range(0, len(b), BS)} - {old[i:i + BS] for i in range(0, len(old), BS)}
+    distinct = {b[i:i + BS] for b in batches for i in range(0, len(b), BS)}
+    distinct -= {old[i:i + BS] for i in range(0, len(old), BS)}
     with op() as s:
         cap, before = s.bloom.capacity, s.counters["records"]   # the counters are the store's, kept
         with s.pipelined():
