@@ -17,7 +17,7 @@ from foundation.store import primary
 from foundation.store.index import GROW_LOAD, Index, plan
 from foundation.store.rebuild import rebuild
 from foundation.store.verify import verify
-from tests.conftest import blocks
+from tests.conftest import BS, blocks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 N = 4000
@@ -68,6 +68,34 @@ def test_every_entry_survives_a_grow(make_store, small):
         assert s.index.h.nbuckets >= plan(2 * N, 32)[0] > before
         for i in range(0, N, 97):
             assert s.index.lookup(refs[i * 32:(i + 1) * 32]), i
+
+
+def test_pipelined_writes_grow_the_filter_and_store_each_block_once(make_store, small):
+    """The Bloom filter takes each batch's keys while its append is in flight and grows between
+    them: a block repeated inside a batch, a block of an earlier batch and one of a flushed
+    earlier session are each stored once, and every key is in the filter."""
+    op = make_store("hash", max_log_size=1 << 20)
+    old = blocks(300, seed=11)
+    with op() as s:
+        s.write_blocks(old)
+        s.flush()
+    batches = [blocks(700, seed=20 + i) for i in range(6)]
+    batches[2] = batches[2][:BS * 100] + batches[2][:BS * 100] + batches[2][BS * 200:]  # a repeat inside
+    batches[4] = batches[1][:BS * 350] + batches[4][BS * 350:]                        # an earlier batch
+    batches[5] = old + batches[5][BS * 300:]                                          # an earlier session
+    distinct = {b[i:i + BS] for b in batches for i in range(0, len(b), BS)}
+    distinct -= {old[i:i + BS] for i in range(0, len(old), BS)}
+    with op() as s:
+        cap, before = s.bloom.capacity, s.counters["records"]   # the counters are the store's, kept
+        with s.pipelined():
+            refs = [s.write_blocks(b) for b in batches]
+        assert s.bloom.capacity > cap and s.counters["records"] - before == len(distinct)
+        assert all(r[i:i + 32] in s.bloom for r in refs for i in range(0, len(r), 32))
+        assert [b"".join(s.read_blocks(r)) for r in refs] == batches
+    with op() as s:
+        before = s.counters["records"]
+        assert s.write_blocks(b"".join(batches)) == b"".join(refs) and s.counters["records"] == before
+        assert verify(s)[0] == []
 
 
 def test_a_reader_follows_the_index_a_writer_grew(make_store, small):
@@ -139,7 +167,7 @@ GROWER = textwrap.dedent("""
     from foundation.store import Store, Tuning
     from foundation.store import bloom
     import foundation.store.index as index
-    from tests.conftest import blocks
+    from tests.conftest import BS, blocks
     bloom.INITIAL = index.INITIAL = 256
     s = Store.open(sys.argv[1], writable=True, tuning=Tuning(write_buffer_bytes=1 << 30))
     n = int(sys.argv[2])

@@ -576,6 +576,7 @@ class Log:
             if self.open is not None and old == self.open.n:
                 self.fds[old] = ofd
                 continue
+            self.drain()  # no queued write may outlive its file's descriptor
             if old in self.dirty:
                 self.disk.fsync(ofd, "arena")
                 self.dirty.discard(old)
@@ -584,6 +585,7 @@ class Log:
 
     def forget(self, n):
         """Arena n's file is about to be replaced: close it and drop what was read from it."""
+        self.drain()
         fd = self.fds.pop(n, None)
         if fd is not None:
             os.close(fd)
@@ -681,6 +683,7 @@ class Log:
         n = max(1, len(buf) // bs)
         addrs = []
         i = 0
+        mv = memoryview(buf)  # each pack is handed its blocks in place, not a copy of them
         if self.torn is not None:
             self.seal()
         while i < n:
@@ -691,10 +694,15 @@ class Log:
                 continue
             # Pack about what fits, judged by the size of recent records;
             # records past the arena's end are packed again into the next one.
-            m = min(n - i, max(16, int(room / self.avg_record * 1.03) + 8), max(16, PACK_BYTES // bs))
+            # Where the rest might not fit, half the room at a time: the next
+            # blocks may compress worse than the last ones (up to 1 MB of an
+            # arena was packed twice), and the last small pack overshoots by
+            # a few records only. At most PACK_BYTES of blocks a call (memory).
+            est = room / self.avg_record
+            m = min(n - i, int(est / 2) if est > 512 else max(16, int(est * 1.03) + 8), max(16, PACK_BYTES // bs))
             out = self._pack_buffer(m * (RH + bs))
             recs, offs = native.pack(self.codec, oa.n, oa.header.iv, oa.end, btype,
-                                     buf[i * bs:(i + m) * bs], bs, keys[i * 32:(i + m) * 32], threads, out=out)
+                                     mv[i * bs:(i + m) * bs], bs, keys[i * 32:(i + m) * 32], threads, out=out)
             ends = offs[1:] + [oa.end + len(recs)]
             k = bisect.bisect_right(ends, oa.end + room)  # ends ascend
             if k == 0:
@@ -738,9 +746,9 @@ class Log:
                 return b
         return bytearray(max(size, PACK_BYTES + (PACK_BYTES >> 6)))  # a 4 MiB batch and its headers
 
-    def _put(self, fd, off, data, buf):
+    def _put(self, fd, off, data, buf=None):
         """Write packed records at off (a view of buf): now, or queued to the writer thread;
-        buf is reused once they are written."""
+        buf, if given, is reused once they are written (a trailer has none)."""
         if self.failed is not None:
             raise self.failed
         if self.writer is None:
@@ -752,7 +760,7 @@ class Log:
             self._wait_one()
 
     def _spare(self, buf):
-        if len(self.spare) <= WRITE_QUEUE:
+        if buf is not None and len(self.spare) <= WRITE_QUEUE:
             self.spare.append(buf)
 
     def _write_out(self, fd, off, data, buf):
@@ -778,16 +786,20 @@ class Log:
 
     def seal(self):
         """Seal the open arena and start the next one (write order: trailer,
-        fsync, summary, new arena, head)."""
-        self.drain()
+        fsync, summary, new arena, head). Inside write_behind() the trailer is queued behind
+        the arena's records, so an append does not wait for the writer at every seal."""
         oa = self.open
         amac = F.arena_mac(self.keys.mac, oa.hbytes, bytes(oa.tags), oa.count, oa.end)
         chain = F.chain_mac(self.keys.mac, self.head.chain, oa.n, amac)
-        self.disk.pwrite(oa.fd, "arena", oa.end, F.Trailer(oa.count, oa.end, amac, chain).pack())
+        trailer = F.Trailer(oa.count, oa.end, amac, chain).pack()
         if self.torn == oa.n:
+            self.drain()
+            self.disk.pwrite(oa.fd, "arena", oa.end, trailer)
             # The trailer first: killed before this cut, the next open finds the seal and finishes it.
             os.ftruncate(oa.fd, oa.end + F.TRAILER_SIZE)
             self.torn = None
+        else:
+            self._put(oa.fd, oa.end, trailer)
         # No fsync here: the next sync() makes every arena written since the
         # last one durable before the head names them (see docs/format.md).
         self.dirty.add(oa.n)

@@ -75,6 +75,6 @@ def add_entries(bf, entries, kl):
 def _add(bf, buf, kl, step, batch=1 << 16):
     """Add the key at the start of every `step` bytes of buf, a batch at a time (a list of every
     key at once would cost ~70 bytes of memory a key)."""
-    mv = memoryview(buf)
     for lo in range(0, len(buf), batch * step):
-        bf.update([bytes(mv[i:i + kl]) for i in range(lo, min(len(buf), lo + batch * step), step)])
+        part = bytes(buf[lo:lo + batch * step])  # sliced once: each key is then one slice of bytes
+        bf.update([part[i:i + kl] for i in range(0, len(part), step)])

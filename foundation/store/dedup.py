@@ -12,10 +12,11 @@ sorted batches. `Writes` is the part of Store that does this.
 Inside `pipelined()` (an image being archived), a compare-by-hash write
 returns as soon as its blocks are named and decided: the append of its
 fresh blocks (compress, encrypt, index) runs in one thread while the
-caller reads and hashes the next batch, and the next store call waits for
-it first; the packed records are written by another thread while the next
-batch is packed (`Log.write_behind`). So reading, hashing, packing and
-writing overlap on every core, and the log is still written in order.
+caller feeds their keys to the Bloom filter and reads and hashes the
+next batch, and the next store call waits for it first; the packed
+records are written by another thread while the next batch is packed
+(`Log.write_behind`). So reading, hashing, packing and writing overlap on
+every core, and the log is still written in order.
 """
 
 import array
@@ -98,6 +99,8 @@ class Writes:
         if self.mode == "hash":
             keys = native.scores(buf, bs, btype, key=self.keys.score, skip=zero, threads=self.tuning.threads)
             self._settle_append()  # the index must hold the batch before this one
+            if self._pipe is not None:
+                self._flush_if_full()
             return self._write_hash(buf, bs, btype, zero, keys, n)
         self.settle()
         weak = native.weak_hashes(buf, bs, btype, self.keys.weak_seed, skip=zero)
@@ -108,29 +111,51 @@ class Writes:
         zeros = zero.count(1)
         # Blocks the index cache does not know, found with no Python per
         # known block; zero blocks are skipped by the lookup (which = -1).
-        unknown = [i for i, w in enumerate(which) if w < 0]
         if zeros:
-            unknown = [i for i in unknown if not zero[i]]
-        fresh, seen = [], set()
+            unknown = [i for i, w, z in zip(range(n), which, zero) if w < 0 and not z]
+        else:
+            unknown = [i for i, w in enumerate(which) if w < 0]
+        # The rest is decided a batch at a time, each step one C-level pass
+        # over the batch: the first of each repeated key, then the Bloom
+        # filter (the common fresh block: it says no, nothing to ask).
+        ks = [keys[i * 32:i * 32 + 32] for i in unknown]
+        first = dict(zip(reversed(ks), reversed(unknown)))  # the first block of each key
+        if len(first) < len(ks):
+            unknown = sorted(first.values())
+            ks = [keys[i * 32:i * 32 + 32] for i in unknown]
         bloom = self.bloom
-        for i in unknown:
-            k = keys[i * 32:(i + 1) * 32]
-            if k in seen:
-                continue
-            # the common fresh block: the Bloom filter says no, nothing to ask
-            if bloom is None or self._recent or k in bloom:
-                if self._exists(k):
-                    continue
-            seen.add(k)
-            fresh.append(i)
+        if bloom is None:
+            maybe = ks
+        else:
+            maybe = list(filter(bloom.__contains__, ks))
+        if maybe:  # a few fresh blocks the filter mistakes, and the duplicates of older data
+            known = set(filter(self._exists, maybe))
+            if known:
+                kept = [(i, k) for i, k in zip(unknown, ks) if k not in known]
+                unknown, ks = [i for i, _ in kept], [k for _, k in kept]
+        fresh = unknown
         self._count(zeros, n - zeros - len(fresh))
         if fresh:
-            fkeys = keys if len(fresh) == n else b"".join(keys[i * 32:(i + 1) * 32] for i in fresh)
+            fkeys = keys if len(fresh) == n else b"".join(ks)
             if self._pipe is not None:
-                self._inflight = self._pipe.submit(self._append, buf, bs, btype, fresh, fkeys)
+                self._inflight = self._pipe.submit(self._append, buf, bs, btype, fresh, fkeys, False)
+                self._bloom_add(ks)
             else:
-                self._append(buf, bs, btype, fresh, fkeys)
+                self._append(buf, bs, btype, fresh, fkeys, ks)
         return bytes(keys)  # a zero block's score is 32 zero bytes, its ref
+
+    def _bloom_add(self, ks):
+        """The Bloom filter takes a batch's fresh keys in the caller's thread while the append
+        thread packs them: one key at a time in Python is the longest part of an append after the
+        pack, and the filter may hold a key early (a false "maybe" at worst, never a lost one).
+        The write buffer is then flushed by the caller too (_write), so that no flush covers
+        records whose keys the filter does not hold yet."""
+        bf = self.bloom
+        if bf is None:
+            return
+        if bf.count + len(ks) > bf.capacity:
+            self._settle_append()  # it grows from the write buffer, which must hold the batch first
+        bf.update(ks)
 
     def _exists(self, score):
         """A duplicate check that missed the index cache: Bloom, then index."""
@@ -224,14 +249,16 @@ class Writes:
         self.counters["zero_blocks"] += zeros
         self.counters["dup_blocks"] += dups
 
-    def _append(self, buf, bs, btype, fresh, fkeys):
-        """Append the fresh blocks (fkeys: their 32-byte key fields) to the log
-        and index them; returns their addresses."""
+    def _append(self, buf, bs, btype, fresh, fkeys, klist=None):
+        """Append the fresh blocks (fkeys: their 32-byte key fields) to the log and index them;
+        returns their addresses. The Bloom filter takes their keys too: klist, when given, the
+        same keys as a list of bytes; False: the caller gives them (_bloom_add)."""
         if len(fresh) * bs == len(buf) or len(fresh) == 1 and bs == len(buf):
             data = buf
-        else:
+        else:  # gathered a run of neighbouring blocks at a time
             mv = memoryview(buf)
-            data = b"".join(mv[i * bs:(i + 1) * bs] for i in fresh)
+            cut = [k for k in range(1, len(fresh)) if fresh[k] != fresh[k - 1] + 1]
+            data = b"".join(mv[fresh[a] * bs:(fresh[b - 1] + 1) * bs] for a, b in zip([0] + cut, cut + [len(fresh)]))
         addrs = self.log.append(btype, data, bs, fkeys, self.tuning.threads)
         packed = array.array("Q", addrs)  # the tables take it without a check per entry
         kl = self.keylen
@@ -251,8 +278,14 @@ class Writes:
         first = bisect.bisect_left(addrs, self.log.open.n << 32)  # addresses ascend
         if first < len(addrs):
             self.open_table.add(ks[first * kl:], packed[first:])
-        if self.bloom is not None:
-            self.bloom.update(ks[i * kl:(i + 1) * kl] for i in range(len(addrs)))
-        if len(self.wbuf) * (kl + 8) >= self.tuning.write_buffer_bytes:
-            self.flush()
+        if self.bloom is not None and klist is not False:
+            if klist is None or kl != 32:
+                klist = [ks[i:i + kl] for i in range(0, len(ks), kl)]
+            self.bloom.update(klist)
+        if klist is not False:  # else the caller flushes, once the filter holds these keys
+            self._flush_if_full()
         return addrs
+
+    def _flush_if_full(self):
+        if len(self.wbuf) * (self.keylen + 8) >= self.tuning.write_buffer_bytes:
+            self.flush()
