@@ -29,8 +29,8 @@ from foundation.store import format as F
 from foundation.store import layout as L
 from foundation.store.arena import Log, read_head
 
-LOG_SPAN = 16 << 20  # largest single read of a log-order pass
-SPAN_BLOCKS = 4096  # most blocks a span decodes into one buffer (16 MiB of 4 KiB blocks)
+LOG_SPAN = 8 << 20  # largest single read of a log-order pass
+SPAN_BLOCKS = 2048  # most blocks a span decodes into one buffer (8 MiB of 4 KiB blocks)
 LOG_GAP = 256 << 10  # records closer than this share a read: the bytes between cost less than a seek
 AHEAD = 2  # spans read and decoded ahead of the consumer, in as many threads
 READ_ALIGN = 4096  # what O_DIRECT asks of a read's offset, length and buffer
