@@ -39,7 +39,7 @@ AHEAD = 2  # spans read and decoded ahead of the consumer, in as many threads
 READ_ALIGN = 4096  # what O_DIRECT asks of a read's offset, length and buffer
 DIRECT_READS = True  # a large log-order pass reads sealed arenas with O_DIRECT
 DIRECT_MIN = 64 << 20  # bytes of spans from which a pass reads around the page cache: a smaller one
-# (a 16 MiB window of a vda.raw copy) is one of a stream that the kernel's read-ahead serves best
+# (an 8 MiB window of a vda.raw copy) is one of a stream that the kernel's read-ahead serves best
 SWEEP_MIN = 16384  # refs from which _locate_all sweeps whole arenas (a restore's window, 64 MiB of
 # 4 KiB blocks); fewer (a vda.raw window) are asked of the summaries already loaded, then one by one
 
