@@ -359,6 +359,33 @@ def test_restore_reads_the_log_in_order_window_by_window(store, tmp_path, monkey
         assert len(order) > passes and descents <= passes - 1, order
 
 
+def test_a_stream_of_windows_recycles_its_read_buffers(store, monkeypatch):
+    """Window after window of a sequential copy (vda.raw): each window exact, its spans read into
+    buffers the process keeps between passes, never more than one pass has in flight."""
+    import mmap
+
+    from foundation.store import read as read_mod
+
+    img = content(seeded(7), 6 << 20)
+    root = full(store, img)
+    store.sync()
+    made, real = [], mmap.mmap
+
+    class Counting:
+        @staticmethod
+        def mmap(*a):
+            made.append(a)
+            return real(*a)
+
+    monkeypatch.setattr(read_mod, "mmap", Counting)
+    monkeypatch.setattr(read_mod, "_spare", [])
+    r = ImageReader(store, root)
+    step = 2 << 20
+    for off in range(0, len(img), step):
+        assert bytes(r.read_window(off, step)) == img[off:off + step]
+    assert 0 < len(made) <= read_mod.AHEAD and len(read_mod._spare) <= read_mod.SPARE
+
+
 def test_restore_windows_grow_from_a_small_first_one(store, tmp_path, monkeypatch):
     """The first window is WINDOW / FIRST_WINDOW_PART, each next one twice the one before, up to
     WINDOW; the file is exact whatever the cut."""

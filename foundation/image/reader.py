@@ -3,7 +3,7 @@
 Reads are the paper's weak spot (§5.3, §7.2): a day's blocks lie wherever
 dedup found them in the log, and after a year of nights the newest day's
 blocks are spread over a year of arenas. So a restore never reads in image
-order: it takes a window of the image (from 64 MiB, doubling to 1 GiB) at a
+order: it takes a window of the image (64 MiB, then 128, then 256) at a
 time, gathers the leaf refs of the window and locates them (planned in a
 thread while the window before is written), has
 `store.read_blocks_in_log_order` read their
@@ -32,18 +32,20 @@ from foundation import native
 from foundation.errors import DataCorrupt, Error, NotFound
 from foundation.image import qemuimg
 from foundation.image.shape import Shape, split_refs
+from foundation.store.cache import give_back
 
 BATCH = 8192  # leaves per read_blocks call
-WINDOW = 1 << 30  # bytes of image whose blocks one restore pass reads in log order
-FIRST_WINDOW_PART = 16  # a restore's first window is this part of WINDOW (the pipeline fills sooner)
+WINDOW = 256 << 20  # bytes of image whose blocks one restore pass reads in log order: its plan (a
+# few Python lists of its 64 k blocks) is held twice (this window's, the next one's); 1 GiB cost 44 MB
+FIRST_WINDOW_PART = 4  # a restore's first window is this part of WINDOW (the pipeline fills sooner)
 LOG_ORDER_MIN = 256  # a random read below this many blocks goes through read_blocks and its cache
-WRITES_AHEAD = 2  # spans decoded ahead of the writer thread
+WRITES_AHEAD = 1  # spans decoded ahead of the writer thread (each one 8 MiB more peak memory)
 DIRECT_WRITES = False  # O_DIRECT for a restore's file: up to 0.4 CPU s less a 2 GiB day, but the
 # restore then waits for the disk, where through the page cache it ends as the last write is queued
 # (wall 4.6-7.0 s against 3.3-3.7 s on the benchmark machine; benchmarks/README.md)
 DIRECT_ALIGN = 4096  # what O_DIRECT asks of a write's offset, length and buffer (a page covers every disk)
-SPAN_BYTES = 16 << 20  # the largest span the store decodes into one buffer (store.read.SPAN_BLOCKS of 4 KiB)
-SPAN_BUFFERS = 4  # more than the spans the store decodes ahead of the one handed out (store.read.AHEAD)
+SPAN_BYTES = 8 << 20  # the largest span the store decodes into one buffer (store.read.SPAN_BLOCKS of 4 KiB)
+SPAN_BUFFERS = 3  # more than the spans the store decodes ahead of the one handed out (store.read.AHEAD)
 
 
 class RestoreFailed(Error):
@@ -157,8 +159,8 @@ class ImageReader:
 
         def alloc(size):  # a span's buffer is free again once it is copied out: a few serve them all
             ring.append(ring.pop(0))
-            if len(ring[-1]) < size:
-                ring[-1] = bytearray(size)
+            if len(ring[-1]) < size:  # mapped, so its pages leave with it; at least a small pass's span
+                ring[-1] = mmap.mmap(-1, max(size, SPAN_BYTES // 4))  # store.read.SMALL_SPAN
             return ring[-1]
 
         for positions, data in self.s.read_blocks_in_log_order(refs, alloc):
@@ -288,9 +290,10 @@ def write_raw(store, root, fd, sparse=True, progress=None, window=None, direct=N
         for i, b in enumerate(free):
             if len(b) >= n:
                 return free.pop(i)
-        if direct is None:
-            return bytearray(n)
-        return mmap.mmap(-1, max(n, SPAN_BYTES))  # page-aligned; one size, so every one is reused
+        # page-aligned, and one size, so every one is reused: the restore holds as many as the
+        # pipeline has spans in it (a buffer of each span's own size left the smaller ones unused
+        # in the free list, and their heap fragmented)
+        return mmap.mmap(-1, max(n, SPAN_BYTES))
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="restore-write") as pool:
         pending = collections.deque()
@@ -330,6 +333,10 @@ def write_raw(store, root, fd, sparse=True, progress=None, window=None, direct=N
                 # while this one's spans are read and decoded (C, the GIL released).
                 ahead = planner.submit(plan)
                 _window(store, w, bs, size, rs, zero, submit, alloc, progress)
+                del w
+                # the window's plan and the spans' keys were freed in every thread's heap, which
+                # glibc keeps for reuse (a restore peaked ~60 MB higher): hand the pages back
+                give_back()
             ahead.cancel()
         while pending:
             pending.popleft().result()

@@ -15,9 +15,9 @@ read alone, so only a request touching the damaged block fails (EIO).
 
 import trio
 
-WINDOW = 16 << 20  # bytes of image a sequential window decodes at once
+WINDOW = 8 << 20  # bytes of image a sequential window decodes at once
 AHEAD = 2  # windows fetched ahead of a sequential reader
-KEEP = AHEAD + 2  # decoded windows kept per open file
+KEEP = AHEAD + 1  # decoded windows kept per open file (the one read, those ahead of it)
 SEQUENTIAL = 2  # consecutive reads that make a reader sequential
 
 

@@ -22,6 +22,7 @@ import mmap
 import operator
 import os
 import struct
+import threading
 
 from foundation import native
 from foundation.errors import BadInput, DataCorrupt, DerivedCorrupt, NotFound
@@ -29,19 +30,24 @@ from foundation.store import format as F
 from foundation.store import layout as L
 from foundation.store.arena import Log, read_head
 
-LOG_SPAN = 16 << 20  # largest single read of a log-order pass
-SPAN_BLOCKS = 4096  # most blocks a span decodes into one buffer (16 MiB of 4 KiB blocks)
+LOG_SPAN = 8 << 20  # largest single read of a log-order pass
+SPAN_BLOCKS = 2048  # most blocks a span decodes into one buffer (8 MiB of 4 KiB blocks)
+SMALL_SPAN = 4  # a small pass (fewer than SWEEP_MIN refs: a vda.raw window) cuts spans this many
+# times shorter: its span buffers, held by a mount as long as a copy runs, are that much smaller
 LOG_GAP = 256 << 10  # records closer than this share a read: the bytes between cost less than a seek
 AHEAD = 2  # spans read and decoded ahead of the consumer, in as many threads
 READ_ALIGN = 4096  # what O_DIRECT asks of a read's offset, length and buffer
 DIRECT_READS = True  # a large log-order pass reads sealed arenas with O_DIRECT
 DIRECT_MIN = 64 << 20  # bytes of spans from which a pass reads around the page cache: a smaller one
-# (a 16 MiB window of a vda.raw copy) is one of a stream that the kernel's read-ahead serves best
+# (an 8 MiB window of a vda.raw copy) is one of a stream that the kernel's read-ahead serves best
 SWEEP_MIN = 16384  # refs from which _locate_all sweeps whole arenas (a restore's window, 64 MiB of
 # 4 KiB blocks); fewer (a vda.raw window) are asked of the summaries already loaded, then one by one
 
 
 _pool = None
+_spare = []  # read buffers between passes (at most SPARE: what one pass has in flight)
+_spare_lock = threading.Lock()
+SPARE = AHEAD
 
 
 def _split(refs, rs, n):
@@ -67,8 +73,9 @@ class _SpanReads:
     still be in the page cache only, and a file system that refuses O_DIRECT are read through the
     cache."""
 
-    def __init__(self, store, nbytes):
+    def __init__(self, store, nbytes, most):
         self.store, self.direct, self.free = store, {}, []
+        self.need = -(-(most + 2 * READ_ALIGN) // (1 << 20)) << 20  # a buffer for the largest span
         self.big = nbytes >= DIRECT_MIN
         self.ok = DIRECT_READS and self.big and bool(getattr(os, "O_DIRECT", 0))
 
@@ -82,17 +89,21 @@ class _SpanReads:
                 self.direct[arena] = None
 
     def buffer(self):
-        """A read buffer for a large pass; None for a small one, whose spans are read as bytes (a
-        buffer of its own would cost a small pass more page faults than it saves)."""
-        if not self.big:
-            return None
-        return self.free.pop() if self.free else mmap.mmap(-1, LOG_SPAN + 2 * READ_ALIGN)
+        """A read buffer: one the pass is done with, one of the process's spares or a new one.
+        Spares outlive a pass, so a stream of small passes (a vda.raw copy's windows) faults no
+        fresh pages; its spans read as bytes instead left tens of MB of freed heap in the worker
+        threads' arenas."""
+        if self.free:
+            return self.free.pop()
+        with _spare_lock:
+            for k, b in enumerate(_spare):
+                if len(b) >= self.need:
+                    return _spare.pop(k)
+        return mmap.mmap(-1, self.need)
 
     def read(self, arena, start, size, rb):
-        """The span's bytes, a view of rb when it is given (fewer at the end of the arena's file)."""
+        """The span's bytes, a view of rb (fewer at the end of the arena's file)."""
         disk = self.store.disk
-        if rb is None:
-            return disk.pread(self.store.log.fd(arena), "arena", start, size)
         mv = memoryview(rb)
         fd = self.direct.get(arena) if self.ok else None
         if fd is not None:
@@ -109,6 +120,11 @@ class _SpanReads:
         return mv[:got]
 
     def close(self):
+        with _spare_lock:
+            _spare.extend(self.free)
+            _spare.sort(key=len, reverse=True)  # the largest kept: they serve any pass
+            del _spare[SPARE:]
+        self.free.clear()
         for fd in self.direct.values():
             if fd is not None:
                 os.close(fd)
@@ -240,7 +256,7 @@ class Reads:
         split = _split(refs, rs, len(refs) // rs)
         lg = self.log
         pool = _workers()
-        reads = _SpanReads(self, sum(sp[2] for sp in spans))
+        reads = _SpanReads(self, sum(sp[2] for sp in spans), max(sp[2] for sp in spans))
 
         def decode(sp, out, rb):  # a worker: read the span, decode it (the GIL released in both)
             arena, start, size, i, j = sp
@@ -419,11 +435,13 @@ class Reads:
         """Sorted addresses -> [(arena, start, size, i, j)]: large reads, each in one arena, of addrs[i:j].
 
         A span ends at the first gap wider than LOG_GAP, before LOG_SPAN bytes or SPAN_BLOCKS
-        records, or at the arena's end; the gaps are found in one pass of C-level iterators and
+        records (SMALL_SPAN times fewer for a small pass), or at the arena's end; the gaps are found in one pass of C-level iterators and
         each end by bisection, so there is Python per span, not per block."""
         spans = []
         most = L.HEADER_SIZE + self.block_size  # a record's largest size
         n = len(addrs)
+        cut = 1 if n >= SWEEP_MIN else SMALL_SPAN
+        span, blocks = LOG_SPAN // cut, SPAN_BLOCKS // cut
         gaps = list(itertools.compress(range(1, n), map(LOG_GAP.__lt__, map(operator.sub, addrs[1:], addrs))))
         g = 0
         i = 0
@@ -434,7 +452,7 @@ class Reads:
             while g < len(gaps) and gaps[g] <= i:
                 g += 1
             # the first address past the span's byte limit (past this arena's too: those are >= 1 << 32)
-            j = bisect.bisect_right(addrs, base + start + LOG_SPAN - most, i + 1, min(n, i + SPAN_BLOCKS))
+            j = bisect.bisect_right(addrs, base + start + span - most, i + 1, min(n, i + blocks))
             j = max(i + 1, min(j, gaps[g] if g < len(gaps) else n))
             if start >= limit:
                 raise DataCorrupt(f"arena {arena} offset {start}: no record there (beyond the end of the log)")

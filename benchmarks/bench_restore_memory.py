@@ -1,0 +1,140 @@
+#!/usr/bin/env python3
+"""Peak memory, CPU and wall of a cold `restore` and of a cold `dd` of vda.raw through the tree.
+
+One store (made by the caller: `init`, `import-image` of a workload day
+under the name `bench` at 2024-01-01T03:00:00Z), several code trees,
+entries alternated round by round, the page cache dropped before each run.
+`restore`: wall, CPU (user+sys) and peak RSS from the child's rusage,
+the output checked against the image's SHA-256. `fuse`: `foundation mount`
+of the tree, `dd bs=1M` of the day's vda.raw to /dev/null; CPU is the
+server's and dd's, the peak is the server's VmHWM (its bytes are checked
+once per tree, warm, untimed).
+
+    sudo python benchmarks/bench_restore_memory.py --store S --key-file K --image day0.raw \\
+        --tree /path/a --tree /path/b [--runs 3] [--work /var/tmp/x]
+
+Results: stdout and benchmarks/results/restore-memory-TIMESTAMP.json.
+"""
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from measure import drop_caches  # noqa: E402
+
+from workload import sha256_file  # noqa: E402
+
+AT = "2024-01-01T03:00:00Z"
+
+
+def hwm(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def cpu(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        x = f.read().rpartition(")")[2].split()
+    return (int(x[11]) + int(x[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def restore(tree, a, want):
+    out = os.path.join(a.work, "restored.raw")
+    if os.path.exists(out):
+        os.unlink(out)
+    drop_caches()
+    t0 = time.monotonic()
+    p = subprocess.Popen([sys.executable, "-m", "foundation", "--store", a.store, "--key-file", a.key_file,
+                          "restore", f"bench@{AT}", out], cwd=tree, env=dict(os.environ, PYTHONPATH=tree))
+    _, status, ru = os.wait4(p.pid, 0)
+    wall = time.monotonic() - t0
+    if status:
+        raise SystemExit(f"{tree}: restore failed ({status})")
+    same = sha256_file(out) == want
+    os.unlink(out)
+    if not same:
+        raise SystemExit(f"{tree}: the restore differs from the image")
+    return {"wall": round(wall, 3), "cpu": round(ru.ru_utime + ru.ru_stime, 3), "peak_mb": round(ru.ru_maxrss / 1024, 1)}
+
+
+def fuse(tree, a, want, checked):
+    mnt = os.path.join(a.work, "mnt")
+    os.makedirs(mnt, exist_ok=True)
+    p = subprocess.Popen([sys.executable, "-m", "foundation", "--store", a.store, "--key-file", a.key_file,
+                          "mount", mnt, "--utc", "--no-allow-other"], cwd=tree,
+                         env=dict(os.environ, PYTHONPATH=tree), stderr=subprocess.DEVNULL)
+    path = os.path.join(mnt, "2024/01/01/bench/vda.raw")
+    try:
+        for _ in range(300):
+            if os.path.exists(path):
+                break
+            time.sleep(0.1)
+        else:
+            raise SystemExit(f"{tree}: the tree did not come up")
+        drop_caches()
+        c0 = cpu(p.pid)
+        r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        t0 = time.monotonic()
+        subprocess.run(["dd", f"if={path}", "of=/dev/null", "bs=1M"], check=True, stderr=subprocess.DEVNULL)
+        wall = time.monotonic() - t0
+        r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        peak = hwm(p.pid)
+        c = cpu(p.pid) - c0 + (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime)
+        if tree not in checked:
+            if sha256_file(path) != want:
+                raise SystemExit(f"{tree}: vda.raw differs from the image")
+            checked.add(tree)
+    finally:
+        p.terminate()
+        p.wait()
+    return {"wall": round(wall, 3), "cpu": round(c, 3), "peak_mb": round(peak / (1 << 20), 1)}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--store", required=True)
+    p.add_argument("--key-file", required=True)
+    p.add_argument("--image", required=True, help="the raw image archived as bench@" + AT)
+    p.add_argument("--tree", action="append", required=True)
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--work", default="/var/tmp/restore-memory")
+    p.add_argument("--skip-fuse", action="store_true")
+    a = p.parse_args(argv)
+    os.makedirs(a.work, exist_ok=True)
+    want = sha256_file(a.image)
+    res, checked = {}, set()
+    for r in range(a.runs):
+        for tree in a.tree:
+            for kind in ("restore",) if a.skip_fuse else ("restore", "fuse"):
+                x = restore(tree, a, want) if kind == "restore" else fuse(tree, a, want, checked)
+                res.setdefault(f"{kind} {tree}", []).append(x)
+                print(f"round {r + 1} {kind} {tree}: {x}", flush=True)
+    summary = {k: {m: statistics.median(x[m] for x in v) for m in ("wall", "cpu", "peak_mb")}
+               for k, v in res.items()}
+    for k, v in summary.items():
+        print(f"{k}: median {v}")
+    try:
+        load = os.getloadavg()
+    except OSError:
+        load = None
+    out = os.path.join(HERE, "results", time.strftime("restore-memory-%Y%m%d-%H%M%S.json"))
+    with open(out, "w") as f:
+        json.dump({"runs": res, "median": summary, "image": a.image, "load": load,
+                   "trees": {t: subprocess.run(["git", "-C", t, "rev-parse", "--short", "HEAD"],
+                                               capture_output=True, text=True).stdout.strip() for t in a.tree}},
+                  f, indent=1)
+    print("wrote", out)
+
+
+if __name__ == "__main__":
+    main()
