@@ -297,13 +297,12 @@ class IndexCache:
     def _tables(self):
         return [self.open_table, self.wbuf] + list(reversed(self.summaries.values()))
 
-    def prefetch(self, keys, lookups=True):
+    def prefetch(self, keys):
         """Before many keys are located one by one (each an index bucket, then its arena's summary
         and trailer, each read waiting for the one before: ~a disk latency apiece, cold): ask the
         kernel for every bucket at once, look them all up, then ask for every summary and trailer
         at once, so the disk serves each stage's reads together. The lookups are kept for
-        _index_lookup until `forget_ahead`; the rest are only hints, nothing is read twice.
-        Without `lookups`, only the buckets are asked for."""
+        _index_lookup until `forget_ahead`; the rest are only hints, nothing is read twice."""
         keys = [k for k in keys if k not in self._ahead]
         if not 1 < len(keys) <= AHEAD_KEYS or self.index is None:
             return
@@ -313,8 +312,6 @@ class IndexCache:
             b = native.bucket_home(k, h.nbuckets)
             spans.add((idx._off(b), min(4, h.nfile - b) * h.bucket_size))
         _willneed(idx.fd, spans)
-        if not lookups:  # a run of duplicates finds most keys in the summary of the one before
-            return
         arenas = set()
         for k in keys:
             addrs = self._ahead[k] = self._index_lookup(k)

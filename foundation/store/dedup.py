@@ -129,11 +129,7 @@ class Writes:
         else:
             maybe = list(filter(bloom.__contains__, ks))
         if maybe:  # a few fresh blocks the filter mistakes, and the duplicates of older data
-            self.prefetch([k for k in maybe if not any(t.find(k) for t in self._recent)], lookups=False)
-            try:
-                known = set(filter(self._exists, maybe))
-            finally:
-                self.forget_ahead()
+            known = set(filter(self._exists, maybe))
             if known:
                 kept = [(i, k) for i, k in zip(unknown, ks) if k not in known]
                 unknown, ks = [i for i, _ in kept], [k for _, k in kept]
