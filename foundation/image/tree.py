@@ -35,6 +35,7 @@ from foundation.store import BlockType
 # same CPU as 16 MiB ones (measured) and a quarter of the memory.
 CHUNK = 4 << 20
 OPEN_NODES = 512  # level-1 nodes kept open before the completed ones are written
+AHEAD_NODES = 256  # level-1 nodes of the batches ahead opened (read) together on a later day
 
 
 class _Builder:
@@ -305,6 +306,7 @@ def write_image(store, src, size, prev=None, changed=None, zeros=(), progress=No
     # Anonymous maps, not bytearrays: their pages are zero until the first read fills them.
     free = [mmap.mmap(-1, min(per, max(bs, R.total(reads) * bs))) for _ in range(min(3, len(batches)))]
     pipelined = getattr(store, "pipelined", None)
+    opened = 0  # batches[:opened] have their level-1 nodes open
     with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="read-image") as pool, \
             (pipelined() if pipelined else contextlib.nullcontext()):
         pending = [pool.submit(read_batch, batches[0], free[0])] if batches else []
@@ -312,9 +314,18 @@ def write_image(store, src, size, prev=None, changed=None, zeros=(), progress=No
             buf = pending.pop(0).result()
             if i + 1 < len(batches):
                 pending.append(pool.submit(read_batch, batches[i + 1], free[(i + 1) % len(free)]))
-            if builder is not None:  # the old nodes are read before the batch's append is in flight
-                js = sorted({j for s, e, _ in batch for j in range(s // sh.fanout, (e - 1) // sh.fanout + 1)})
-                builder.ensure(js)
+            if builder is not None and opened <= i:
+                # The old nodes of this batch and the next ones, up to AHEAD_NODES, in one read per
+                # level, before the batch's append is in flight: one wait for the append before
+                # and for the disk, not one per batch (cold, each costs a disk latency or more).
+                js, opened = set(_level1(batch, sh.fanout)), i + 1
+                while opened < len(batches):
+                    more = _level1(batches[opened], sh.fanout)
+                    if len(js) + len(more) > AHEAD_NODES:
+                        break
+                    js.update(more)
+                    opened += 1
+                builder.ensure(sorted(js))
             refs = store.write_blocks(buf, btype=BlockType.DATA) if len(buf) else b""
             if len(refs) != len(buf) // bs * rs:
                 raise RuntimeError("store returned the wrong number of refs")
@@ -332,8 +343,9 @@ def write_image(store, src, size, prev=None, changed=None, zeros=(), progress=No
             if builder is not None:
                 # Completed nodes are written a few hundred at a time: each
                 # write of them waits for the data append in flight.
-                if i + 1 == len(batches) or len(builder.open[1]) >= OPEN_NODES:
-                    builder.finish(batches[i + 1][0][0] if i + 1 < len(batches) else None)
+                nxt = batches[i + 1][0][0] if i + 1 < len(batches) else None
+                if nxt is None or _done(builder.open[1], nxt // sh.fanout) >= OPEN_NODES:
+                    builder.finish(nxt)
             if progress is not None:
                 progress(min(size, sum(e - s for s, e, _ in batch) * bs))
     if builder is None:
@@ -341,6 +353,21 @@ def write_image(store, src, size, prev=None, changed=None, zeros=(), progress=No
     if builder.root_ref is None:
         builder.finish(None)
     return Root(builder.root_ref, size, sh.depth)
+
+
+def _level1(batch, fanout):
+    """The level-1 nodes above a batch's leaves, in order."""
+    return sorted({j for s, e, _ in batch for j in range(s // fanout, (e - 1) // fanout + 1)})
+
+
+def _done(od, j1):
+    """How many open nodes (in increasing order) lie before node j1: those finish() may write."""
+    k = 0
+    for j in od:
+        if j >= j1:
+            break
+        k += 1
+    return k
 
 
 def _settle(store):

@@ -67,6 +67,7 @@ def _writeback(fd, off, n):
     if _SYNC_FILE_RANGE is not None:
         _SYNC_FILE_RANGE(fd, off, n, SYNC_FILE_RANGE_WRITE)
 MAX_FDS = 64
+AHEAD_BYTES = 64 << 20  # read_many asks the kernel for its spans at once up to this many bytes
 WINDOW = 1 << 20  # read-ahead for sequential single-record reads
 SPAN_GAP = 64 << 10  # batched reads merge records closer than this
 
@@ -881,6 +882,7 @@ class Log:
         self.drain()
         out = {}
         addrs = sorted(set(addresses))
+        spans = []  # (arena, start, size, i, j): addrs[i:j] read with one pread
         i = 0
         while i < len(addrs):
             n, start = F.split(addrs[i])
@@ -896,6 +898,18 @@ class Log:
             size = min(last + RH + self.block_size, limit) - start
             if size <= 0:
                 raise DataCorrupt(f"arena {n} offset {start}: no record there (beyond the end of the log)")
+            spans.append((n, start, size, i, j))
+            i = j
+        if len(spans) > 1 and len({sp[0] for sp in spans}) <= MAX_FDS // 2 and \
+                sum(sp[2] for sp in spans) <= AHEAD_BYTES:
+            # Scattered records (old tree nodes): every span asked for at once, so the disk
+            # serves them together instead of one latency after another.
+            for n, start, size, _, _ in spans:
+                try:
+                    os.posix_fadvise(self.fd(n), start, size, os.POSIX_FADV_WILLNEED)
+                except OSError:
+                    pass  # only a hint: the pread below reports any error
+        for n, start, size, i, j in spans:
             b = self.disk.pread(self.fd(n), "arena", start, size)
             group = addrs[i:j]
             if len(b) < size:  # the file was cut short: records past its end are gone
@@ -912,7 +926,6 @@ class Log:
                         raise DataCorrupt(f"arena {n} offset {v.offset}: record {v.kind} check failed")
                     continue
                 out[a] = v
-            i = j
         return out
 
     def _limit(self, n):

@@ -99,6 +99,19 @@ class LRU:
     def __len__(self):
         return len(self.d)
 
+AHEAD_KEYS = 512  # prefetch asks for at most this many keys' buckets at once (16 KiB each)
+
+
+def _willneed(fd, spans):
+    """Ask the kernel to start reading these (offset, length) spans of fd (length 0: to the end),
+    lowest offset first; it returns at once, the reads that follow wait only for what is left."""
+    for off, n in sorted(spans):
+        try:
+            os.posix_fadvise(fd, off, n, os.POSIX_FADV_WILLNEED)
+        except OSError:
+            return  # only a hint: the reads themselves report any error
+
+
 class IndexCache:
     """Store's in-memory structures (mixed into foundation.store.store.Store)."""
 
@@ -106,6 +119,7 @@ class IndexCache:
         # The write buffer: entries of records not yet merged into the index, in log order, in
         # one lookup table (its entries() are what a flush merges: no second copy of them).
         self.wbuf = native.Table(self.keylen, 1024)
+        self._ahead = {}  # key -> addresses: index lookups prefetch made, each used once
         self.holding = None  # (state, table of every intact record's ref) unreadable() made
         oa = self.log.open
         self.open_table = native.Table(self.keylen, oa.count + 1024)
@@ -283,8 +297,54 @@ class IndexCache:
     def _tables(self):
         return [self.open_table, self.wbuf] + list(reversed(self.summaries.values()))
 
+    def prefetch(self, keys):
+        """Before many keys are located one by one (each an index bucket, then its arena's summary
+        and trailer, each read waiting for the one before: ~a disk latency apiece, cold): ask the
+        kernel for every bucket at once, look them all up, then ask for every summary and trailer
+        at once, so the disk serves each stage's reads together. The lookups are kept for
+        _index_lookup until `forget_ahead`; the rest are only hints, nothing is read twice."""
+        keys = [k for k in keys if k not in self._ahead]
+        if not 1 < len(keys) <= AHEAD_KEYS or self.index is None:
+            return
+        h, idx = self.index.h, self.index
+        spans = set()
+        for k in keys:
+            b = native.bucket_home(k, h.nbuckets)
+            spans.add((idx._off(b), min(4, h.nfile - b) * h.bucket_size))
+        _willneed(idx.fd, spans)
+        arenas = set()
+        for k in keys:
+            addrs = self._ahead[k] = self._index_lookup(k)
+            arenas.update(F.split(a)[0] for a in addrs)
+        if self.venti:
+            return
+        for n in sorted(arenas):
+            if n in self.summaries or n == self.log.open.n:
+                continue
+            try:
+                fd = os.open(os.path.join(self.path, F.SUMMARIES, F.summary_name(n)), os.O_RDONLY)
+            except OSError:
+                continue  # summary_records says what is wrong, when it needs it
+            try:
+                _willneed(fd, [(0, 0)])
+            finally:
+                os.close(fd)
+            try:
+                fd = self.log.fd(n)
+                size = os.fstat(fd).st_size
+            except (OSError, DataCorrupt):
+                continue
+            _willneed(fd, [(max(0, size - F.MAX_TRAILER), F.MAX_TRAILER)])
+
+    def forget_ahead(self):
+        """The lookups prefetch kept are dropped (the index may change after this)."""
+        self._ahead.clear()
+
     def _index_lookup(self, key):
         """Addresses the on-disk index has for key (Bloom already said maybe)."""
+        got = self._ahead.pop(key, None)
+        if got is not None:
+            return got
         try:
             addrs = self.index.lookup(key)
         except DerivedCorrupt as e:  # found damaged in use: it is derived, so made again and asked again

@@ -193,11 +193,15 @@ class Reads:
         if self.mode == "hash":
             keys = b"".join(refs[i * 32:(i + 1) * 32] for i in todo)
             addrs, which = native.tables_lookup(self._tables(), keys, None)
-            for j, i in enumerate(todo):
-                a = addrs[j] if which[j] >= 0 else self._locate(keys[j * 32:(j + 1) * 32])
-                if a is None:
-                    self._missing(keys[j * 32:(j + 1) * 32])
-                need.setdefault(a, []).append(i)
+            self.prefetch([keys[j * 32:(j + 1) * 32] for j in range(len(todo)) if which[j] < 0])
+            try:
+                for j, i in enumerate(todo):
+                    a = addrs[j] if which[j] >= 0 else self._locate(keys[j * 32:(j + 1) * 32])
+                    if a is None:
+                        self._missing(keys[j * 32:(j + 1) * 32])
+                    need.setdefault(a, []).append(i)
+            finally:
+                self.forget_ahead()
         else:
             for i in todo:
                 need.setdefault(int.from_bytes(refs[i * 8:(i + 1) * 8], "big"), []).append(i)
