@@ -193,8 +193,8 @@ class Reads:
         if self.mode == "hash":
             keys = b"".join(refs[i * 32:(i + 1) * 32] for i in todo)
             addrs, which = native.tables_lookup(self._tables(), keys, None)
-            self.prefetch([keys[j * 32:(j + 1) * 32] for j in range(len(todo)) if which[j] < 0])
-            try:
+            try:  # inside: a lookup prefetch kept must not outlive this call, even if one fails
+                self.prefetch([keys[j * 32:(j + 1) * 32] for j in range(len(todo)) if which[j] < 0])
                 for j, i in enumerate(todo):
                     a = addrs[j] if which[j] >= 0 else self._locate(keys[j * 32:(j + 1) * 32])
                     if a is None:
