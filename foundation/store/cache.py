@@ -306,12 +306,7 @@ class IndexCache:
         keys = [k for k in keys if k not in self._ahead]
         if not 1 < len(keys) <= AHEAD_KEYS or self.index is None:
             return
-        h, idx = self.index.h, self.index
-        spans = set()
-        for k in keys:
-            b = native.bucket_home(k, h.nbuckets)
-            spans.add((idx._off(b), min(4, h.nfile - b) * h.bucket_size))
-        _willneed(idx.fd, spans)
+        self.index.willneed(keys)
         arenas = set()
         for k in keys:
             addrs = self._ahead[k] = self._index_lookup(k)

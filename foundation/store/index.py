@@ -104,6 +104,20 @@ class Index:
     def _off(self, bucket):
         return F.INDEX_HEADER_SIZE + bucket * self.h.bucket_size
 
+    def willneed(self, keys):
+        """Ask the kernel to start reading the buckets these keys live in (and the next three,
+        where an overflow may lead), lowest first: a hint, the lookups that follow read them."""
+        if self.fd is None:
+            return
+        h = self.h
+        homes = sorted({native.bucket_home(k, h.nbuckets) for k in keys})
+        for b in homes:
+            try:
+                os.posix_fadvise(self.fd, self._off(b), min(4, h.nfile - b) * h.bucket_size,
+                                 os.POSIX_FADV_WILLNEED)
+            except OSError:
+                return  # only a hint: the lookups report any error
+
     def reread_header(self):
         """For a reader: a writer may have merged into this file since, or grown the index into a new
         one renamed over it (installed only once clean): then read that one."""
@@ -334,6 +348,9 @@ class MemIndex:
 
     def reread_header(self):
         pass
+
+    def willneed(self, keys):
+        pass  # in memory: nothing to ask the disk for
 
     def close(self):
         pass
