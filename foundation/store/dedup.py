@@ -158,12 +158,11 @@ class Writes:
         bf.update(ks)
 
     def _exists(self, score):
-        """A duplicate check that missed the index cache: Bloom, then index."""
+        """A duplicate check for a key that missed the index cache and that the Bloom filter
+        (tested by the caller, for the whole batch) says may be stored: recent summaries, then index."""
         for t in self._recent:
             if t.find(score):
                 return True
-        if self.bloom is not None and score not in self.bloom:
-            return False
         return self._locate(score) is not None
 
     def _write_value(self, buf, bs, btype, zero, weak, n):
