@@ -19,6 +19,7 @@ read in log order like a restore once it holds LOG_ORDER_MIN blocks;
 stream of a sequentially read vda.raw).
 """
 
+import array
 import collections
 import concurrent.futures
 import errno
@@ -44,7 +45,8 @@ DIRECT_WRITES = False  # O_DIRECT for a restore's file: up to 0.4 CPU s less a 2
 # restore then waits for the disk, where through the page cache it ends as the last write is queued
 # (wall 4.6-7.0 s against 3.3-3.7 s on the benchmark machine; benchmarks/README.md)
 DIRECT_ALIGN = 4096  # what O_DIRECT asks of a write's offset, length and buffer (a page covers every disk)
-SPAN_BYTES = 8 << 20  # the largest span the store decodes into one buffer (store.read.SPAN_BLOCKS of 4 KiB)
+SPAN_BYTES = 4 << 20  # the largest span the store decodes into one buffer (store.read.SPAN_BLOCKS of 4 KiB)
+SMALL_SPAN_BYTES = 2 << 20  # the same for a small pass (a window: store.read.SMALL_SPAN times less)
 SPAN_BUFFERS = 3  # more than the spans the store decodes ahead of the one handed out (store.read.AHEAD)
 
 
@@ -160,7 +162,7 @@ class ImageReader:
         def alloc(size):  # a span's buffer is free again once it is copied out: a few serve them all
             ring.append(ring.pop(0))
             if len(ring[-1]) < size:  # mapped, so its pages leave with it; at least a small pass's span
-                ring[-1] = mmap.mmap(-1, max(size, SPAN_BYTES // 4))  # store.read.SMALL_SPAN
+                ring[-1] = mmap.mmap(-1, max(size, SMALL_SPAN_BYTES))
             return ring[-1]
 
         for positions, data in self.s.read_blocks_in_log_order(refs, alloc):
@@ -345,7 +347,7 @@ def write_raw(store, root, fd, sparse=True, progress=None, window=None, direct=N
 def _plan(store, runs):
     """One window of leaf runs [(first leaf, count, refs or None)] -> (runs, leaf of each ref, runs of
     null leaves, the store's log-order plan of its refs)."""
-    leaf, parts, nulls = [], [], []
+    leaf, parts, nulls = array.array("q"), [], []  # 8 bytes a leaf, not a Python int (36)
     for start, count, refs in runs:
         if refs is None:
             nulls.append((start, count))
