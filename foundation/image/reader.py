@@ -39,6 +39,9 @@ BATCH = 8192  # leaves per read_blocks call
 WINDOW = 256 << 20  # bytes of image whose blocks one restore pass reads in log order: its plan (a
 # few Python lists of its 64 k blocks) is held twice (this window's, the next one's); 1 GiB cost 44 MB
 FIRST_WINDOW_PART = 4  # a restore's first window is this part of WINDOW (the pipeline fills sooner)
+NODE_CACHE = 1024  # interior nodes a reader keeps (4 MiB, the level above 512 MiB of image): a
+# whole copy of a 2 GiB disk through the tree held all 4096 (16 MiB), and the store's block cache
+# the same ones again; a sequential reader needs a few, a booting guest the few hundred it touches
 LOG_ORDER_MIN = 256  # a random read below this many blocks goes through read_blocks and its cache
 WRITES_AHEAD = 1  # spans decoded ahead of the writer thread (each one 8 MiB more peak memory)
 DIRECT_WRITES = False  # O_DIRECT for a restore's file: up to 0.4 CPU s less a 2 GiB day, but the
@@ -59,7 +62,7 @@ class RestoreFailed(Error):
 class ImageReader:
     """Read any byte range of an archived image; cheap to create, safe across threads."""
 
-    def __init__(self, store, root, node_cache=4096, readahead=8 << 20):
+    def __init__(self, store, root, node_cache=NODE_CACHE, readahead=8 << 20):
         self.s = store
         self.root = root
         self.sh = Shape(store, root.size)
@@ -103,7 +106,7 @@ class ImageReader:
                     want.append(j)
                     refs.append(r)
             if refs:
-                for j, data in zip(want, self.s.read_blocks(b"".join(refs))):
+                for j, data in zip(want, self.s.read_blocks(b"".join(refs), cache=False)):
                     self._check_node(data)
                     out[j] = data
                     self._nodes[(k, j)] = data
