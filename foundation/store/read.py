@@ -261,9 +261,6 @@ class Reads:
             return
         lg = self.log
         pool = _workers()
-        # AHEAD spans decode at once, so each on its share of the cores: a span's own threads on top
-        # (started and joined per span) only took turns with the other spans' (~0.3 CPU s a 2 GiB day)
-        threads = max(1, lg.threads // AHEAD)
         reads = _SpanReads(self, sum(sp[2] for sp in spans), max(sp[2] for sp in spans))
 
         def decode(sp, out, rb):  # a worker: read the span, decode it (the GIL released in both)
@@ -274,7 +271,7 @@ class Reads:
             # A read short of the span's end is the end of the arena's file (a span reaches a
             # record's largest size past its last one): unpack_blocks finds a record cut short.
             offs = array.array("Q", [a & 0xFFFFFFFF for a in addrs[i:j]])
-            return native.unpack_blocks(self.codec, arena, lg.iv(arena), b, start, offs, bs, out, threads)
+            return native.unpack_blocks(self.codec, arena, lg.iv(arena), b, start, offs, bs, out, lg.threads)
 
         def submit(sp):
             reads.open(sp[0])
