@@ -69,7 +69,7 @@ class MemStore:
             return bytes(self.block_size)
         return self.blocks[bytes(ref)][1]
 
-    def read_blocks(self, refs):
+    def read_blocks(self, refs, cache=True):
         self.calls["read_blocks"] += 1
         rs = self.ref_size
         out = []

@@ -556,3 +556,21 @@ def test_restore_to_a_device_overwrites_every_byte(store, tmp_path):
     finally:
         os.close(fd)
     assert dev.read_bytes() == img
+
+
+def test_tree_nodes_are_kept_by_the_reader_only(store):
+    """A reader keeps at most node_cache interior nodes, and the store's block cache none of them
+    (a copy of a whole day held them twice); every read stays exact."""
+    img = content(seeded(43), 6 << 20)
+    root = full(store, img)
+    store.sync()
+    store.blocks.clear()
+    r = ImageReader(store, root, node_cache=2)
+    assert r.sh.depth >= 2
+    step = 64 << 10
+    for off in range(0, len(img), step):
+        assert r.read(off, step) == img[off:off + step]
+    assert len([k for k in r._nodes if k != "root"]) <= 2
+    nodes = {v for k, v in r._nodes.items() if k != "root"}  # the root is read as any block is
+    assert nodes and not any(data in nodes for (_, data), _ in store.blocks.d.values())
+    assert r.read(len(img) - 100, 100) == img[-100:]  # a node dropped is read again

@@ -2,8 +2,8 @@
 
 WHEN is a date or a time (ISO 8601); the snapshot is the latest one not
 after it (a bare date: not after the end of that day), or the newest one
-without @WHEN. The blocks of each 1 GiB window of the image are read in
-log order, each arena once, front to back (foundation.image.reader);
+without @WHEN. The blocks of each window of the image (64 MiB, growing to
+256 MiB) are read in log order, each arena once, front to back (foundation.image.reader);
 all-zero blocks become holes, so the raw output is as sparse as the image. The file appears under its name only when
 complete; an existing OUTPUT is replaced only with --force.
 """

@@ -19,6 +19,7 @@ read in log order like a restore once it holds LOG_ORDER_MIN blocks;
 stream of a sequentially read vda.raw).
 """
 
+import array
 import collections
 import concurrent.futures
 import errno
@@ -38,13 +39,17 @@ BATCH = 8192  # leaves per read_blocks call
 WINDOW = 256 << 20  # bytes of image whose blocks one restore pass reads in log order: its plan (a
 # few Python lists of its 64 k blocks) is held twice (this window's, the next one's); 1 GiB cost 44 MB
 FIRST_WINDOW_PART = 4  # a restore's first window is this part of WINDOW (the pipeline fills sooner)
+NODE_CACHE = 1024  # interior nodes a reader keeps (4 MiB, the level above 512 MiB of image): a
+# whole copy of a 2 GiB disk through the tree held all 4096 (16 MiB), and the store's block cache
+# the same ones again; a sequential reader needs a few, a booting guest the few hundred it touches
 LOG_ORDER_MIN = 256  # a random read below this many blocks goes through read_blocks and its cache
 WRITES_AHEAD = 1  # spans decoded ahead of the writer thread (each one 8 MiB more peak memory)
 DIRECT_WRITES = False  # O_DIRECT for a restore's file: up to 0.4 CPU s less a 2 GiB day, but the
 # restore then waits for the disk, where through the page cache it ends as the last write is queued
 # (wall 4.6-7.0 s against 3.3-3.7 s on the benchmark machine; benchmarks/README.md)
 DIRECT_ALIGN = 4096  # what O_DIRECT asks of a write's offset, length and buffer (a page covers every disk)
-SPAN_BYTES = 8 << 20  # the largest span the store decodes into one buffer (store.read.SPAN_BLOCKS of 4 KiB)
+SPAN_BYTES = 4 << 20  # the largest span the store decodes into one buffer (store.read.SPAN_BLOCKS of 4 KiB)
+SMALL_SPAN_BYTES = 2 << 20  # the same for a small pass (a window: store.read.SMALL_SPAN times less)
 SPAN_BUFFERS = 3  # more than the spans the store decodes ahead of the one handed out (store.read.AHEAD)
 
 
@@ -57,7 +62,7 @@ class RestoreFailed(Error):
 class ImageReader:
     """Read any byte range of an archived image; cheap to create, safe across threads."""
 
-    def __init__(self, store, root, node_cache=4096, readahead=8 << 20):
+    def __init__(self, store, root, node_cache=NODE_CACHE, readahead=8 << 20):
         self.s = store
         self.root = root
         self.sh = Shape(store, root.size)
@@ -101,7 +106,7 @@ class ImageReader:
                     want.append(j)
                     refs.append(r)
             if refs:
-                for j, data in zip(want, self.s.read_blocks(b"".join(refs))):
+                for j, data in zip(want, self.s.read_blocks(b"".join(refs), cache=False)):
                     self._check_node(data)
                     out[j] = data
                     self._nodes[(k, j)] = data
@@ -160,7 +165,7 @@ class ImageReader:
         def alloc(size):  # a span's buffer is free again once it is copied out: a few serve them all
             ring.append(ring.pop(0))
             if len(ring[-1]) < size:  # mapped, so its pages leave with it; at least a small pass's span
-                ring[-1] = mmap.mmap(-1, max(size, SPAN_BYTES // 4))  # store.read.SMALL_SPAN
+                ring[-1] = mmap.mmap(-1, max(size, SMALL_SPAN_BYTES))
             return ring[-1]
 
         for positions, data in self.s.read_blocks_in_log_order(refs, alloc):
@@ -345,7 +350,7 @@ def write_raw(store, root, fd, sparse=True, progress=None, window=None, direct=N
 def _plan(store, runs):
     """One window of leaf runs [(first leaf, count, refs or None)] -> (runs, leaf of each ref, runs of
     null leaves, the store's log-order plan of its refs)."""
-    leaf, parts, nulls = [], [], []
+    leaf, parts, nulls = array.array("q"), [], []  # 8 bytes a leaf, not a Python int (36)
     for start, count, refs in runs:
         if refs is None:
             nulls.append((start, count))

@@ -30,9 +30,10 @@ from foundation.store import format as F
 from foundation.store import layout as L
 from foundation.store.arena import Log, read_head
 
-LOG_SPAN = 8 << 20  # largest single read of a log-order pass
-SPAN_BLOCKS = 2048  # most blocks a span decodes into one buffer (8 MiB of 4 KiB blocks)
-SMALL_SPAN = 4  # a small pass (fewer than SWEEP_MIN refs: a vda.raw window) cuts spans this many
+LOG_SPAN = 4 << 20  # largest single read of a log-order pass: a restore holds ~8 spans' buffers (read
+# and decoded), so 8 MiB cost 30 MB more peak memory for no gain in CPU or wall (benchmarks/README.md)
+SPAN_BLOCKS = 1024  # most blocks a span decodes into one buffer (4 MiB of 4 KiB blocks)
+SMALL_SPAN = 2  # a small pass (fewer than SWEEP_MIN refs: a vda.raw window) cuts spans this many
 # times shorter: its span buffers, held by a mount as long as a copy runs, are that much smaller
 LOG_GAP = 256 << 10  # records closer than this share a read: the bytes between cost less than a seek
 AHEAD = 2  # spans read and decoded ahead of the consumer, in as many threads
@@ -167,8 +168,9 @@ class Reads:
             return self.zero_block
         return self.read_blocks(ref)[0]
 
-    def read_blocks(self, refs):
-        """The blocks named by the concatenated refs, read sorted by log address."""
+    def read_blocks(self, refs, cache=True):
+        """The blocks named by the concatenated refs, read sorted by log address. cache=False: a
+        caller with a cache of its own (an image reader's tree nodes) does not hold them twice."""
         rs = self.ref_size
         n = len(refs) // rs
         if len(refs) != n * rs:
@@ -210,7 +212,7 @@ class Reads:
             got = {a: self.log.read(a)}
         else:
             got = self.log.read_many(need)
-        cache = len(need) <= 64  # a streaming batch would only flush the cache
+        cache = cache and len(need) <= 64  # a streaming batch would only flush the cache
         for a, pos in need.items():
             btype, key, data = got[a]
             r = refs[pos[0] * rs:(pos[0] + 1) * rs]
@@ -233,8 +235,8 @@ class Reads:
         if len(refs) != n * rs:
             raise BadInput(f"refs must be a multiple of {rs} bytes")
         refs = bytes(refs)
-        addrs, positions = self._log_order(refs, n)
-        return refs, addrs, positions, self._log_spans(addrs)
+        addrs, positions, keys = self._log_order(refs, n)
+        return refs, addrs, positions, self._log_spans(addrs), keys
 
     def read_blocks_in_log_order(self, refs, alloc=None, plan=None):
         """Yield (positions, data) for the blocks named by the concatenated refs, in log order.
@@ -254,10 +256,9 @@ class Reads:
         log_order_plan(refs), made before.
         """
         rs, bs = self.ref_size, self.block_size
-        refs, addrs, positions, spans = plan if plan is not None else self.log_order_plan(refs)
+        refs, addrs, positions, spans, keyed = plan if plan is not None else self.log_order_plan(refs)
         if not spans:
             return
-        split = _split(refs, rs, len(refs) // rs)
         lg = self.log
         pool = _workers()
         reads = _SpanReads(self, sum(sp[2] for sp in spans), max(sp[2] for sp in spans))
@@ -289,7 +290,7 @@ class Reads:
                 if k + AHEAD < len(spans):
                     pending.append(submit(spans[k + AHEAD]))
                 pos = positions[i:j]
-                want = b"".join(map(split.__getitem__, pos))
+                want = keyed[i * rs:j * rs]
                 if bad:
                     # Damage (a record that fails, an arena cut short): the block-by-block path
                     # names it as every other read does, and takes an intact copy where the
@@ -315,22 +316,27 @@ class Reads:
             reads.close()
 
     def _log_order(self, refs, n):
-        """(log addresses, positions in refs) of the non-null refs, sorted by address; a repeated
-        block has one entry per position."""
+        """(log addresses, positions in refs, their refs joined) of the non-null refs, sorted by
+        address; a repeated block has one entry per position. Arrays and one bytes object, not
+        lists of Python ints and bytes: a restore holds two windows' plans (~20 MB less a pair)."""
         rs = self.ref_size
         flags = native.zero_flags(refs, rs)  # the null ref is all zeros
+        split = _split(refs, rs, n)
         if flags.count(0) == n:
             live, keys = range(n), refs
         else:  # C-level iterators: no Python frame per ref
             keep = list(map(operator.not_, flags))
             live = list(itertools.compress(range(n), keep))
-            keys = b"".join(itertools.compress(_split(refs, rs, n), keep))
+            keys = b"".join(itertools.compress(split, keep))
         if self.mode != "hash":
-            found = list(struct.unpack(f">{len(live)}Q", keys))
+            found = struct.unpack(f">{len(live)}Q", keys)
         else:
             found = self._locate_all(keys)
+        del keys
         order = sorted(range(len(live)), key=found.__getitem__)
-        return [found[j] for j in order], [live[j] for j in order]
+        positions = array.array("q", map(live.__getitem__, order))
+        del live
+        return array.array("Q", map(found.__getitem__, order)), positions, b"".join(map(split.__getitem__, positions))
 
     def _locate_all(self, keys):
         """The log address of each 32-byte score in keys (NotFound/DataCorrupt for one nothing holds)."""
