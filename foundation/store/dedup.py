@@ -132,6 +132,10 @@ class Writes:
         bloom = self.bloom
         if bloom is None:
             maybe = ks
+        elif not self.index.h.entries:
+            # Nothing on disk to find (a first archive): the index cache holds every key
+            # stored, so the filter could only answer false "maybe"s.
+            maybe = []
         else:
             maybe = list(filter(bloom.__contains__, ks))
         if maybe:  # a few fresh blocks the filter mistakes, and the duplicates of older data
