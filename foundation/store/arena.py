@@ -766,6 +766,7 @@ class Log:
                 self.writer.shutdown()
                 self.writer = None
                 self._end_direct()
+                self.spare.clear()  # ~4 MiB each: not held through the flush at close
 
     def _pack_buffer(self, size):
         """A buffer to pack into: one whose records are written already, or a new one. Reusing
