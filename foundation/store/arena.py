@@ -193,10 +193,10 @@ class OpenArena:
         self.addrs += [base | o for o in got.offs]
         self.types += got.btypes
 
-    def add_packed(self, recs, rel, offs, btype, keys, keylen):
-        """Add k freshly packed records: rel are their offsets in recs, keys their 32-byte key fields."""
+    def add_packed(self, tags, offs, btype, keys, keylen):
+        """Add k freshly packed records: their tags, offsets and 32-byte key fields."""
         k = len(offs)
-        self.tags += b"".join(recs[o + L.H_TAG:o + L.HEADER_SIZE] for o in rel)
+        self.tags += tags
         self.keys += keys[:k * 32] if keylen == 32 else b"".join(keys[j * 32:j * 32 + keylen] for j in range(k))
         base = self.n << 32
         self.addrs += [base | o for o in offs]
@@ -743,12 +743,21 @@ class Log:
             else:
                 self._put(oa.fd, oa.end, recs[:used], out)
             first = len(oa.addrs)
-            oa.add_packed(recs, [o - oa.end for o in offs[:k]], offs[:k], btype, keys[i * 32:(i + k) * 32],
+            oa.add_packed(self._tags(oa, recs, offs, k, used), offs[:k], btype, keys[i * 32:(i + k) * 32],
                           self.keylen)
             addrs += oa.addrs[first:]
             oa.end += used
             i += k
         return addrs
+
+    def _tags(self, oa, recs, offs, k, used):
+        """The tags of the first k records packed into recs (used bytes): gathered by one walk of
+        their headers in C, not a slice per record."""
+        got = native.scan_columns(self.codec, oa.n, oa.header.iv, recs[:used], oa.end, self.keylen,
+                                  verify=False)[0]
+        if len(got.tags) == k * L.TAG_SIZE:
+            return got.tags
+        return b"".join(recs[o - oa.end + L.H_TAG:o - oa.end + L.HEADER_SIZE] for o in offs[:k])
 
     @contextlib.contextmanager
     def write_behind(self):
