@@ -10,8 +10,9 @@
  * nothing. reference.py's flat() states the rule.
  *
  * Packing a batch compresses each block into a fixed slot, compacts the
- * records in order, then encrypts and tags them in place: the bytes depend
- * only on the blocks, never on how many threads did the work.
+ * records in order (a block stored raw is copied once, there, from the
+ * input), then encrypts and tags them in place: the bytes depend only on
+ * the blocks, never on how many threads did the work.
  *
  * Unpacking a batch lays the output out from the headers, then checks and
  * decodes each record in one go, while it is in cache; a length that is
@@ -257,16 +258,35 @@ typedef struct {
  * the odd stride meets every phase of 2-, 4- and 8-byte fields. Four
  * histograms, so neighbouring equal bytes do not wait on each other.
  */
+static uint64_t squares(uint32_t h[4][256])
+{
+	uint64_t sq = 0;
+
+	for (int b = 0; b < 256; b++) {
+		uint64_t c = (uint64_t)h[0][b] + h[1][b] + h[2][b] + h[3][b];
+		sq += c * c;
+	}
+	return sq;
+}
+
+/*
+ * The sum of squares only grows as bytes are counted, so a block whose first
+ * third already passes the bound is not flat: a compressible block (most of
+ * those that are not flat) is judged on a third of its sample. The answer is
+ * the same as counting every sample.
+ */
 static int flat(const uint8_t *p, size_t n)
 {
 	uint32_t h[4][256];
-	uint64_t sq = 0, m = (n + FLAT_STRIDE - 1) / FLAT_STRIDE;
-	size_t i;
+	uint64_t m = (n + FLAT_STRIDE - 1) / FLAT_STRIDE;
+	size_t i, third = n / 3 - n / 3 % (4 * FLAT_STRIDE);
 
 	if (n < FLAT_MIN || n > FLAT_MAX)
 		return 0;
 	memset(h, 0, sizeof h);
 	for (i = 0; i + 3 * FLAT_STRIDE < n; i += 4 * FLAT_STRIDE) {
+		if (i == third && FLAT_RATIO * squares(h) > m * m)
+			return 0;
 		h[0][p[i]]++;
 		h[1][p[i + FLAT_STRIDE]]++;
 		h[2][p[i + 2 * FLAT_STRIDE]]++;
@@ -274,15 +294,12 @@ static int flat(const uint8_t *p, size_t n)
 	}
 	for (; i < n; i += FLAT_STRIDE)
 		h[0][p[i]]++;
-	for (int b = 0; b < 256; b++) {
-		uint64_t c = (uint64_t)h[0][b] + h[1][b] + h[2][b] + h[3][b];
-		sq += c * c;
-	}
-	return FLAT_RATIO * sq <= m * m;
+	return FLAT_RATIO * squares(h) <= m * m;
 }
 
-/* Put block i's payload, compressed if that is smaller, at dst. */
-static int fill(packjob *j, work *w, size_t i, uint8_t *dst)
+/* Put block i's payload, compressed if that is smaller, at dst; a raw payload only if raw
+ * (else the compaction copies it from the block, once). */
+static int fill(packjob *j, work *w, size_t i, uint8_t *dst, int raw)
 {
 	const uint8_t *src = j->buf + i * j->blen;
 	size_t r;
@@ -299,7 +316,8 @@ static int fill(packjob *j, work *w, size_t i, uint8_t *dst)
 		if (ZSTD_getErrorCode(r) != ZSTD_error_dstSize_tooSmall)
 			return FDN_EZSTD;
 	}
-	memcpy(dst, src, j->blen);
+	if (raw)
+		memcpy(dst, src, j->blen);
 	j->codec[i] = FDN_CODEC_RAW;
 	j->slen[i] = (uint32_t)j->blen;
 	return FDN_OK;
@@ -342,7 +360,7 @@ static int fill_range(void *arg, size_t lo, size_t hi)
 	int rc = w ? FDN_OK : FDN_ENOMEM;
 
 	for (size_t i = lo; i < hi && rc == FDN_OK; i++)
-		rc = fill(j, w, i, j->out + slot(j, i) + FDN_HEADER_SIZE);
+		rc = fill(j, w, i, j->out + slot(j, i) + FDN_HEADER_SIZE, 0);
 	work_put(j->c, w);
 	return rc;
 }
@@ -390,7 +408,7 @@ int64_t fdn_pack(fdn_codec *c, uint32_t arena, const uint8_t *iv,
 			goto out;
 		}
 		for (i = 0, rc = FDN_OK; i < n && rc == FDN_OK; i++) {
-			if ((rc = fill(&j, w, i, out + pos + FDN_HEADER_SIZE)) != FDN_OK ||
+			if ((rc = fill(&j, w, i, out + pos + FDN_HEADER_SIZE, 1)) != FDN_OK ||
 			    (rc = seal(&j, w, i, pos)) != FDN_OK)
 				break;
 			pos += FDN_HEADER_SIZE + j.slen[i];
@@ -403,7 +421,9 @@ int64_t fdn_pack(fdn_codec *c, uint32_t arena, const uint8_t *iv,
 	for (i = 0; i < n; i++) {
 		/* compact: every record moves down or stays, in order */
 		uint8_t *src = out + slot(&j, i) + FDN_HEADER_SIZE;
-		if (out + pos + FDN_HEADER_SIZE != src)
+		if (j.codec[i] == FDN_CODEC_RAW)	/* from the block: fill left it */
+			memcpy(out + pos + FDN_HEADER_SIZE, buf + i * j.blen, j.slen[i]);
+		else if (out + pos + FDN_HEADER_SIZE != src)
 			memmove(out + pos + FDN_HEADER_SIZE, src, j.slen[i]);
 		offs[i] = pos;
 		pos += FDN_HEADER_SIZE + j.slen[i];

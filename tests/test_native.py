@@ -1122,6 +1122,8 @@ def test_flat_blocks_stay_raw(impl, other):
         "runs past the limit": (bytes(x for b in runs_with_collisions(4096, limit - limit % 2 + 2)
                                       for x in (b, 0, 0)), 1),
         "random but a zero tail": (os.urandom(3000) + bytes(1096), 1),
+        "a zero head, judged on its first third": (bytes(1400) + os.urandom(2696), 1),
+        "random, a short zero head": (bytes(24) + os.urandom(4072), 0),
         "random, 255 bytes (too short to judge)": (os.urandom(200) + bytes(55), 1),
     }
     assert len(cases["runs at the limit"][0]) == n

@@ -308,7 +308,7 @@ def write_image(store, src, size, prev=None, changed=None, zeros=(), progress=No
     pipelined = getattr(store, "pipelined", None)
     opened = 0  # batches[:opened] have their level-1 nodes open
     with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="read-image") as pool, \
-            (pipelined() if pipelined else contextlib.nullcontext()):
+            (pipelined(R.total(reads)) if pipelined else contextlib.nullcontext()):
         pending = [pool.submit(read_batch, batches[0], free[0])] if batches else []
         for i, batch in enumerate(batches):
             buf = pending.pop(0).result()

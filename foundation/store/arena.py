@@ -14,13 +14,20 @@ While an image is archived (`write_behind`), packed records are written by
 one writer thread, in the order they were packed, while the next batch is
 packed: the log's bytes and their order are the same, and every seal,
 sync, read and close first waits for the writes queued (a failed write
-fails every later one, so nothing past it is ever committed).
+fails every later one, so nothing past it is ever committed). Those
+writes go around the page cache (O_DIRECT) in whole pages: the partial
+page at the end stays in memory, packed in front of the next batch, and
+is written through the cache only when something must see the file (a
+seal, sync, read or close). The kernel's copy into the cache and its
+writeback cost more CPU than the compression's whole second core.
 """
 
 import bisect
 import concurrent.futures
 import contextlib
+import errno
 import logging
+import mmap
 import os
 import struct
 from collections import OrderedDict, deque
@@ -41,6 +48,7 @@ _tag_at = struct.Struct(f"{L.TAG_SIZE}s").unpack_from   # a record header's tag,
 # (WRITE_QUEUE + 2)); 4 MiB keeps both cores busy in pack and the per-call cost small.
 PACK_BYTES = 4 << 20
 WRITE_QUEUE = 2
+PAGE = 4096  # O_DIRECT writes: offsets, lengths and buffers aligned to this
 
 
 def _sync_file_range():
@@ -185,14 +193,24 @@ class OpenArena:
         self.addrs += [base | o for o in got.offs]
         self.types += got.btypes
 
-    def add_packed(self, recs, rel, offs, btype, keys, keylen):
-        """Add k freshly packed records: rel are their offsets in recs, keys their 32-byte key fields."""
+    def add_packed(self, tags, offs, btype, keys, keylen):
+        """Add k freshly packed records: their tags, offsets and 32-byte key fields."""
         k = len(offs)
-        self.tags += b"".join(recs[o + L.H_TAG:o + L.HEADER_SIZE] for o in rel)
+        self.tags += tags
         self.keys += keys[:k * 32] if keylen == 32 else b"".join(keys[j * 32:j * 32 + keylen] for j in range(k))
         base = self.n << 32
         self.addrs += [base | o for o in offs]
         self.types += bytes([btype]) * k
+
+
+class _Direct:
+    """The open arena's O_DIRECT writes: dfd writes whole pages from pos; carry holds the bytes
+    from pos to the arena's end (under a page), not yet written there unless `written`."""
+
+    __slots__ = ("n", "fd", "dfd", "pos", "carry", "written")
+
+    def __init__(self, n, fd, dfd, pos, carry):
+        self.n, self.fd, self.dfd, self.pos, self.carry, self.written = n, fd, dfd, pos, carry, True
 
 
 class Log:
@@ -226,6 +244,8 @@ class Log:
         self.queued = deque()  # its writes not yet waited for
         self.spare = deque()  # pack buffers whose records are written, to pack into again
         self.failed = None  # the error of a write behind: every later write and sync fails with it
+        self.direct = None  # _Direct: the open arena's page-aligned writes inside write_behind()
+        self.direct_ok = True  # False once the file system refused O_DIRECT
 
     # ---- opening and recovery ------------------------------------------------
 
@@ -604,6 +624,7 @@ class Log:
     def close(self):
         with contextlib.suppress(Exception):  # a write's failure was raised where it was found
             self.drain()
+        self._end_direct()
         for fd in self.fds.values():
             os.close(fd)
         self.fds.clear()
@@ -701,9 +722,14 @@ class Log:
             # a few records only. At most PACK_BYTES of blocks a call (memory).
             est = room / self.avg_record
             m = min(n - i, int(est / 2) if est > 512 else max(16, int(est * 1.03) + 8), max(16, PACK_BYTES // bs))
-            out = self._pack_buffer(m * (RH + bs))
+            d = self._direct_for(oa)
+            lead = len(d.carry) if d else 0  # the partial page before oa.end, packed in front
+            out = self._pack_buffer(lead + m * (RH + bs))
+            if lead:
+                out[:lead] = d.carry
             recs, offs = native.pack(self.codec, oa.n, oa.header.iv, oa.end, btype,
-                                     mv[i * bs:(i + m) * bs], bs, keys[i * 32:(i + m) * 32], threads, out=out)
+                                     mv[i * bs:(i + m) * bs], bs, keys[i * 32:(i + m) * 32], threads,
+                                     out=memoryview(out)[lead:] if d else out)
             ends = offs[1:] + [oa.end + len(recs)]
             k = bisect.bisect_right(ends, oa.end + room)  # ends ascend
             if k == 0:
@@ -712,14 +738,26 @@ class Log:
                 continue
             used = ends[k - 1] - oa.end
             self.avg_record = max(RH + 1, (ends[-1] - oa.end) / len(ends))
-            self._put(oa.fd, oa.end, recs[:used], out)
+            if d:
+                self._put_direct(d, out, lead + used)
+            else:
+                self._put(oa.fd, oa.end, recs[:used], out)
             first = len(oa.addrs)
-            oa.add_packed(recs, [o - oa.end for o in offs[:k]], offs[:k], btype, keys[i * 32:(i + k) * 32],
+            oa.add_packed(self._tags(oa, recs, offs, k, used), offs[:k], btype, keys[i * 32:(i + k) * 32],
                           self.keylen)
             addrs += oa.addrs[first:]
             oa.end += used
             i += k
         return addrs
+
+    def _tags(self, oa, recs, offs, k, used):
+        """The tags of the first k records packed into recs (used bytes): gathered by one walk of
+        their headers in C, not a slice per record."""
+        got = native.scan_columns(self.codec, oa.n, oa.header.iv, recs[:used], oa.end, self.keylen,
+                                  verify=False)[0]
+        if len(got.tags) == k * L.TAG_SIZE:
+            return got.tags
+        return b"".join(recs[o - oa.end + L.H_TAG:o - oa.end + L.HEADER_SIZE] for o in offs[:k])
 
     @contextlib.contextmanager
     def write_behind(self):
@@ -736,6 +774,8 @@ class Log:
             finally:
                 self.writer.shutdown()
                 self.writer = None
+                self._end_direct()
+                self.spare.clear()  # ~4 MiB each: not held through the flush at close
 
     def _pack_buffer(self, size):
         """A buffer to pack into: one whose records are written already, or a new one. Reusing
@@ -745,7 +785,8 @@ class Log:
             b = self.spare.popleft()
             if len(b) >= size:
                 return b
-        return bytearray(max(size, PACK_BYTES + (PACK_BYTES >> 6)))  # a 4 MiB batch and its headers
+        # A 4 MiB batch, its headers and a partial page; page-aligned (an anonymous map) for O_DIRECT.
+        return mmap.mmap(-1, max(size, PACK_BYTES + (PACK_BYTES >> 6) + PAGE))
 
     def _put(self, fd, off, data, buf=None):
         """Write packed records at off (a view of buf): now, or queued to the writer thread;
@@ -771,6 +812,84 @@ class Log:
         _writeback(fd, off, len(data))
         self._spare(buf)
 
+    # ---- page-aligned writes around the page cache (inside write_behind) ------------
+
+    def _direct_for(self, oa):
+        """The _Direct of the open arena inside write_behind(), started at its first append; None
+        outside it, or where the file system refuses O_DIRECT."""
+        d = self.direct
+        if d is not None and d.n == oa.n:
+            return d
+        if self.writer is None or not self.direct_ok or self.torn is not None:
+            return None
+        self._end_direct()
+        try:
+            dfd = os.open(self.path(oa.n), os.O_WRONLY | os.O_DIRECT)
+        except OSError as e:
+            if e.errno != errno.EINVAL:
+                raise self.disk._error(e, "arena") from None
+            self.direct_ok = False
+            return None
+        pos = oa.end - oa.end % PAGE
+        if pos == 0 and oa.end == len(oa.hbytes):
+            carry = oa.hbytes  # a new arena: its header, written already
+        else:  # the session's first append to an arena: its partial page as the file holds it
+            self.drain()
+            carry = self.disk.pread(oa.fd, "arena", pos, oa.end - pos)
+            if len(carry) != oa.end - pos:
+                os.close(dfd)
+                raise DataCorrupt(f"arena {oa.n} is shorter than its records ({pos + len(carry)} < {oa.end})")
+        self.direct = d = _Direct(oa.n, oa.fd, dfd, pos, carry)
+        return d
+
+    def _put_direct(self, d, out, total):
+        """Queue out[:total] (the carried partial page, then the new records) at d.pos: its
+        whole pages written around the page cache, the rest carried to the next append."""
+        if self.failed is not None:
+            raise self.failed
+        whole = total - total % PAGE
+        d.carry = bytes(out[whole:total])
+        d.written = False
+        if whole:
+            self.queued.append(self.writer.submit(self._write_direct, d, d.pos, memoryview(out)[:whole], out))
+            d.pos += whole
+        else:
+            self._spare(out)
+        while len(self.queued) > WRITE_QUEUE:
+            self._wait_one()
+
+    def _write_direct(self, d, off, data, buf):
+        try:
+            n = os.pwrite(d.dfd, data, off)
+        except OSError as e:
+            if e.errno != errno.EINVAL:
+                raise self.disk._error(e, "arena") from None
+            self.direct_ok = False  # refused after all: through the page cache, as without
+            n = 0
+        self.disk.count_write("arena", d.fd, off, n)
+        if n < len(data):  # the rest (never seen short on a local file system) through the cache
+            self.disk.pwrite(d.fd, "arena", off + n, data[n:])
+        self._spare(buf)
+
+    def _flush_carry(self):
+        """Write the carried partial page through the page cache (the queue is empty): readers,
+        seals and fsync see every byte appended. It stays carried: the next whole page rewrites it."""
+        d = self.direct
+        if d is not None and not d.written and d.carry:
+            self.disk.pwrite(d.fd, "arena", d.pos, d.carry)
+            d.written = True
+
+    def _end_direct(self):
+        """Stop carrying (write_behind ends, or the arena is sealed); its descriptor is closed
+        once no queued write needs it."""
+        d, self.direct = self.direct, None
+        if d is None:
+            return
+        if self.writer is not None and self.queued:  # after the writes queued for it, in the writer
+            self.queued.append(self.writer.submit(os.close, d.dfd))
+        else:
+            os.close(d.dfd)
+
     def _wait_one(self):
         try:
             self.queued.popleft().result()
@@ -784,6 +903,7 @@ class Log:
             self._wait_one()
         if self.failed is not None:
             raise self.failed
+        self._flush_carry()
 
     def seal(self):
         """Seal the open arena and start the next one (write order: trailer,
@@ -799,6 +919,10 @@ class Log:
             # The trailer first: killed before this cut, the next open finds the seal and finishes it.
             os.ftruncate(oa.fd, oa.end + F.TRAILER_SIZE)
             self.torn = None
+        elif self.direct is not None and self.direct.n == oa.n:
+            d = self.direct  # the carried partial page and the trailer: the arena's last bytes
+            self._put(oa.fd, d.pos, d.carry + trailer)
+            self._end_direct()
         else:
             self._put(oa.fd, oa.end, trailer)
         # No fsync here: the next sync() makes every arena written since the
@@ -826,6 +950,7 @@ class Log:
             return
         if (self.open.n, self.open.end) != self.committed:
             self._append_commit()
+            self.drain()  # the commit record is on its way to the file before the fsync
         for n in sorted(self.dirty):
             self.disk.fsync(self.fd(n), "arena")
         self.disk.fsync(self.open.fd, "arena")

@@ -50,13 +50,13 @@ def create(path, capacity):
     return Bloom(capacity, ERROR, path)
 
 
-def build(store, extra=b""):
+def build(store, extra=b"", expect=0):
     """A filter over every key of the store's index and of `extra` (index entries: key and u64
-    addr each), written beside the old one and renamed over it; `bloom.json` says it covers what
-    the index covers."""
+    addr each), with room for `expect` keys more, written beside the old one and renamed over it;
+    `bloom.json` says it covers what the index covers."""
     path = os.path.join(store.path, F.BLOOM)
     kl = store.keylen
-    bf = create(path + ".new", size_for(store.index.h.entries + len(extra) // (kl + 8)))
+    bf = create(path + ".new", size_for(store.index.h.entries + len(extra) // (kl + 8) + expect))
     for part in store.index.scan():
         _add(bf, part, kl, kl + 8)
     _add(bf, extra, kl, kl + 8)

@@ -193,10 +193,11 @@ class IndexCache:
         bf.count = self.index.h.entries
         bf.on_full = self._grow_bloom
 
-    def _grow_bloom(self):
-        """The filter holds more keys than it was made for: make it again from the index and the write buffer."""
+    def _grow_bloom(self, expect=0):
+        """The filter holds more keys than it was made for (or `expect` more are coming): make it
+        again from the index and the write buffer."""
         old = self.bloom
-        self.adopt_bloom(bloom.build(self, self.wbuf.entries()))
+        self.adopt_bloom(bloom.build(self, self.wbuf.entries(), expect))
         self.bloom.count += len(self.wbuf)
         old.close()
 

@@ -41,14 +41,20 @@ class Writes:
     _inflight = None  # the append handed to it and not yet settled
 
     @contextlib.contextmanager
-    def pipelined(self):
+    def pipelined(self, expect=0):
         """A scope in which write_blocks (compare-by-hash) may return before its
         fresh blocks are appended. The caller leaves the buffer it passed as it
         is until its next store call, and calls settle() before any store call
-        but write_blocks; leaving the scope settles."""
+        but write_blocks; leaving the scope settles. expect: about how many
+        blocks will be written (a hint)."""
         if self.mode != "hash" or self._pipe is not None:
             yield self
             return
+        bf = self.bloom
+        if bf is not None and bf.count < expect and bf.count + expect > bf.capacity:
+            # A first archive into a young store: the filter made once for all its blocks now,
+            # while it holds few keys, instead of grown (every key added again) four times or so.
+            self._grow_bloom(expect)
         with contextlib.ExitStack() as stack:
             stack.enter_context(self.log.write_behind())  # left last: its writes are drained
             self._pipe = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="store-append")
@@ -126,6 +132,10 @@ class Writes:
         bloom = self.bloom
         if bloom is None:
             maybe = ks
+        elif not self.index.h.entries:
+            # Nothing on disk to find (a first archive): the index cache holds every key
+            # stored, so the filter could only answer false "maybe"s.
+            maybe = []
         else:
             maybe = list(filter(bloom.__contains__, ks))
         if maybe:  # a few fresh blocks the filter mistakes, and the duplicates of older data
