@@ -107,14 +107,21 @@ class Writes:
         return self._write_value(buf, bs, btype, zero, weak, n)
 
     def _write_hash(self, buf, bs, btype, zero, keys, n):
-        addrs, which = native.tables_lookup(self._tables(), keys, zero)
         zeros = zero.count(1)
-        # Blocks the index cache does not know, found with no Python per
-        # known block; zero blocks are skipped by the lookup (which = -1).
-        if zeros:
-            unknown = [i for i, w, z in zip(range(n), which, zero) if w < 0 and not z]
+        bloom = self.bloom
+        if bloom is None:
+            # Blocks the index cache does not know, found with no Python per
+            # known block; zero blocks are skipped by the lookup (which = -1).
+            _, which = native.tables_lookup(self._tables(), keys, zero)
+            if zeros:
+                unknown = [i for i, w, z in zip(range(n), which, zero) if w < 0 and not z]
+            else:
+                unknown = [i for i, w in enumerate(which) if w < 0]
         else:
-            unknown = [i for i, w in enumerate(which) if w < 0]
+            # The filter holds every key the index cache holds (it is fed before the tables
+            # are): the cache is asked about the filter's "maybe" keys only, not about every
+            # fresh block (a probe of each loaded summary per key: ~35 ms of a later day's CPU).
+            unknown = [i for i in range(n) if not zero[i]] if zeros else range(n)
         # The rest is decided a batch at a time, each step one C-level pass
         # over the batch: the first of each repeated key, then the Bloom
         # filter (the common fresh block: it says no, nothing to ask).
@@ -123,16 +130,21 @@ class Writes:
         if len(first) < len(ks):
             unknown = sorted(first.values())
             ks = [keys[i * 32:i * 32 + 32] for i in unknown]
-        bloom = self.bloom
+        known = set()
         if bloom is None:
             maybe = ks
         else:
             maybe = list(filter(bloom.__contains__, ks))
+            if maybe:  # duplicates of what the index cache holds: one C pass
+                _, which = native.tables_lookup(self._tables(), b"".join(maybe), None)
+                known = {k for k, w in zip(maybe, which) if w >= 0}
+                if known:
+                    maybe = [k for k in maybe if k not in known]
         if maybe:  # a few fresh blocks the filter mistakes, and the duplicates of older data
-            known = set(filter(self._exists, maybe))
-            if known:
-                kept = [(i, k) for i, k in zip(unknown, ks) if k not in known]
-                unknown, ks = [i for i, _ in kept], [k for _, k in kept]
+            known.update(filter(self._exists, maybe))
+        if known:
+            kept = [(i, k) for i, k in zip(unknown, ks) if k not in known]
+            unknown, ks = [i for i, _ in kept], [k for _, k in kept]
         fresh = unknown
         self._count(zeros, n - zeros - len(fresh))
         if fresh:
