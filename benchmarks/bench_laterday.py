@@ -99,9 +99,9 @@ def main():
                 f.write(f'state_dir = "{state}.base"\n')
             os.makedirs(base)
             e = env(trees[0], config)
-            measure.run(cmd(base, key, "init", base, "--mode", "hash"), env=e)
+            measure.run(cmd(base, key, "init", base, "--mode", "hash"), cwd=trees[0], env=e)
             for d in range(day):
-                measure.run(cmd(base, key, *day_args(a.days, man, d)), env=e)
+                measure.run(cmd(base, key, *day_args(a.days, man, d)), cwd=trees[0], env=e)
         with open(config, "w") as f:
             f.write(f'state_dir = "{state}"\n')
         run = os.path.join(work, "run")
@@ -112,7 +112,8 @@ def main():
                     shutil.rmtree(state, ignore_errors=True)
                     shutil.copytree(state + ".base", state)
                     os.sync()
-                    m = measure.op(cmd(run, key, *day_args(a.days, man, day)), env=env(t, config),
+                    # cwd: `python -m` puts it first on sys.path, before PYTHONPATH
+                    m = measure.op(cmd(run, key, *day_args(a.days, man, day)), cwd=t, env=env(t, config),
                                    cold=mode == "cold")
                     m["load"] = os.getloadavg()[0]
                     runs[t][mode].append(m)
@@ -121,7 +122,7 @@ def main():
                 if a.verify and r == a.rounds - 1:
                     out = os.path.join(work, "restored.raw")
                     measure.run(cmd(run, key, "restore", f"bench@2024-01-{day + 1:02d}T03:00:00Z", out),
-                                env=env(t, config))
+                                cwd=t, env=env(t, config))
                     got = subprocess.run(["sha256sum", out], capture_output=True, text=True).stdout.split()[0]
                     os.unlink(out)
                     runs[t]["verified"] = got == man["day"][day]["sha256"]
