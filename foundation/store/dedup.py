@@ -166,7 +166,7 @@ class Writes:
                     known |= more
                     maybe = [k for k in maybe if k not in more]
         if maybe:  # a few fresh blocks the filter mistakes, and the duplicates of older data
-            known.update(filter(self._exists, maybe))
+            known.update(self._known_older(maybe))
         if known:
             kept = [(i, k) for i, k in zip(unknown, ks) if k not in known]
             unknown, ks = [i for i, _ in kept], [k for _, k in kept]
@@ -193,6 +193,23 @@ class Writes:
         if bf.count + len(ks) > bf.capacity:
             self._settle_append()  # it grows from the write buffer, which must hold the batch first
         bf.update(ks)
+
+    def _known_older(self, keys):
+        """Which of these keys, missed by the index cache and "maybe" to the filter, are stored: a key
+        found through the index loads its arena's summary (_exists), which then answers the keys
+        after it in one C pass (a copied extent: one lookup, not one per block)."""
+        found, rest, last = [], keys, None
+        while rest:
+            k, rest = rest[0], rest[1:]
+            if self._exists(k):
+                found.append(k)
+            if rest and self._recent and self._recent[0] is not last:
+                last = self._recent[0]
+                _, which = native.tables_lookup([last], b"".join(rest), None)
+                if any(w >= 0 for w in which):
+                    found += [x for x, w in zip(rest, which) if w >= 0]
+                    rest = [x for x, w in zip(rest, which) if w < 0]
+        return found
 
     def _exists(self, score):
         """A duplicate check for a key that missed the index cache and that the Bloom filter
