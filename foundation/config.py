@@ -23,7 +23,6 @@ Relative paths are relative to the config file's directory.
 
 import os
 import re
-import tomllib
 from dataclasses import dataclass, field
 
 from foundation.errors import BadInput
@@ -79,13 +78,17 @@ def load_config(path=None):
     conf = Config()
     try:
         with open(path, "rb") as f:
-            data = tomllib.load(f)
+            raw = f.read()
     except FileNotFoundError:
         if explicit:
             raise ConfigError(path, "no such file") from None
         return conf
     except OSError as e:
         raise ConfigError(path, f"cannot read it: {e.strerror or e}") from None
+    import tomllib  # here: without a config file (the default) every command's start would pay it
+
+    try:
+        data = tomllib.loads(raw.decode())
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(path, f"not valid TOML: {e}") from None
     except UnicodeDecodeError as e:

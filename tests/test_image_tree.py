@@ -574,3 +574,45 @@ def test_tree_nodes_are_kept_by_the_reader_only(store):
     nodes = {v for k, v in r._nodes.items() if k != "root"}  # the root is read as any block is
     assert nodes and not any(data in nodes for (_, data), _ in store.blocks.d.values())
     assert r.read(len(img) - 100, 100) == img[-100:]  # a node dropped is read again
+
+
+def _sealed_blocks(tmp_path):
+    """A store whose first blocks lie in a sealed arena, known only to the on-disk index."""
+    from foundation.store import Store, Tuning
+    from tests.conftest import blocks as mixed
+    path = tmp_path / "s"
+    path.mkdir()
+    Store.create(str(path), arena_size=256 << 10, max_log_size=64 << 20, encrypt=False)
+    data = mixed(160, seed=5)
+    with Store.open(str(path), writable=True) as s:
+        refs = s.write_blocks(data)
+        s.flush()
+        assert s.log.open.n >= 1
+    tuning = Tuning(index_cache_bytes=1 << 20)
+    return (lambda: Store.open(str(path), writable=True, tuning=tuning)), data[:8 * 4096], refs[:8 * 32]
+
+
+def test_old_nodes_are_located_by_the_index_alone(tmp_path):
+    """A later day's old tree nodes: the index lookups made together locate them, no arena summary
+    is loaded to confirm each, and the blocks are the ones written."""
+    opener, data, refs = _sealed_blocks(tmp_path)
+    with opener() as s:
+        assert b"".join(tree_mod._read_nodes(s, refs)) == data
+        assert not s.summaries
+    with opener() as s:  # outside the scope the summary is loaded, as before
+        assert b"".join(s.read_blocks(refs)) == data
+        assert s.summaries
+
+
+def test_a_wrong_index_answer_for_an_old_node_fails_loudly(tmp_path, monkeypatch):
+    """The index names another block's record: the read finds the key differs, reads again the
+    careful way (the arena's summary disagrees too) and fails; never another block's bytes."""
+    from foundation.errors import NotFound
+    opener, data, refs = _sealed_blocks(tmp_path)
+    with opener() as s:
+        real = s.index.lookup
+        keys = [refs[i:i + 32] for i in range(0, len(refs), 32)]
+        other = {k: keys[(i + 1) % len(keys)] for i, k in enumerate(keys)}
+        monkeypatch.setattr(s.index, "lookup", lambda k: real(other.get(bytes(k), k)))
+        with pytest.raises((DataCorrupt, NotFound)):
+            tree_mod._read_nodes(s, refs)

@@ -581,3 +581,22 @@ def test_log_bytes_since_a_mark(make_store):
         assert s.log_bytes_since(mark) == s.log_bytes() - before > 300 * BS // 2
         mark = s.log_mark()
         assert s.log_bytes_since(mark) == 0
+
+
+def test_pipelined_batch_repeating_the_one_in_flight_stores_each_block_once(make_store):
+    """A batch is decided while the one before is still being appended: a block of that one met
+    again is a duplicate all the same (the filter holds it already, the tables are asked again once
+    it is settled), and so is one of the batch settled before it."""
+    op = make_store("hash", encrypt=True)
+    a, b = blocks(120, seed=21), blocks(80, seed=22)
+    batches = [a, a[:40 * BS] + b, b + a[40 * BS:60 * BS]]
+    with op() as s:
+        with s.pipelined():
+            refs = [s.write_blocks(x) for x in batches]
+        assert s.counters["records"] == 200 and s.counters["dup_blocks"] == 40 + 100
+        assert [b"".join(s.read_blocks(r)) for r in refs] == batches
+        s.sync()
+        assert verify(s) == ([], 200)
+    with op() as s:  # and the index cache the append left behind names them all
+        assert s.write_blocks(batches[1] + batches[2]) == refs[1] + refs[2]
+        assert s.counters["records"] == 200

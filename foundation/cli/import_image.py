@@ -19,7 +19,8 @@ from datetime import datetime, timezone
 from foundation.catalog import Catalog, DiskEntry, Snapshot, check_name, check_time, format_time, parse_time
 from foundation.cli.common import Progress, after_write, open_store
 from foundation.errors import BadInput
-from foundation.image import load_changed, open_image, write_image
+from foundation.image import load_changed, write_image
+from foundation.image.source import Opening
 
 NAME = "import-image"
 HELP = "archive a raw or qcow2 disk image file as a snapshot of NAME"
@@ -54,11 +55,13 @@ def run(args):
     check_name(args.name)
     when = check_time(parse_time(args.at)) if args.at else datetime.now(timezone.utc)
     t0 = time.monotonic()
-    src = open_image(args.image, args.format)
+    opening = Opening(args.image, args.format)  # the format probe runs while the store opens
+    src = None
     try:
-        changed = load_changed(args.changed, src.size) if args.changed else None
         with open_store(args, writable=True) as store:
             cat = Catalog.load(store)
+            src = opening.result()
+            changed = load_changed(args.changed, src.size) if args.changed else None
             prev = cat.latest(args.name, when)
             if prev is not None and prev.time == when:
                 from foundation.catalog import DuplicateSnapshot
@@ -87,7 +90,9 @@ def run(args):
             cat.add(snap)
             cat.commit(store)
     finally:
-        src.close()
+        opening.close()
+        if src is not None:
+            src.close()
     dt = time.monotonic() - t0
     msg = (f"{args.name}@{format_time(when)}: snapshot {snap.id}, {src.size / 1e6:,.1f} MB image, "
            f"{added / 1e6:,.1f} MB added, {dt:.1f} s")

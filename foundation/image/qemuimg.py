@@ -28,19 +28,41 @@ class QemuImgFailed(Error):
 def run(args, what, ok=(0,)):
     """stdout of `qemu-img ARGS`; QemuImgFailed("what", its last error line) if its exit status is not
     in `ok`, with .status (None: qemu-img is missing) and .stdout for a caller that reads its report."""
-    try:
-        p = subprocess.run(["qemu-img", *args], capture_output=True, text=True,
-                           stdin=subprocess.DEVNULL)
-    except FileNotFoundError:
-        e = QemuImgFailed(what, "qemu-img is not installed (apt-get install qemu-utils)")
-        e.status, e.stdout = None, ""
-        raise e from None
-    if p.returncode not in ok:
-        lines = (p.stderr or p.stdout).strip().splitlines()
-        e = QemuImgFailed(what, lines[-1] if lines else f"exit status {p.returncode}")
-        e.status, e.stdout = p.returncode, p.stdout
-        raise e
-    return p.stdout
+    return Started(args, what, ok).result()
+
+
+class Started:
+    """`qemu-img ARGS` started and not waited for: the caller works meanwhile (a probe costs a
+    process start, 10-20 ms warm and 50 ms or more cold) and asks for result() when it needs it;
+    close() ends it if it never does."""
+
+    def __init__(self, args, what, ok=(0,)):
+        self.what, self.ok = what, ok
+        try:
+            self.p = subprocess.Popen(["qemu-img", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      stdin=subprocess.DEVNULL, text=True)
+        except FileNotFoundError:
+            self.p = None
+
+    def result(self):
+        """What run() returns, or raises."""
+        if self.p is None:
+            e = QemuImgFailed(self.what, "qemu-img is not installed (apt-get install qemu-utils)")
+            e.status, e.stdout = None, ""
+            raise e
+        with self.p as p:
+            out, err = p.communicate()
+        if p.returncode not in self.ok:
+            lines = (err or out).strip().splitlines()
+            e = QemuImgFailed(self.what, lines[-1] if lines else f"exit status {p.returncode}")
+            e.status, e.stdout = p.returncode, out
+            raise e
+        return out
+
+    def close(self):
+        if self.p is not None and self.p.returncode is None:
+            self.p.kill()
+            self.p.communicate()
 
 
 def run_json(args, what):

@@ -260,18 +260,50 @@ class QemuSource:
 
 def open_image(path, fmt=None):
     """Open an image file for archiving -> a source with .size, .format, .read, .holes, .close."""
-    path = os.fspath(path)
-    try:
-        st = os.stat(path)
-    except OSError as e:
-        raise ImageUnreadable(path, e.strerror) from None
-    if stat.S_ISDIR(st.st_mode):
-        raise ImageUnreadable(path, "it is a directory")
-    if not os.access(path, os.R_OK):
-        raise ImageUnreadable(path, "permission denied")
-    if fmt != "raw":
-        fmt, size = probe(path, fmt)
-    if fmt == "raw":
-        return RawSource(path)
-    check(path, fmt)
-    return QemuSource(path, fmt, size)
+    return Opening(path, fmt).result()
+
+
+class Opening:
+    """open_image in two steps: the file is checked and its format probe started at once, and
+    result() waits for the probe and opens the source, so that a caller opens its store while
+    qemu-img starts. close() ends a probe never waited for."""
+
+    def __init__(self, path, fmt=None):
+        path = os.fspath(path)
+        try:
+            st = os.stat(path)
+        except OSError as e:
+            raise ImageUnreadable(path, e.strerror) from None
+        if stat.S_ISDIR(st.st_mode):
+            raise ImageUnreadable(path, "it is a directory")
+        if not os.access(path, os.R_OK):
+            raise ImageUnreadable(path, "permission denied")
+        self.path, self.fmt = path, fmt
+        self.probe = None
+        if fmt != "raw":
+            args = ["info", "--output=json", "-U"] + (["-f", fmt] if fmt else [])
+            self.probe = qemuimg.Started(args + [path], path)
+
+    def result(self):
+        path, fmt = self.path, self.fmt
+        if self.probe is not None:
+            try:
+                out = self.probe.result()
+            except qemuimg.QemuImgFailed as e:
+                raise ImageUnreadable(path, e.args[1]) from None
+            finally:
+                self.probe = None
+            try:
+                info = json.loads(out)
+            except json.JSONDecodeError:
+                raise ImageUnreadable(path, "qemu-img printed something that is not JSON") from None
+            fmt, size = info.get("format", fmt), int(info["virtual-size"])
+        if fmt == "raw":
+            return RawSource(path)
+        check(path, fmt)
+        return QemuSource(path, fmt, size)
+
+    def close(self):
+        if self.probe is not None:
+            self.probe.close()
+            self.probe = None

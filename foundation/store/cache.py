@@ -9,6 +9,7 @@ yet back into the write buffer), so losing it costs time, never data.
 
 import array
 import bisect
+import contextlib
 import json
 import logging
 import os
@@ -336,6 +337,21 @@ class IndexCache:
         """The lookups prefetch kept are dropped (the index may change after this)."""
         self._ahead.clear()
 
+    _trusting = False
+
+    @contextlib.contextmanager
+    def trusting_index(self):
+        """A scope in which a key that prefetch looked up is located by the index's one answer
+        alone, without loading its arena's summary to confirm it: a later day's old tree nodes
+        (a few per arena, over dozens of arenas, all looked up together). Reads still check
+        every record's key against the ref, so a wrong answer fails loudly; the caller then
+        reads again outside the scope, the careful way."""
+        self._trusting = True
+        try:
+            yield self
+        finally:
+            self._trusting = False
+
     def _index_lookup(self, key):
         """Addresses the on-disk index has for key (Bloom already said maybe)."""
         got = self._ahead.pop(key, None)
@@ -357,6 +373,8 @@ class IndexCache:
             a = t.find(score)
             if a:
                 return a[0]
+        if self._trusting and len(self._ahead.get(score, ())) == 1:
+            return self._ahead.pop(score)[0]
         for a in self._index_lookup(score):
             if self.venti:
                 self._venti_cache(score, [a])

@@ -11,12 +11,15 @@ sorted batches. `Writes` is the part of Store that does this.
 
 Inside `pipelined()` (an image being archived), a compare-by-hash write
 returns as soon as its blocks are named and decided: the append of its
-fresh blocks (compress, encrypt, index) runs in one thread while the
-caller feeds their keys to the Bloom filter and reads and hashes the
-next batch, and the next store call waits for it first; the packed
-records are written by another thread while the next batch is packed
-(`Log.write_behind`). So reading, hashing, packing and writing overlap on
-every core, and the log is still written in order.
+fresh blocks (compress, encrypt) runs in one thread while the caller
+feeds their keys to the Bloom filter, reads, hashes and decides the next
+batch against the filter and the index cache; the caller then waits for
+the append and adds its index entries to the tables itself (no other
+thread ever changes them), and asks about what the filter says may be
+stored. The packed records are written by another thread while the next
+batch is packed (`Log.write_behind`). So reading, hashing, deciding,
+packing and writing overlap on every core, and the log is still written
+in order.
 """
 
 import array
@@ -66,6 +69,8 @@ class Writes:
         f, self._inflight = self._inflight, None
         if f is not None:  # the scope failed: its append ends before the store moves on
             concurrent.futures.wait([f])
+            if not f.cancelled() and f.exception() is None:
+                self._index_added(*f.result())  # its records are in the log: the index cache names them
         self._pipe.shutdown()
         self._pipe = None
 
@@ -75,9 +80,13 @@ class Writes:
         self.log.drain()
 
     def _settle_append(self):
+        """Wait for the append in flight; its records then join the index cache (in this thread:
+        only the caller's thread changes the tables, so it may look them up while an append runs)."""
         f, self._inflight = self._inflight, None
         if f is not None:
-            f.result()
+            self._index_added(*f.result())
+            return True
+        return False
 
     def write(self, data, btype=DATA):
         """Store one block (at most block_size bytes); returns its ref."""
@@ -104,23 +113,36 @@ class Writes:
         c["offered_bytes"] += len(buf)
         if self.mode == "hash":
             keys = native.scores(buf, bs, btype, key=self.keys.score, skip=zero, threads=self.tuning.threads)
-            self._settle_append()  # the index must hold the batch before this one
-            if self._pipe is not None:
-                self._flush_if_full()
+            if self.bloom is None or self.venti:
+                self._settle_here()  # the index must hold the batch before this one
             return self._write_hash(buf, bs, btype, zero, keys, n)
         self.settle()
         weak = native.weak_hashes(buf, bs, btype, self.keys.weak_seed, skip=zero)
         return self._write_value(buf, bs, btype, zero, weak, n)
 
+    def _settle_here(self):
+        """The append in flight ends and the index cache holds its records; flushed if full."""
+        settled = self._settle_append()
+        if self._pipe is not None:
+            self._flush_if_full()
+        return settled
+
     def _write_hash(self, buf, bs, btype, zero, keys, n):
-        addrs, which = native.tables_lookup(self._tables(), keys, zero)
         zeros = zero.count(1)
-        # Blocks the index cache does not know, found with no Python per
-        # known block; zero blocks are skipped by the lookup (which = -1).
-        if zeros:
-            unknown = [i for i, w, z in zip(range(n), which, zero) if w < 0 and not z]
+        bloom = None if self.venti else self.bloom
+        if bloom is None:
+            # Blocks the index cache does not know, found with no Python per
+            # known block; zero blocks are skipped by the lookup (which = -1).
+            _, which = native.tables_lookup(self._tables(), keys, zero)
+            if zeros:
+                unknown = [i for i, w, z in zip(range(n), which, zero) if w < 0 and not z]
+            else:
+                unknown = [i for i, w in enumerate(which) if w < 0]
         else:
-            unknown = [i for i, w in enumerate(which) if w < 0]
+            # The filter holds every key the index cache holds (it is fed before the tables
+            # are): the cache is asked about the filter's "maybe" keys only, not about every
+            # fresh block (a probe of each loaded summary per key: ~35 ms of a later day's CPU).
+            unknown = [i for i in range(n) if not zero[i]] if zeros else range(n)
         # The rest is decided a batch at a time, each step one C-level pass
         # over the batch: the first of each repeated key, then the Bloom
         # filter (the common fresh block: it says no, nothing to ask).
@@ -129,7 +151,7 @@ class Writes:
         if len(first) < len(ks):
             unknown = sorted(first.values())
             ks = [keys[i * 32:i * 32 + 32] for i in unknown]
-        bloom = self.bloom
+        known = set()
         if bloom is None:
             maybe = ks
         elif not self.index.h.entries:
@@ -137,12 +159,27 @@ class Writes:
             # stored, so the filter could only answer false "maybe"s.
             maybe = []
         else:
+            # Decided while the batch before is still packed (the append thread only packs and
+            # writes: its records join the tables in this thread, at the settle below): the
+            # filter holds that batch's keys already, the tables not yet, so its duplicates
+            # here are asked about again once it is settled.
             maybe = list(filter(bloom.__contains__, ks))
+            if maybe:  # duplicates of what the index cache holds: one C pass
+                _, which = native.tables_lookup(self._tables(), b"".join(maybe), None)
+                known = {k for k, w in zip(maybe, which) if w >= 0}
+                if known:
+                    maybe = [k for k in maybe if k not in known]
+            if self._settle_here() and maybe:  # the tables now hold the batch before this one
+                _, which = native.tables_lookup(self._tables(), b"".join(maybe), None)
+                more = {k for k, w in zip(maybe, which) if w >= 0}
+                if more:
+                    known |= more
+                    maybe = [k for k in maybe if k not in more]
         if maybe:  # a few fresh blocks the filter mistakes, and the duplicates of older data
-            known = set(filter(self._exists, maybe))
-            if known:
-                kept = [(i, k) for i, k in zip(unknown, ks) if k not in known]
-                unknown, ks = [i for i, _ in kept], [k for _, k in kept]
+            known.update(self._known_older(maybe))
+        if known:
+            kept = [(i, k) for i, k in zip(unknown, ks) if k not in known]
+            unknown, ks = [i for i, _ in kept], [k for _, k in kept]
         fresh = unknown
         self._count(zeros, n - zeros - len(fresh))
         if fresh:
@@ -166,6 +203,23 @@ class Writes:
         if bf.count + len(ks) > bf.capacity:
             self._settle_append()  # it grows from the write buffer, which must hold the batch first
         bf.update(ks)
+
+    def _known_older(self, keys):
+        """Which of these keys, missed by the index cache and "maybe" to the filter, are stored: a key
+        found through the index loads its arena's summary (_exists), which then answers the keys
+        after it in one C pass (a copied extent: one lookup, not one per block)."""
+        found, rest, last = [], keys, None
+        while rest:
+            k, rest = rest[0], rest[1:]
+            if self._exists(k):
+                found.append(k)
+            if rest and self._recent and self._recent[0] is not last:
+                last = self._recent[0]
+                _, which = native.tables_lookup([last], b"".join(rest), None)
+                if any(w >= 0 for w in which):
+                    found += [x for x, w in zip(rest, which) if w >= 0]
+                    rest = [x for x, w in zip(rest, which) if w < 0]
+        return found
 
     def _exists(self, score):
         """A duplicate check for a key that missed the index cache and that the Bloom filter
@@ -280,20 +334,27 @@ class Writes:
             self.index.insert(b"".join(ks[i * kl:(i + 1) * kl] + a.to_bytes(8, "little")
                                        for i, a in enumerate(addrs)))
             self._venti_cache(ks, addrs)
-            return addrs
-        self.wbuf.add(ks, packed)
-        # Records sealed into an earlier arena by this append are already in
-        # the index cache (_sealed); the rest belong to the open arena.
-        first = bisect.bisect_left(addrs, self.log.open.n << 32)  # addresses ascend
-        if first < len(addrs):
-            self.open_table.add(ks[first * kl:], packed[first:])
-        if self.bloom is not None and klist is not False:
+            return () if klist is False else addrs
+        if klist is False:  # the append thread: the caller's thread indexes them when it settles
+            return ks, packed, self.log.open.n
+        self._index_added(ks, packed, self.log.open.n)
+        if self.bloom is not None:
             if klist is None or kl != 32:
                 klist = [ks[i:i + kl] for i in range(0, len(ks), kl)]
             self.bloom.update(klist)
-        if klist is not False:  # else the caller flushes, once the filter holds these keys
-            self._flush_if_full()
+        self._flush_if_full()  # (a pipelined caller flushes once the filter holds these keys)
         return addrs
+
+    def _index_added(self, ks=None, packed=None, open_n=0):
+        """The write buffer and the open arena's table take appended records (keys, addresses)."""
+        if ks is None:
+            return  # (Venti: the index has them)
+        self.wbuf.add(ks, packed)
+        # Records sealed into an earlier arena by this append are already in
+        # the index cache (_sealed); the rest belong to the open arena.
+        first = bisect.bisect_left(packed, open_n << 32)  # addresses ascend
+        if first < len(packed):
+            self.open_table.add(ks[first * self.keylen:], packed[first:])
 
     def _flush_if_full(self):
         if len(self.wbuf) * (self.keylen + 8) >= self.tuning.write_buffer_bytes:

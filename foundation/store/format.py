@@ -6,10 +6,12 @@ version so that a reader in 2050 can tell what it holds. docs/format.md is
 the prose version of this file; change both together.
 """
 
+import array
 import hashlib
 import hmac
 import json
 import struct
+import sys
 from dataclasses import dataclass
 
 
@@ -251,19 +253,23 @@ def unpack_summary(b):
     """-> (arena, keylen, arena_mac, keys, addrs, types); ValueError if damaged."""
     if len(b) < SUMMARY_HEADER_SIZE + 32 or b[:8] != SUMMARY_MAGIC:
         raise ValueError("bad summary magic")
-    if hashlib.sha256(b[:-32]).digest() != b[-32:]:
+    if hashlib.sha256(memoryview(b)[:-32]).digest() != b[-32:]:
         raise ValueError("summary checksum mismatch")
     _, version, arena, n, keylen, amac = SUMMARY_HEADER.unpack_from(b)
     if version != VERSION:
         raise ValueError("summary version")
     o = SUMMARY_HEADER_SIZE
+    if o + n * (keylen + 9) + 32 != len(b):
+        raise ValueError("summary length mismatch")
     keys = b[o : o + n * keylen]
     o += n * keylen
-    addrs = list(struct.unpack_from(f"<{n}Q", b, o))
+    # An array, not a list of ints: a summary is loaded for every arena a later day's duplicates
+    # name, and the tables take an array without a check per entry.
+    addrs = array.array("Q", b[o : o + 8 * n])
+    if sys.byteorder != "little":
+        addrs.byteswap()
     o += 8 * n
     types = b[o : o + n]
-    if len(types) != n or o + n + 32 != len(b):
-        raise ValueError("summary length mismatch")
     return arena, keylen, amac, keys, addrs, types
 
 
