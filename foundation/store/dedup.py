@@ -152,18 +152,17 @@ class Writes:
             unknown = sorted(first.values())
             ks = [keys[i * 32:i * 32 + 32] for i in unknown]
         known = set()
+        young = bloom is not None and not self.index.h.entries
         if bloom is None:
             maybe = ks
-        elif not self.index.h.entries:
-            # Nothing on disk to find (a first archive): the index cache holds every key
-            # stored, so the filter could only answer false "maybe"s.
-            maybe = []
         else:
             # Decided while the batch before is still packed (the append thread only packs and
             # writes: its records join the tables in this thread, at the settle below): the
             # filter holds that batch's keys already, the tables not yet, so its duplicates
-            # here are asked about again once it is settled.
-            maybe = list(filter(bloom.__contains__, ks))
+            # here are asked about again once it is settled. In a first archive (nothing on
+            # disk yet) the index cache holds every key stored: it is asked about them all, and
+            # the filter, which could only answer false "maybe"s, not at all.
+            maybe = ks if young else list(filter(bloom.__contains__, ks))
             if maybe:  # duplicates of what the index cache holds: one C pass
                 _, which = native.tables_lookup(self._tables(), b"".join(maybe), None)
                 known = {k for k, w in zip(maybe, which) if w >= 0}
@@ -175,6 +174,8 @@ class Writes:
                 if more:
                     known |= more
                     maybe = [k for k in maybe if k not in more]
+            if young:
+                maybe = []  # nothing older to find
         if maybe:  # a few fresh blocks the filter mistakes, and the duplicates of older data
             known.update(self._known_older(maybe))
         if known:
