@@ -93,15 +93,33 @@ def _archive_all(args, conf, store, results):
     archiver = Archiver(conn, StoreSink(store), settings(args).state_dir,
                         quiesce=args.quiesce or conf.quiesce,
                         progress=(lambda what, total: Progress(what, total)) if tty else None)
+    early = _EarlyFlush(store)
     for i, name in enumerate(names):
         log.info("archiving %s (%d of %d)", name, i + 1, len(names))
-        r = archiver.archive(name)
+        r = archiver.archive(name, beside_merge=early if i == len(names) - 1 else None)
         results.append(r)
         if r.store_failed:
             for rest in names[i + 1:]:
                 results.append(Result(rest, status="not run", error="the store failed; this VM was not touched"))
             log.error("the store failed: the remaining VMs were not touched")
             break
+    if early.error is not None:
+        raise early.error       # what the close would have raised, raised where the close runs
+
+
+class _EarlyFlush:
+    """The store's closing index merge, made while QEMU merges the last VM's day (the store is idle
+    then, and the merge is QEMU's copy: this process only waits). The close finds it done. Its
+    error is kept and raised after the VMs, where the close would have raised it."""
+
+    def __init__(self, store):
+        self.store, self.error = store, None
+
+    def __call__(self):
+        try:
+            self.store.flush_if_due()
+        except BaseException as e:     # noqa: BLE001 -- raised in the main thread afterwards
+            self.error = e
 
 
 def _names(args, conf, conn):

@@ -54,6 +54,7 @@ import datetime
 import logging
 import os
 import re
+import threading
 import time
 import uuid as uuidlib
 
@@ -156,11 +157,19 @@ class Archiver:
         self.progress = progress        # progress(what, total) -> callable(n) with .finish()
         self._on_base = set()           # new overlays this process saw backed by their base after a merge
         self._taken = set()             # new overlays this process's own snapshot made (backed by the old)
+        self._beside = self._side = None   # archive()'s beside_merge, and its thread while it runs
 
     # -- one VM -----------------------------------------------------------
 
-    def archive(self, name):
-        """Repair what an earlier run left, then archive the VM. Never raises for one VM's failure."""
+    def archive(self, name, beside_merge=None):
+        """Repair what an earlier run left, then archive the VM. Never raises for one VM's failure.
+
+        `beside_merge()`, if given, runs in a thread while QEMU merges the
+        day's layer (after the snapshot is in the catalog; the sink is not
+        used meanwhile) and is waited for before the run goes on; it must not
+        raise. It is called at most once, and not at all if nothing is merged.
+        """
+        self._beside = beside_merge
         t0 = time.monotonic()
         res = Result(name)
         try:
@@ -501,10 +510,31 @@ class Archiver:
 
     def _commit(self, dom, run, res):
         t0 = time.monotonic()
-        for t, d in run["disks"].items():
-            if d["old"] and d["new"]:
-                self._merge(dom, t, d, res)
+        try:
+            for t, d in run["disks"].items():
+                if d["old"] and d["new"]:
+                    self._merge(dom, t, d, res)
+        finally:
+            if self._side is not None:
+                self._side.join()
+                self._side = None
         res.commit_seconds = time.monotonic() - t0
+
+    def _start_beside(self):
+        """Start `beside_merge` once, as QEMU starts copying: the caller's own work (closing the
+        store's index) then overlaps the copy instead of following it."""
+        if self._beside is None:
+            return
+        fn, self._beside = self._beside, None
+
+        def go():
+            try:
+                fn()
+            except BaseException:    # noqa: BLE001 -- documented not to raise; never lose the merge for it
+                log.exception("work beside the merge failed")
+
+        self._side = threading.Thread(target=go, name="beside-merge", daemon=True)
+        self._side.start()
 
     def _merge(self, dom, target, d, res):
         """Merge overlay(k) into the base and make overlay(k+1) sit on the base."""
@@ -521,9 +551,11 @@ class Archiver:
                 if not job:
                     dom.start_commit(target, d["old"], d["base"])
                     _crash("commit-started")
+                self._start_beside()
                 _, tail = dom.wait_job(target)
                 res.commit_tail = max(res.commit_tail or 0.0, tail)
             else:
+                self._start_beside()
                 qemuimg.commit(d["old"])
                 qemuimg.rebase_unsafe(d["new"], d["base"], d["base_format"])
         else:
