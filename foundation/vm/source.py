@@ -30,7 +30,9 @@ class SnapshotSource:
     whole-disk read skips it).
     """
 
-    def __init__(self, top, top_format, base, base_format, size):
+    def __init__(self, top, top_format, base, base_format, size=None):
+        """`size` None: the disk's virtual size is learnt from the chain's map (one `qemu-img info`
+        less a night), or for a raw top from `qemu-img info`."""
         self.top, self.top_format, self.size = top, top_format, size
         self.base = base
         self.base_raw = base_format == "raw"
@@ -46,6 +48,8 @@ class SnapshotSource:
                 if day is not None:
                     self.changed = _merge([(s, s + n) for s, n, _, _ in day.result()])
         self._ext = [(s, s + n, f, off, z) for s, n, f, off, z in chain]
+        if self.size is None:
+            self.size = _mapped_size(self._ext) or qemuimg.info(top, top_format)["virtual-size"]
         self._starts = [e[0] for e in self._ext]
         self._files = {}
         self._nbd = None
@@ -145,3 +149,14 @@ def _merge(runs):
         else:
             out.append([s, e])
     return [(s, e - s) for s, e in out]
+
+
+def _mapped_size(ext):
+    """The virtual size a map of the whole disk covers (it lists every byte, data or not, from 0
+    on), or None when it does not read as one gapless cover."""
+    end = 0
+    for s, e, *_ in ext:
+        if s != end:
+            return None
+        end = e
+    return end or None
