@@ -342,12 +342,6 @@ class Store(Writes, Reads, IndexCache):
             atomic_write(os.path.join(self.path, F.COUNTERS), text, sync=False)
             self._counted = text
 
-    def flush_if_due(self):
-        """The index merge a clean close would make, made now (by a caller waiting on something
-        else meanwhile, such as the archiver on QEMU's merge); the close then finds it done."""
-        if self._flush_due():
-            self.flush()
-
     def flush(self):
         """Merge the write buffer into the on-disk index in one sorted pass."""
         self._need_writable()

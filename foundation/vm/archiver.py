@@ -164,12 +164,20 @@ class Archiver:
     def archive(self, name, beside_merge=None):
         """Repair what an earlier run left, then archive the VM. Never raises for one VM's failure.
 
-        `beside_merge()`, if given, runs in a thread while QEMU merges the
-        day's layer (after the snapshot is in the catalog; the sink is not
-        used meanwhile) and is waited for before the run goes on; it must not
-        raise. It is called at most once, and not at all if nothing is merged.
+        `beside_merge()`, if given, runs in a thread while QEMU merges this
+        run's day layer into the base: the snapshot is in the catalog by then
+        and this call uses the sink no more (the caller may close it). It is
+        waited for before the cleanup, must not raise, and is called at most
+        once: not at all if nothing is merged, never for the merge of an
+        interrupted run repaired first (this VM's own run follows that).
         """
         self._beside = beside_merge
+        try:
+            return self._archive_vm(name)
+        finally:
+            self._beside = None
+
+    def _archive_vm(self, name):
         t0 = time.monotonic()
         res = Result(name)
         try:
@@ -182,7 +190,9 @@ class Archiver:
                 try:
                     self._thaw_if_frozen(dom, res)
                     if rec.get("run"):
+                        beside, self._beside = self._beside, None
                         self._resume(dom, rec, res)
+                        self._beside = beside
                     self._run(dom, rec, res)
                 except Exception as e:     # noqa: BLE001 -- one VM's failure never stops the others
                     self._failed(res, e)
