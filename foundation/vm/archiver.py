@@ -167,7 +167,7 @@ class Archiver:
         `beside_merge()`, if given, runs in a thread while QEMU merges this
         run's day layer into the base: the snapshot is in the catalog by then
         and this call uses the sink no more (the caller may close it). It is
-        waited for before the cleanup, must not raise, and is called at most
+        waited for before this call returns, must not raise, and is called at most
         once: not at all if nothing is merged, never for the merge of an
         interrupted run repaired first (this VM's own run follows that).
         """
@@ -176,6 +176,9 @@ class Archiver:
             return self._archive_vm(name)
         finally:
             self._beside = None
+            if self._side is not None:      # it may outlast the merge and the cleanup: it is theirs to overlap
+                self._side.join()
+                self._side = None
 
     def _archive_vm(self, name):
         t0 = time.monotonic()
@@ -525,14 +528,9 @@ class Archiver:
 
     def _commit(self, dom, run, res):
         t0 = time.monotonic()
-        try:
-            for t, d in run["disks"].items():
-                if d["old"] and d["new"]:
-                    self._merge(dom, t, d, res)
-        finally:
-            if self._side is not None:
-                self._side.join()
-                self._side = None
+        for t, d in run["disks"].items():
+            if d["old"] and d["new"]:
+                self._merge(dom, t, d, res)
         res.commit_seconds = time.monotonic() - t0
 
     def _start_beside(self):
@@ -556,7 +554,7 @@ class Archiver:
         lv = dom.libvirt
         for i in range(MERGE_ATTEMPTS):
             # A snapshot this process took put the new overlay over the old one: not merged yet.
-            if not (i == 0 and d["new"] in self._taken) and qemuimg.backing_of(d["new"]) == d["base"]:
+            if not (i == 0 and d["new"] in self._taken) and self._merged(dom, target, d):
                 break
             if dom.active():
                 job = dom.block_job(target)
@@ -581,6 +579,15 @@ class Archiver:
         if dom.inactive_mentions(d["old"]):
             dom.redefine({target: (d["new"], "qcow2")})
         _fsync_path(d["base"])
+
+    def _merged(self, dom, target, d):
+        """True if the new overlay sits on the base. libvirt moves its live chain only once QEMU's
+        commit has rewritten the new overlay's header, so its word "merged" spares a `qemu-img
+        info`; anything else is asked of the header itself."""
+        live = dict((x.target, x) for x in dom.disks()[0]).get(target) if dom.active() else None
+        if live is not None and live.path == d["new"] and live.backing == d["base"]:
+            return True
+        return qemuimg.backing_of(d["new"]) == d["base"]
 
     def _cleanup(self, dom, run):
         tops = dom.tops()
