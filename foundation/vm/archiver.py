@@ -11,7 +11,8 @@ through the same steps: libvirt snapshots inactive domains too, and the
 merge is done offline with qemu-img. A shut-off VM whose overlay holds no
 write since the last run is recorded again without touching it at all.
 
-Every step is journaled (journal.py) *before* it is carried out; a run that
+Every step but the last (deleting overlay(k), whose repair from `commit` is
+the same) is journaled (journal.py) *before* it is carried out; a run that
 is killed, loses its host, meets a libvirt error or a full or missing store
 is finished or undone by the next run on that VM, which says what it
 repaired. The rule behind every repair: a write the guest made is never
@@ -37,8 +38,18 @@ snapshot, so it can always be archived later).
                     (commits only copy bytes the  shut off -> `qemu-img commit -d` + `rebase -u`
                     layer above already shows,    again. Then make sure the domain's config no
                     so a repeat is harmless)      longer names overlay(k).
-    cleanup         overlay(k) deleted or not     delete overlay(k) if it is still there and
-                                                  nothing uses it.
+    (cleanup)       overlay(k) deleted or not     (not journaled: the journal says `commit`,
+                                                  whose repair finds the chain merged) delete
+                                                  overlay(k) if it is still there and nothing
+                                                  uses it. A `cleanup` step journaled by an
+                                                  older version is repaired the same way.
+
+The merge is QEMU's copy; this process only waits for it. So the caller's
+own closing work (the CLI's: closing the store, the file listings) runs
+beside the last VM's merge (`archive(beside_merge=...)`): the snapshot is
+in the catalog before the merge starts, the base is still written only by
+the merge of a committed snapshot, and a kill meanwhile is the kill during
+`commit` above.
 
 A run killed while the guest's file systems are frozen for the snapshot
 (kill -9, power cut: stop signals wait for the thaw) leaves the guest
