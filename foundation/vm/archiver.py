@@ -545,8 +545,8 @@ class Archiver:
         res.commit_seconds = time.monotonic() - t0
 
     def _start_beside(self):
-        """Start `beside_merge` once, as QEMU starts copying: the caller's own work (closing the
-        store's index) then overlaps the copy instead of following it."""
+        """Start `beside_merge` once, as QEMU starts copying: the caller's own work (the CLI's
+        store close and file listings) then overlaps the copy instead of following it."""
         if self._beside is None:
             return
         fn, self._beside = self._beside, None

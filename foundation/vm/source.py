@@ -31,8 +31,8 @@ class SnapshotSource:
     """
 
     def __init__(self, top, top_format, base, base_format, size=None):
-        """`size` None: the disk's virtual size is learnt from the chain's map (one `qemu-img info`
-        less a night), or for a raw top from `qemu-img info`."""
+        """`size` None: the disk's virtual size is the one the chain's `info` gives for the top (one
+        `qemu-img info` less a night), or for a raw top `qemu-img info`'s."""
         self.top, self.top_format, self.size = top, top_format, size
         self.base = base
         self.base_raw = base_format == "raw"
@@ -42,14 +42,15 @@ class SnapshotSource:
         with concurrent.futures.ThreadPoolExecutor(3) as pool:
             # opened without -U: refused if anything still writes `top`
             day = pool.submit(qemuimg.layer_map, top) if top != base else None
+            layers = []             # the chain's `info`, top first: the disk's size comes with it
             try:
-                chain = qemuimg.chain_map(top, top_format, pool) if top_format != "raw" else []
+                chain = qemuimg.chain_map(top, top_format, pool, layers) if top_format != "raw" else []
             finally:                # a layer still written is the error to report, whatever else failed
                 if day is not None:
                     self.changed = _merge([(s, s + n) for s, n, _, _ in day.result()])
         self._ext = [(s, s + n, f, off, z) for s, n, f, off, z in chain]
         if self.size is None:
-            self.size = _mapped_size(self._ext) or qemuimg.info(top, top_format)["virtual-size"]
+            self.size = (layers[0] if layers else qemuimg.info(top, top_format))["virtual-size"]
         self._starts = [e[0] for e in self._ext]
         self._files = {}
         self._nbd = None
@@ -150,13 +151,3 @@ def _merge(runs):
             out.append([s, e])
     return [(s, e - s) for s, e in out]
 
-
-def _mapped_size(ext):
-    """The virtual size a map of the whole disk covers (it lists every byte, data or not, from 0
-    on), or None when it does not read as one gapless cover."""
-    end = 0
-    for s, e, *_ in ext:
-        if s != end:
-            return None
-        end = e
-    return end or None
