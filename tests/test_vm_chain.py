@@ -106,3 +106,27 @@ def test_nvram_archived(make_vm, vm_dir, dir_archive):
     (snap,) = dir_archive.snapshots(vm.name)
     assert snap["meta"]["nvram"]["path"] == vars_
     assert snap["meta"]["nvram"]["blob"] == "\x5a" * (128 << 10)
+
+
+
+def test_beside_merge_runs_once_after_the_catalog(make_vm, dir_archive):
+    """`beside_merge` (where the CLI closes the store) runs while the day is merged: once a night, only
+    after that night's snapshot is recorded, not at all for a first run (nothing to merge); the
+    snapshots stay exact and the chain ends merged."""
+    vm = make_vm(TWO_DISKS)
+    seen = []
+
+    def beside():
+        seen.append(len(dir_archive.snapshots(vm.name)))
+
+    states = []
+    for night in (1, 2, 3):
+        vm.write("vda", 0x10 + night, night * (64 << 10), 64 << 10)
+        vm.write("vdb", 0x20 + night, night * MiB, 64 << 10)
+        r = dir_archive.archiver.archive(vm.name, beside_merge=beside)
+        assert r.status == "ok", r.error
+        states.append(vm.state())
+        assert seen == list(range(2, night + 1))     # night n's call saw its own snapshot (n of them)
+    dir_archive.check(vm.name, states)
+    assert all(len(vm.chain(t)) == 2 for t in ("vda", "vdb"))
+    vm.assert_healthy()

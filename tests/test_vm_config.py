@@ -100,3 +100,21 @@ def test_every_size_reader_uses_the_grammar(tmp_path, capsys):
     assert spec_from_url("s3://bucket/p", multipart_threshold="16 MiB").multipart_threshold == 16 << 20
     with pytest.raises(Exception, match=r"multipart_threshold: not a size: '16 Mo'"):
         spec_from_url("s3://bucket/p", multipart_threshold="16 Mo")
+
+
+def test_live_backing_store_read():
+    """The file below a disk's top as libvirt's live XML names it; unsaid (None) whenever it is not a plain file."""
+    import xml.etree.ElementTree as ET
+
+    from foundation.vm.domain import _backing
+
+    def disk(inner):
+        return ET.fromstring(f"<disk type='file' device='disk'><source file='/v/top.qcow2'/>{inner}</disk>")
+
+    assert _backing(disk("<backingStore type='file' index='1'><format type='qcow2'/>"
+                         "<source file='/v/base.qcow2'/><backingStore/></backingStore>")) == "/v/base.qcow2"
+    assert _backing(disk("<backingStore/>")) == ""                          # no backing file
+    assert _backing(disk("")) is None                                       # not said (inactive XML)
+    assert _backing(disk("<backingStore type='network' index='1'><format type='raw'/>"
+                         "<source protocol='nbd'><host transport='unix' socket='/s'/></source>"
+                         "</backingStore>")) is None                       # not a file: ask the header

@@ -92,3 +92,21 @@ def test_killed_twice(make_vm, dir_archive):
     states.append(vm.state())
     dir_archive.check(vm.name, states)
     vm.assert_healthy()
+
+
+def test_beside_merge_not_during_a_repair(make_vm, dir_archive):
+    """A run killed while QEMU merges is repaired first; `beside_merge` (where the CLI closes the store)
+    waits for the merge of the VM's own run, after its snapshot is recorded, and runs once."""
+    vm = make_vm(TWO_DISKS)
+    states = night1(vm, dir_archive)
+    vm.write("vda", 0xA2, 64 << 10, 64 << 10)
+    assert dir_archive.run_child(vm.name, crash_at="commit-started").returncode == 137
+    states.append(vm.state())
+    vm.write("vdb", 0xB3, 0, 64 << 10)
+    seen = []
+    r = dir_archive.archiver.archive(vm.name, beside_merge=lambda: seen.append(len(dir_archive.snapshots(vm.name))))
+    assert r.status == "ok" and r.repaired, r
+    states.append(vm.state())
+    assert seen == [3]          # once, with the repaired night's and this night's snapshots recorded
+    dir_archive.check(vm.name, states)
+    vm.assert_healthy()

@@ -90,3 +90,14 @@ def test_an_overlay_still_written_is_refused(images):
     finally:
         holder.stdin.close()
         holder.wait(timeout=10)
+
+
+@pytest.mark.parametrize("top", ["qcow2", "compressed", "raw", "qcow2-overlay", "raw-overlay", "compressed-overlay"])
+def test_size_learnt_from_the_map(images, top):
+    """Without a size, the source takes the disk's virtual size from the chain's `info` it runs anyway
+    (a raw top: from `qemu-img info`): the same as `qemu-img info` says."""
+    fmt = "raw" if top == "raw" else "qcow2"
+    base = top.replace("-overlay", "")
+    with SnapshotSource(images[top], fmt, images[base], "raw" if base == "raw" else "qcow2") as src:
+        assert src.size == qemuimg.info(images[top], fmt)["virtual-size"] == SIZE
+

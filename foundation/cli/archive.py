@@ -56,14 +56,14 @@ def run(args):
     if args.vms and args.all:
         raise UsageError("give VM names or --all, not both")
     # The store first: nothing is touched if it is missing, unmounted, locked or the key is wrong.
-    results = []
+    results, beside = [], None
     try:
         with open_store(args, writable=not args.check) as store:
             if args.check:
                 how = "encrypted, the key fits" if store.conf.get("encrypted") else "not encrypted"
                 print(f"store {store_path(args)} is present ({how})")
                 return 0
-            _archive_all(args, conf, store, results)
+            beside = _archive_all(args, conf, store, results)
     except Error as e:
         record_run(settings(args).state_dir, results, e)     # for `foundation notify`
         raise
@@ -74,7 +74,7 @@ def run(args):
     if results:
         after_write(args)  # configured replicas; a failure there only warns, the status stays
         done = [r.name for r in results if r.status == "ok"]
-        if done and conf.list_files:
+        if done and conf.list_files and not (beside and beside.listed):
             from foundation.cli.find import update_listings
 
             update_listings(args, done, settings(args).state_dir)   # only warns, too
@@ -93,15 +93,46 @@ def _archive_all(args, conf, store, results):
     archiver = Archiver(conn, StoreSink(store), settings(args).state_dir,
                         quiesce=args.quiesce or conf.quiesce,
                         progress=(lambda what, total: Progress(what, total)) if tty else None)
+    beside = None
     for i, name in enumerate(names):
         log.info("archiving %s (%d of %d)", name, i + 1, len(names))
-        r = archiver.archive(name)
+        if i == len(names) - 1:
+            beside = _Beside(args, conf, store, [r.name for r in results if r.status == "ok"] + [name])
+        r = archiver.archive(name, beside_merge=beside)
         results.append(r)
         if r.store_failed:
             for rest in names[i + 1:]:
                 results.append(Result(rest, status="not run", error="the store failed; this VM was not touched"))
             log.error("the store failed: the remaining VMs were not touched")
             break
+    if beside is not None and beside.error is not None:
+        raise beside.error      # what the close would have raised, raised where the close runs
+    return beside
+
+
+class _Beside:
+    """What follows the last VM's archive, done while QEMU merges that VM's day (a copy in QEMU's
+    process, during which this one only waits): closing the store (its index merge, fsyncs) and
+    then the file listings, which open it again read-only. The snapshot is in the catalog before
+    the merge starts, and nothing writes the store after it; the VM's journal lock is held until
+    its merge and cleanup are done, as before. The close's error is kept and raised after the
+    VMs, where the close would have raised it; the listing only warns, as before."""
+
+    def __init__(self, args, conf, store, names):
+        self.args, self.conf, self.store, self.names = args, conf, store, names
+        self.error, self.listed = None, False
+
+    def __call__(self):
+        try:
+            self.store.close()      # the `with` block's own close then finds it closed
+        except BaseException as e:     # noqa: BLE001 -- raised in the main thread afterwards
+            self.error = e
+            return
+        if self.conf.list_files:
+            from foundation.cli.find import update_listings
+
+            update_listings(self.args, self.names, settings(self.args).state_dir)   # only warns
+            self.listed = True
 
 
 def _names(args, conf, conn):

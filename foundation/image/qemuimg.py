@@ -120,7 +120,7 @@ def layer_map(path, share=False):
     return ext
 
 
-def chain_map(path, fmt, pool=None):
+def chain_map(path, fmt, pool=None, layers_out=None):
     """Extents of a frozen image through its whole chain: list of (start, length, file | None, offset | None, zero).
 
     `file` and `offset` say where the bytes lie on the host when QEMU
@@ -128,14 +128,18 @@ def chain_map(path, fmt, pool=None):
     external data file, or a raw layer): reading them there gives exactly
     what the guest reads. Extents without them (compressed clusters) must be
     read through QEMU; `zero` marks extents that read as zeros. With `pool`
-    (an executor), the map runs beside the `info`.
+    (an executor), the map runs beside the `info`; `layers_out` (a list) receives the `info
+    --backing-chain` of each layer, top first (its virtual-size, for one).
     """
     args = (["map", "--output=json", "-U", "-f", fmt, path], f"map {path}")
     mapped = pool.submit(run_json, *args) if pool is not None else None
     layers = run_json(["info", "--backing-chain", "--output=json", "-U", "-f", fmt, path],
                       f"info --backing-chain {path}")
+    layers = layers if isinstance(layers, list) else [layers]
+    if layers_out is not None:
+        layers_out.extend(layers)
     files = []
-    for layer in layers if isinstance(layers, list) else [layers]:
+    for layer in layers:
         data_file = (layer.get("format-specific") or {}).get("data", {}).get("data-file")
         name = layer.get("filename", "")
         direct = layer.get("format") in ("raw", "qcow2") and not data_file and name.startswith("/")

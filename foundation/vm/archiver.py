@@ -11,7 +11,8 @@ through the same steps: libvirt snapshots inactive domains too, and the
 merge is done offline with qemu-img. A shut-off VM whose overlay holds no
 write since the last run is recorded again without touching it at all.
 
-Every step is journaled (journal.py) *before* it is carried out; a run that
+Every step but the last (deleting overlay(k), whose repair from `commit` is
+the same) is journaled (journal.py) *before* it is carried out; a run that
 is killed, loses its host, meets a libvirt error or a full or missing store
 is finished or undone by the next run on that VM, which says what it
 repaired. The rule behind every repair: a write the guest made is never
@@ -37,8 +38,18 @@ snapshot, so it can always be archived later).
                     (commits only copy bytes the  shut off -> `qemu-img commit -d` + `rebase -u`
                     layer above already shows,    again. Then make sure the domain's config no
                     so a repeat is harmless)      longer names overlay(k).
-    cleanup         overlay(k) deleted or not     delete overlay(k) if it is still there and
-                                                  nothing uses it.
+    (cleanup)       overlay(k) deleted or not     (not journaled: the journal says `commit`,
+                                                  whose repair finds the chain merged) delete
+                                                  overlay(k) if it is still there and nothing
+                                                  uses it. A `cleanup` step journaled by an
+                                                  older version is repaired the same way.
+
+The merge is QEMU's copy; this process only waits for it. So the caller's
+own closing work (the CLI's: closing the store, the file listings) runs
+beside the last VM's merge (`archive(beside_merge=...)`): the snapshot is
+in the catalog before the merge starts, the base is still written only by
+the merge of a committed snapshot, and a kill meanwhile is the kill during
+`commit` above.
 
 A run killed while the guest's file systems are frozen for the snapshot
 (kill -9, power cut: stop signals wait for the thaw) leaves the guest
@@ -54,6 +65,7 @@ import datetime
 import logging
 import os
 import re
+import threading
 import time
 import uuid as uuidlib
 
@@ -156,11 +168,30 @@ class Archiver:
         self.progress = progress        # progress(what, total) -> callable(n) with .finish()
         self._on_base = set()           # new overlays this process saw backed by their base after a merge
         self._taken = set()             # new overlays this process's own snapshot made (backed by the old)
+        self._beside = self._side = None   # archive()'s beside_merge, and its thread while it runs
 
     # -- one VM -----------------------------------------------------------
 
-    def archive(self, name):
-        """Repair what an earlier run left, then archive the VM. Never raises for one VM's failure."""
+    def archive(self, name, beside_merge=None):
+        """Repair what an earlier run left, then archive the VM. Never raises for one VM's failure.
+
+        `beside_merge()`, if given, runs in a thread while QEMU merges this
+        run's day layer into the base: the snapshot is in the catalog by then
+        and this call uses the sink no more (the caller may close it). It is
+        waited for before this call returns, must not raise, and is called at most
+        once: not at all if nothing is merged, never for the merge of an
+        interrupted run repaired first (this VM's own run follows that).
+        """
+        self._beside = beside_merge
+        try:
+            return self._archive_vm(name)
+        finally:
+            self._beside = None
+            if self._side is not None:      # it may outlast the merge and the cleanup: it is theirs to overlap
+                self._side.join()
+                self._side = None
+
+    def _archive_vm(self, name):
         t0 = time.monotonic()
         res = Result(name)
         try:
@@ -173,7 +204,9 @@ class Archiver:
                 try:
                     self._thaw_if_frozen(dom, res)
                     if rec.get("run"):
+                        beside, self._beside = self._beside, None
                         self._resume(dom, rec, res)
+                        self._beside = beside
                     self._run(dom, rec, res)
                 except Exception as e:     # noqa: BLE001 -- one VM's failure never stops the others
                     self._failed(res, e)
@@ -319,7 +352,9 @@ class Archiver:
         out = {}
         for d in disks:
             r = known.get(d.target)
-            if r and r["top"] == d.path and (d.path == r["base"] or qemuimg.backing_of(d.path) == r["base"]):
+            # the running QEMU's chain as libvirt has it spares a `qemu-img info` a night
+            if r and r["top"] == d.path and (d.path == r["base"] or (
+                    d.backing if d.backing is not None else qemuimg.backing_of(d.path)) == r["base"]):
                 out[d.target] = r
                 continue
             base, fmt = d.path, d.format
@@ -367,8 +402,10 @@ class Archiver:
         if run["step"] == "commit":
             self._commit(dom, run, res)
             _crash("commit-done")
+            # Not journaled: a repair from 'commit' finds the chain merged (the new overlay's header
+            # names the base) and goes on to the cleanup, which is the same repair. One fsync'd
+            # save less a night.
             run["step"] = "cleanup"
-            journal.save(self.state_dir, rec)
             _crash("cleanup")
         if run["step"] == "cleanup":
             self._cleanup(dom, run)
@@ -377,7 +414,8 @@ class Archiver:
             rec["disks"][t] = {"base": d["base"], "base_format": d["base_format"],
                                "top": d["new"] or d["old"] or d["base"], "base_id": run["id"]}
         rec["run"] = None
-        journal.save(self.state_dir, rec)
+        # Saved by archive() on its way out, whatever follows (a kill before that repeats the
+        # cleanup, which finds nothing left to do).
         res.disks = len(run["disks"])
         res.consistency = ("quiesced" if run["quiesced"] else
                            "crash-consistent" if run["live"] else "shut off")
@@ -444,11 +482,11 @@ class Archiver:
                 disks[t], changed[t], incr[t] = prev, 0, True
                 continue
             frozen, fmt = (d["old"], "qcow2") if d["old"] else (d["base"], d["base_format"])
-            size = qemuimg.info(frozen, fmt)["virtual-size"]
-            if prev is not None and prev[1] != size:
-                prev = None                  # the disk was resized: archive it whole
-            incremental = prev is not None and d["old"] is not None
-            with SnapshotSource(frozen, fmt, d["base"], d["base_format"], size) as src:
+            with SnapshotSource(frozen, fmt, d["base"], d["base_format"]) as src:
+                size = src.size
+                if prev is not None and prev[1] != size:
+                    prev = None                  # the disk was resized: archive it whole
+                incremental = prev is not None and d["old"] is not None
                 runs = src.changed if incremental else None
                 zeros, notes = swap.find_swap(src.read, size)
                 total = sum(n for _, n in runs) if runs is not None else size
@@ -506,12 +544,28 @@ class Archiver:
                 self._merge(dom, t, d, res)
         res.commit_seconds = time.monotonic() - t0
 
+    def _start_beside(self):
+        """Start `beside_merge` once, as QEMU starts copying: the caller's own work (the CLI's
+        store close and file listings) then overlaps the copy instead of following it."""
+        if self._beside is None:
+            return
+        fn, self._beside = self._beside, None
+
+        def go():
+            try:
+                fn()
+            except BaseException:    # noqa: BLE001 -- documented not to raise; never lose the merge for it
+                log.exception("work beside the merge failed")
+
+        self._side = threading.Thread(target=go, name="beside-merge", daemon=True)
+        self._side.start()
+
     def _merge(self, dom, target, d, res):
         """Merge overlay(k) into the base and make overlay(k+1) sit on the base."""
         lv = dom.libvirt
         for i in range(MERGE_ATTEMPTS):
             # A snapshot this process took put the new overlay over the old one: not merged yet.
-            if not (i == 0 and d["new"] in self._taken) and qemuimg.backing_of(d["new"]) == d["base"]:
+            if not (i == 0 and d["new"] in self._taken) and self._merged(dom, target, d):
                 break
             if dom.active():
                 job = dom.block_job(target)
@@ -521,9 +575,11 @@ class Archiver:
                 if not job:
                     dom.start_commit(target, d["old"], d["base"])
                     _crash("commit-started")
+                self._start_beside()
                 _, tail = dom.wait_job(target)
                 res.commit_tail = max(res.commit_tail or 0.0, tail)
             else:
+                self._start_beside()
                 qemuimg.commit(d["old"])
                 qemuimg.rebase_unsafe(d["new"], d["base"], d["base_format"])
         else:
@@ -534,6 +590,15 @@ class Archiver:
         if dom.inactive_mentions(d["old"]):
             dom.redefine({target: (d["new"], "qcow2")})
         _fsync_path(d["base"])
+
+    def _merged(self, dom, target, d):
+        """True if the new overlay sits on the base. libvirt moves its live chain only once QEMU's
+        commit has rewritten the new overlay's header, so its word "merged" spares a `qemu-img
+        info`; anything else is asked of the header itself."""
+        live = dict((x.target, x) for x in dom.disks()[0]).get(target) if dom.active() else None
+        if live is not None and live.path == d["new"] and live.backing == d["base"]:
+            return True
+        return qemuimg.backing_of(d["new"]) == d["base"]
 
     def _cleanup(self, dom, run):
         tops = dom.tops()

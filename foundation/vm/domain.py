@@ -91,8 +91,10 @@ def all_names(conn):
     return sorted(d.name() for d in conn.listAllDomains(0))
 
 
-# One archived disk of the domain: target (vda), the file at the top of its chain, its format.
-Disk = collections.namedtuple("Disk", "target path format")
+# One archived disk of the domain: target (vda), the file at the top of its chain, its format, and
+# the file directly below the top as the running QEMU has it open (libvirt's live <backingStore>):
+# "" for none, None when not known (a shut-off domain, a backing that is not a file).
+Disk = collections.namedtuple("Disk", "target path format backing", defaults=(None,))
 
 
 class Domain:
@@ -136,7 +138,8 @@ class Domain:
         CD-ROMs, floppies, LUNs and read-only or shareable disks are left out
         (noted); a writable disk that is not a raw or qcow2 file stops the VM.
         """
-        root = ET.fromstring(self.config_xml())
+        live = self.active()
+        root = ET.fromstring(self.xml(inactive=not live))
         out, skipped = [], []
         for d in root.findall("devices/disk"):
             target = d.find("target").get("dev")
@@ -161,7 +164,7 @@ class Domain:
                 raise UnsupportedDisk(self.name, target, f"format '{fmt}'")
             if src.find("encryption") is not None or d.find("encryption") is not None:
                 raise UnsupportedDisk(self.name, target, "an encrypted image")
-            out.append(Disk(target, path, fmt))
+            out.append(Disk(target, path, fmt, _backing(d) if live else None))
         return out, skipped
 
     def tops(self):
@@ -337,6 +340,17 @@ class Domain:
             time.sleep(JOB_POLL)
         end = time.monotonic()
         return end - t0, end - copying
+
+
+def _backing(disk_el):
+    """The file below the top in a live <disk>'s <backingStore>: "" if it has none, None if unsaid."""
+    bs = disk_el.find("backingStore")
+    if bs is None:
+        return None
+    src = bs.find("source")
+    if src is None:
+        return "" if not len(bs) and bs.get("type") is None else None
+    return src.get("file") if bs.get("type", "file") == "file" else None
 
 
 def _set_source(disk_el, path, fmt):

@@ -30,7 +30,9 @@ class SnapshotSource:
     whole-disk read skips it).
     """
 
-    def __init__(self, top, top_format, base, base_format, size):
+    def __init__(self, top, top_format, base, base_format, size=None):
+        """`size` None: the disk's virtual size is the one the chain's `info` gives for the top (one
+        `qemu-img info` less a night), or for a raw top `qemu-img info`'s."""
         self.top, self.top_format, self.size = top, top_format, size
         self.base = base
         self.base_raw = base_format == "raw"
@@ -40,12 +42,15 @@ class SnapshotSource:
         with concurrent.futures.ThreadPoolExecutor(3) as pool:
             # opened without -U: refused if anything still writes `top`
             day = pool.submit(qemuimg.layer_map, top) if top != base else None
+            layers = []             # the chain's `info`, top first: the disk's size comes with it
             try:
-                chain = qemuimg.chain_map(top, top_format, pool) if top_format != "raw" else []
+                chain = qemuimg.chain_map(top, top_format, pool, layers) if top_format != "raw" else []
             finally:                # a layer still written is the error to report, whatever else failed
                 if day is not None:
                     self.changed = _merge([(s, s + n) for s, n, _, _ in day.result()])
         self._ext = [(s, s + n, f, off, z) for s, n, f, off, z in chain]
+        if self.size is None:
+            self.size = (layers[0] if layers else qemuimg.info(top, top_format))["virtual-size"]
         self._starts = [e[0] for e in self._ext]
         self._files = {}
         self._nbd = None
@@ -145,3 +150,4 @@ def _merge(runs):
         else:
             out.append([s, e])
     return [(s, e - s) for s, e in out]
+
