@@ -323,6 +323,8 @@ class Store(Writes, Reads, IndexCache):
         # A closed store answers no lookup: its index cache, decoded blocks and lookup tables go
         # now, not with the object (`archive` reads the store again for the file listings with
         # this one still in scope: they were 30-40 MB of its peak).
+        if getattr(self, "summaries", None) is None:
+            return      # closed before its caches were made
         self.summaries.clear()
         self.summary_entries = 0
         self.blocks.clear()
