@@ -63,8 +63,8 @@ class Ranges:
 class TreeSource:
     """An archived disk as a byte source (reads past the end are short, as a file's)."""
 
-    def __init__(self, store, entry, record=False):
-        self.r = ImageReader(store, entry.root)
+    def __init__(self, store, entry, record=False, readahead=8 << 20):
+        self.r = ImageReader(store, entry.root, readahead=readahead)
         self.size = entry.size
         self.seen = [] if record else None      # with `record`: every (offset, length) read
 

@@ -39,6 +39,13 @@ from foundation.snapshotfs.treediff import _merge, changed_ranges
 
 log = logging.getLogger(__name__)
 
+# The readers' read-ahead through the image tree when listing: they read metadata (superblocks,
+# inode tables, directories) in 64 KiB chunks, never file contents, and a run of them grew the
+# window to 8 MiB, read in log order into 4 MiB spans: a night whose change met the looked ranges
+# peaked ~40 MB above the others for it (benchmarks/README.md, "peak memory of `archive`"),
+# for the same listing time. Below the reader's LOG_ORDER_MIN, reads go through the block cache.
+READAHEAD = 512 << 10
+
 FORMAT = 1
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
@@ -165,7 +172,7 @@ class FilesIndex:
         from foundation.snapshotfs.changes import TreeSource, snapshot_changes
 
         def source(s, d):
-            return TreeSource(store, s.disks[d], record=s is snap)   # what snap's listing is read from
+            return TreeSource(store, s.disks[d], record=s is snap, readahead=READAHEAD)   # what snap's listing is read from
 
         try:
             changes = snapshot_changes(source, prev, snap, disk, store, sides)
@@ -226,7 +233,7 @@ class FilesIndex:
         if old is None or kind != "file":
             return True
         try:
-            side = Side(TreeSource(store, old.disks[disk]), f"{label(old)} disk {disk}")
+            side = Side(TreeSource(store, old.disks[disk], readahead=READAHEAD), f"{label(old)} disk {disk}")
             vol = side.volumes().get(c.partition)
             e = find_entry(vol, c.path) if vol is not None else None
             if e is None or e.size != c.after.size:

@@ -313,10 +313,25 @@ class Store(Writes, Reads, IndexCache):
                     self.record_head()
         finally:
             self._close_structures()
+            self._drop_caches()
             for fd in (self.lockfd, self.readfd):
                 if fd is not None:
                     os.close(fd)
             self.lockfd = self.readfd = None
+
+    def _drop_caches(self):
+        # A closed store answers no lookup: its index cache, decoded blocks and lookup tables go
+        # now, not with the object (`archive` reads the store again for the file listings with
+        # this one still in scope: they were 30-40 MB of its peak).
+        if getattr(self, "summaries", None) is None:
+            return      # closed before its caches were made
+        self.summaries.clear()
+        self.summary_entries = 0
+        self.blocks.clear()
+        self._recent, self._ahead, self.holding = [], {}, None
+        if getattr(self, "wbuf", None) is not None:
+            self.wbuf = self.open_table = native.Table(self.keylen, 16)
+        give_back()
 
     def _close_structures(self):
         if self.index:
