@@ -10,11 +10,8 @@ shortcut turned off give.
 import os
 
 import pytest
-
-pytest.importorskip("pytsk3")
-
-import snapshotfs_support as T  # noqa: E402
-from guest_days import MIB, GuestDisk, GuestFS, rnd  # noqa: E402
+import snapshotfs_support as T
+from guest_days import MIB, GuestDisk, GuestFS, rnd
 
 
 def _poke(path, offset, data):

@@ -209,17 +209,18 @@ class Writes:
         """Which of these keys, missed by the index cache and "maybe" to the filter, are stored: a key
         found through the index loads its arena's summary (_exists), which then answers the keys
         after it in one C pass (a copied extent: one lookup, not one per block)."""
-        found, rest, last = [], keys, None
-        while rest:
-            k, rest = rest[0], rest[1:]
+        found, rest, i, last = [], keys, 0, None
+        while i < len(rest):
+            k, i = rest[i], i + 1
             if self._exists(k):
                 found.append(k)
-            if rest and self._recent and self._recent[0] is not last:
-                last = self._recent[0]
-                _, which = native.tables_lookup([last], b"".join(rest), None)
+            if i < len(rest) and self._recent and self._recent[0] is not last:
+                last = self._recent[0]  # a summary just loaded: it answers the keys after k
+                tail = rest[i:]
+                _, which = native.tables_lookup([last], b"".join(tail), None)
                 if any(w >= 0 for w in which):
-                    found += [x for x, w in zip(rest, which) if w >= 0]
-                    rest = [x for x, w in zip(rest, which) if w < 0]
+                    found += [x for x, w in zip(tail, which) if w >= 0]
+                    rest, i = [x for x, w in zip(tail, which) if w < 0], 0
         return found
 
     def _exists(self, score):

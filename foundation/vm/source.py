@@ -150,4 +150,3 @@ def _merge(runs):
         else:
             out.append([s, e])
     return [(s, e - s) for s, e in out]
-
