@@ -23,7 +23,9 @@ import array
 import collections
 import concurrent.futures
 import errno
+import itertools
 import mmap
+import operator
 import os
 import stat
 import threading
@@ -170,14 +172,10 @@ class ImageReader:
 
         for positions, data in self.s.read_blocks_in_log_order(refs, alloc):
             src = memoryview(data)
-            i, m = 0, len(positions)
-            while i < m:  # a run of blocks that follow each other in the image is one copy
-                j = i + 1
-                while j < m and positions[j] == positions[j - 1] + 1:
-                    j += 1
+            starts = _run_starts(positions)
+            for i, j in zip(starts, starts[1:]):  # a run of blocks that follow each other in the image is one copy
                 p = positions[i]
                 view[p * bs:(p + j - i) * bs] = src[i * bs:j * bs]
-                i = j
             del src
         return out
 
@@ -378,7 +376,7 @@ def _window(store, w, bs, size, rs, zero, submit, alloc, progress):
         submit(jobs)
     if refs:
         for positions, data in store.read_blocks_in_log_order(refs, alloc, plan):
-            submit(_runs([leaf[p] for p in positions], memoryview(data), bs, size),
+            submit(_runs(list(map(leaf.__getitem__, positions)), memoryview(data), bs, size),
                    data if isinstance(data, (bytearray, mmap.mmap)) else None)
     if progress is not None:
         progress(min(size, sum(c for _, c, _ in runs) * bs))
@@ -387,16 +385,21 @@ def _window(store, w, bs, size, rs, zero, submit, alloc, progress):
 def _runs(leaves, data, bs, size):
     """Blocks in data and the leaf of each -> pwrite jobs [(buffer, offset)], one per run of consecutive leaves."""
     jobs = []
-    i, n = 0, len(leaves)
-    while i < n:
-        j = i + 1
-        while j < n and leaves[j] == leaves[j - 1] + 1:
-            j += 1
+    starts = _run_starts(leaves)
+    for i, j in zip(starts, starts[1:]):
         off = leaves[i] * bs
         end = min(size, off + (j - i) * bs)  # the last block of an image whose size is not a multiple of it
         jobs.append((data[i * bs:i * bs + end - off], off))
-        i = j
     return jobs
+
+
+def _run_starts(leaves):
+    """Where each run of consecutive numbers in leaves starts, and len(leaves) last: found by
+    C-level iterators (no Python frame per block, which cost more than the run's pwrite)."""
+    n = len(leaves)
+    if not n:
+        return [0]
+    return [0, *itertools.compress(range(1, n), map(operator.ne, leaves[1:], map((1).__add__, leaves))), n]
 
 
 class _Out:

@@ -262,6 +262,7 @@ class Reads:
         lg = self.log
         pool = _workers()
         reads = _SpanReads(self, sum(sp[2] for sp in spans), max(sp[2] for sp in spans))
+        low = array.array("Q", map((0xFFFFFFFF).__and__, addrs))  # arena offsets, for every span at once
 
         def decode(sp, out, rb):  # a worker: read the span, decode it (the GIL released in both)
             arena, start, size, i, j = sp
@@ -270,7 +271,7 @@ class Reads:
                 return None, None, True
             # A read short of the span's end is the end of the arena's file (a span reaches a
             # record's largest size past its last one): unpack_blocks finds a record cut short.
-            offs = array.array("Q", [a & 0xFFFFFFFF for a in addrs[i:j]])
+            offs = low[i:j]
             return native.unpack_blocks(self.codec, arena, lg.iv(arena), b, start, offs, bs, out, lg.threads)
 
         def submit(sp):
@@ -346,7 +347,7 @@ class Reads:
         # summary in turn costs more than the sweep
         tables = self._tables()[:2] if sweep else self._tables()
         found, which = native.tables_lookup(tables, keys, None)
-        miss = [j for j, w in enumerate(which) if w < 0]
+        miss = list(itertools.compress(range(len(which)), map((0).__gt__, which)))  # C-level: no frame per key
         if sweep:
             self._sweep(keys, found, miss)
             return found
@@ -433,8 +434,8 @@ class Reads:
         if not aaddrs:
             return
         js, hit = native.tables_lookup([t], bytes(akeys), None)
-        for y in [y for y, h in enumerate(hit) if h >= 0]:
-            j, a = js[y], aaddrs[y]
+        ys = list(itertools.compress(range(len(hit)), map(operator.not_, hit)))  # a hit is table 0, a miss -1
+        for j, a in zip(map(js.__getitem__, ys), map(aaddrs.__getitem__, ys)):
             if not done[j] and not (bad and a in bad):
                 found[j] = a
                 done[j] = 1
