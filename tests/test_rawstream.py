@@ -120,9 +120,9 @@ def test_a_store_image_read_through_windows_in_log_order(tmp_path, monkeypatch):
     passes = []
     log_order = Store.read_blocks_in_log_order
 
-    def spy(self, refs, alloc=None):
+    def spy(self, refs, alloc=None, plan=None):
         passes.append(len(refs))
-        return log_order(self, refs, alloc)
+        return log_order(self, refs, alloc, plan)
 
     monkeypatch.setattr(Store, "read_blocks_in_log_order", spy)
     path = make_store(tmp_path / "store", mode="hash")

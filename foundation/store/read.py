@@ -28,7 +28,7 @@ from foundation import native
 from foundation.errors import BadInput, DataCorrupt, DerivedCorrupt, NotFound
 from foundation.store import format as F
 from foundation.store import layout as L
-from foundation.store.arena import Log, read_head
+from foundation.store.arena import MAX_FDS, Log, read_head
 
 LOG_SPAN = 4 << 20  # largest single read of a log-order pass: a restore holds ~8 spans' buffers (read
 # and decoded), so 8 MiB cost 30 MB more peak memory for no gain in CPU or wall (benchmarks/README.md)
@@ -237,6 +237,24 @@ class Reads:
         refs = bytes(refs)
         addrs, positions, keys = self._log_order(refs, n)
         return refs, addrs, positions, self._log_spans(addrs), keys
+
+    def will_read(self, plan):
+        """Ask the kernel to read a log_order_plan's spans into the page cache now, in the background:
+        the plan a vda.raw stream makes for its next window while this one decodes, so that the
+        next pass's first spans are not each a wait on the disk (the pass reads through the page
+        cache: it is small). Only a hint; a large pass, read around the cache, is left alone."""
+        spans = plan[3]
+        if sum(sp[2] for sp in spans) >= DIRECT_MIN:
+            return
+        lg = self.log
+        if len(lg.fds) + len({sp[0] for sp in spans} - lg.fds.keys()) > MAX_FDS:
+            # opening more would close the least used descriptor, which a decoder may be reading
+            spans = [sp for sp in spans if sp[0] in lg.fds]
+        for arena, start, size, _, _ in spans:
+            try:
+                os.posix_fadvise(lg.fd(arena), start, size, os.POSIX_FADV_WILLNEED)
+            except (OSError, AttributeError):  # AttributeError: a platform without it
+                return
 
     def read_blocks_in_log_order(self, refs, alloc=None, plan=None):
         """Yield (positions, data) for the blocks named by the concatenated refs, in log order.
