@@ -16,7 +16,8 @@ of the /snapshot tree and of booted clones: interior nodes stay in an LRU
 cache, and a run of sequential reads grows a read-ahead window up to 8 MiB,
 read in log order like a restore once it holds LOG_ORDER_MIN blocks;
 `read_window` hands a whole window to a caller that keeps it (the tree's
-stream of a sequentially read vda.raw).
+stream of a sequentially read vda.raw), and plans the next window while
+this one's spans decode.
 """
 
 import array
