@@ -388,6 +388,57 @@ def test_a_stream_of_windows_recycles_its_read_buffers(store, monkeypatch):
     assert 0 < len(made) <= read_mod.AHEAD and len(read_mod._spare) <= read_mod.SPARE
 
 
+def test_a_stream_plans_its_next_window_while_this_one_decodes(store, monkeypatch):
+    """read_window plans the next aligned window during this one's pass, and the next call takes
+    that plan instead of locating its blocks again; a call for another window, or after the store
+    was refreshed, plans its own. Every window exact."""
+    from foundation.image import reader as reader_mod
+
+    monkeypatch.setattr(reader_mod, "LOG_ORDER_MIN", 4)  # these windows go the log-order way whatever their zeros
+    rng = seeded(11)
+    img = bytearray(content(rng, 6 << 20))
+    root = full(store, img)
+    for _ in range(4):  # later days scatter the blocks over the log
+        ch = mutate(rng, img)
+        root = write_image(store, BytesSource(bytes(img)), len(img), prev=root, changed=ch)
+    store.sync()
+    plans, made = [], type(store).log_order_plan
+
+    def spy(self, refs):
+        plans.append(len(refs))
+        return made(self, refs)
+
+    monkeypatch.setattr(type(store), "log_order_plan", spy)
+    r = ImageReader(store, root)
+    step = 1 << 20
+    for off in range(0, len(img), step):
+        assert bytes(r.read_window(off, step)) == img[off:off + step]
+    assert len(plans) == len(img) // step  # once a window: the first at its turn, each next ahead
+    assert r._planned is None  # the last window has no next one
+    plans.clear()
+    assert bytes(r.read_window(0, step)) == img[:step]  # its own plan, and the next one's
+    assert bytes(r.read_window(3 * step, step)) == img[3 * step:4 * step]  # not the one planned: its own
+    assert len(plans) == 4 and r._planned[0] == 4 * step // BS
+    r._planned = r._planned[:2] + (object(),) + r._planned[3:]  # as if the store had been refreshed
+    assert bytes(r.read_window(4 * step, step)) == img[4 * step:5 * step]
+    assert len(plans) == 6  # the stale plan not taken
+    # a block of the next window that cannot be located fails that window at its own turn, loudly,
+    # not the window being read
+    bad = bytes(r.leaf_refs(2 * step // BS, 3 * step // BS))
+
+    def lost(self, refs):
+        if bytes(refs) == bad:
+            raise DataCorrupt("arena 9 offset 0: block lost")
+        return made(self, refs)
+
+    monkeypatch.setattr(type(store), "log_order_plan", lost)
+    r = ImageReader(store, root)
+    assert bytes(r.read_window(step, step)) == img[step:2 * step]
+    assert r._planned is None
+    with pytest.raises(DataCorrupt, match="block lost"):
+        r.read_window(2 * step, step)
+
+
 def test_restore_windows_grow_from_a_small_first_one(store, tmp_path, monkeypatch):
     """The first window is WINDOW / FIRST_WINDOW_PART, each next one twice the one before, up to
     WINDOW; the file is exact whatever the cut."""
