@@ -195,7 +195,7 @@ class ImageReader:
         """Locate the blocks of leaves b0..b1-1 for the _fetch that will ask for them: a stream's
         next window, planned in the thread that runs the store's Python anyway, while the
         decoders (C, the GIL released) work on this window's spans; planned at the next window's
-        own turn, it left both cores idle for it (a third of a vda.raw copy's time). A block that
+        own turn, no decode ran meanwhile (~5 ms a window, 256 windows a 2 GiB copy). A block that
         cannot be located is left to that turn, which names it."""
         try:
             refs = self.leaf_refs(b0, b1)
