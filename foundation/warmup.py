@@ -47,6 +47,8 @@ SITE = ("_cffi_backend", "pybloomfilter")  # third-party extension modules the s
 OURS = ("", "native", "store", "image", "catalog", "crypto")  # our packages: every module of these
 CLI = ("__init__", "logs", "common")  # and of the command line, these and the command's own
 
+CONFIG, CONFIG_ENV = "/etc/foundation/foundation.toml", "FOUNDATION_CONFIG"  # foundation.config's
+
 _started = False
 
 
@@ -87,7 +89,8 @@ def _files(argv, env):
     at = _command(argv)
     command = argv[at] if at is not None else None
     out = [(p, 0) for p in _modules(command)]
-    store = _option(argv, "--store") or env.get("FOUNDATION_STORE")
+    store = _option(argv, "--store") or env.get("FOUNDATION_STORE") or _configured_store(
+        _option(argv, "--config") or env.get(CONFIG_ENV) or CONFIG)
     if store:
         out += [(os.path.join(store, f), 0) for f in STORE_FILES]
         out.append((os.path.join(store, INDEX_FILE), INDEX_HEADER))
@@ -123,6 +126,24 @@ def _option(argv, name):
             return argv[i + 1]
         if a.startswith(name + "="):
             return a[len(name) + 1:]
+    return None
+
+
+def _configured_store(path):
+    """The top-level `store = "..."` of the config file, found without a TOML parser (this runs
+    before any import); a line it misreads only names files that are then not found."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                line = line.strip()
+                if line.startswith("["):
+                    return None  # past the top level
+                key, eq, value = line.partition("=")
+                value = value.strip()
+                if eq and key.strip() == "store" and len(value) > 1 and value[0] == value[-1] == '"':
+                    return value[1:-1]
+    except (OSError, UnicodeDecodeError):
+        pass
     return None
 
 

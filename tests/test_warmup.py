@@ -62,3 +62,17 @@ def test_nothing_fails_a_command(tmp_path):
     assert warmup._files([], {}) and warmup._files(["--store"], {}) is not None
     assert warmup._command(["--store", "s", "-v", "archive"]) == 3
     assert warmup._command(["--version"]) is None
+
+
+def test_the_store_of_the_config_file(tmp_path):
+    from foundation import config
+
+    assert (warmup.CONFIG, warmup.CONFIG_ENV) == (config.DEFAULT_PATH, config.ENV)
+    conf = tmp_path / "f.toml"
+    conf.write_text('# nightly\nkey_file = "/k"\nstore = "/mnt/backup/s"\n\n[replicas.x]\nstore = "/no"\n')
+    assert warmup._configured_store(str(conf)) == "/mnt/backup/s"
+    files = dict(warmup._files(["archive"], {"FOUNDATION_CONFIG": str(conf)}))
+    assert "/mnt/backup/s/" + F.CONFIG in files and "/mnt/backup/s/" + F.BLOOM in files
+    conf.write_text('[vms.web]\nstore = "/no"\n')
+    assert warmup._configured_store(str(conf)) is None
+    assert warmup._configured_store(str(tmp_path / "missing.toml")) is None
