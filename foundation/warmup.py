@@ -94,11 +94,11 @@ def _files(argv, env):
     if store:
         out += [(os.path.join(store, f), 0) for f in STORE_FILES]
         out.append((os.path.join(store, INDEX_FILE), INDEX_HEADER))
-        if command in WRITERS:
-            out.append((os.path.join(store, BLOOM_FILE), -BIG))
+        if command in WRITERS:  # in the order an open reads them: the open arena, then the filter
             newest = _newest_arena(os.path.join(store, ARENAS))
             if newest:
                 out.append((newest, -BIG))
+            out.append((os.path.join(store, BLOOM_FILE), -BIG))
     key = _option(argv, "--key-file") or env.get("FOUNDATION_KEY_FILE")
     if key:
         out.append((key, 0))
