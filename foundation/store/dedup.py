@@ -203,9 +203,11 @@ class Writes:
         return bytes(keys)  # a zero block's score is 32 zero bytes, its ref
 
     def _run_heads(self, maybe, ks, unknown):
-        """The "maybe" keys that begin a run of neighbouring blocks of the batch: a run copied from
-        older data is answered by the summary its first key loads (_known_older), so only these
-        are worth asking the disk for ahead (every key's bucket region, 16 KiB, was mostly wasted)."""
+        """The "maybe" keys that begin a run of "maybe" blocks next to each other in the batch (the
+        batch holds the changed ranges back to back, so a run ends at a block the filter or the
+        index cache answered, not at a range's end): a run copied from older data is answered by
+        the summary its first key loads (_known_older), so only these are worth asking the disk
+        for ahead (every key's bucket region, 16 KiB, was tried and mostly wasted)."""
         if not maybe or self.venti or self.index is None:
             return []
         if len(maybe) == len(ks):
