@@ -11,7 +11,8 @@ the page cache. Only the names are known here, so this module imports
 nothing of the store (the point is to begin before it loads); the store's
 file names are checked against foundation.store.format by the tests.
 It is a hint and nothing more: no byte goes into Python, a missing file is
-skipped, no error reaches the command, and a warm cache costs ~1 ms.
+skipped, no error reaches the command, and a warm cache costs ~1 ms;
+FOUNDATION_WARMUP=0 turns it off.
 """
 
 import os
@@ -49,13 +50,15 @@ CLI = ("__init__", "logs", "common")  # and of the command line, these and the c
 
 CONFIG, CONFIG_ENV = "/etc/foundation/foundation.toml", "FOUNDATION_CONFIG"  # foundation.config's
 
+SWITCH = "FOUNDATION_WARMUP"  # "0": no warm-up (to measure a command without it)
+
 _started = False
 
 
 def start(argv, env=os.environ):
     """Start asking for the files the command in argv (without the program name) will read."""
     global _started
-    if _started:
+    if _started or env.get(SWITCH) == "0":
         return
     _started = True
     try:

@@ -76,3 +76,11 @@ def test_the_store_of_the_config_file(tmp_path):
     conf.write_text('[vms.web]\nstore = "/no"\n')
     assert warmup._configured_store(str(conf)) is None
     assert warmup._configured_store(str(tmp_path / "missing.toml")) is None
+
+
+def test_switched_off(monkeypatch):
+    monkeypatch.setattr(warmup, "_started", False)
+    started = []
+    monkeypatch.setattr(warmup, "_files", lambda argv, env: started.append(argv) or [])
+    warmup.start(["list"], {warmup.SWITCH: "0"})
+    assert not started and not warmup._started
