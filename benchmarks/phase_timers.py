@@ -45,6 +45,7 @@ STEPS = [  # (module, class or None, function, label); indented labels are parts
     ("foundation.native", None, "tables_lookup", "    index cache lookups (native.tables_lookup)"),
     ("foundation.store.dedup", "Writes", "_write_hash", "    decision (_write_hash)"),
     ("foundation.store.dedup", "Writes", "_settle_append", "    wait for the append in flight"),
+    ("foundation.store.dedup", "Writes", "_known_older", "    older duplicates (_known_older)"),
     ("foundation.store.dedup", "Writes", "_exists", "    older duplicates (_exists)"),
     ("foundation.store.cache", "IndexCache", "_load_summary", "    summary loads"),
     ("foundation.store.dedup", "Writes", "_bloom_add", "    Bloom filter fed"),
@@ -101,6 +102,11 @@ def patch(modname, cls, fn, label):
 
 def main():
     t, c = time.perf_counter(), time.process_time()
+    try:  # the command's first reads asked for, as `python -m foundation` does (trees that have it)
+        from foundation import warmup
+        warmup.start(sys.argv[1:])
+    except ImportError:
+        pass
     import foundation.cli as cli
     name = cli._named(sys.argv[1:])
     if name:

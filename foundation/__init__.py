@@ -15,9 +15,10 @@ Layers, top to bottom; each imports only from the layers below it
     crypto/ | config.py
                  keys, AES-CTR and the hierarchical HMAC; the config file
     native/      the C core (csrc/) and its pure-Python reference
-    errors.py | faults.py | access.py
+    errors.py | faults.py | access.py | warmup.py
                  every error and its exit code; the crash tests' crash points;
-                 the group that may see the VMs' past
+                 the group that may see the VMs' past; a command's first reads
+                 asked of the disk at once
 """
 
 __version__ = "0.1.0"

@@ -7,13 +7,20 @@ command (module NAME with - as _) imports that module alone: every other
 command's imports would cost more than a night that changed nothing.
 """
 
-import argparse
-import importlib
+import os
 import sys
 
-from foundation import __version__
-from foundation.cli import logs
-from foundation.errors import INTERRUPTED, Error
+if os.path.basename(sys.argv[0] if sys.argv else "") == "foundation":  # the console script
+    from foundation import warmup
+
+    warmup.start(sys.argv[1:])  # before this module's imports, as `python -m foundation` does
+
+import argparse  # noqa: E402
+import importlib  # noqa: E402
+
+from foundation import __version__  # noqa: E402
+from foundation.cli import logs  # noqa: E402
+from foundation.errors import INTERRUPTED, Error  # noqa: E402
 
 _NOT_COMMANDS = {"common", "logs", "manpage"}
 

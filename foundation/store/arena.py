@@ -1028,8 +1028,10 @@ class Log:
         if len(spans) > 1 and len({sp[0] for sp in spans}) <= MAX_FDS // 2 and \
                 sum(sp[2] for sp in spans) <= AHEAD_BYTES:
             # Scattered records (old tree nodes): every span asked for at once, so the disk
-            # serves them together instead of one latency after another.
-            for n, start, size, _, _ in spans:
+            # serves them together instead of one latency after another; so is the header (its
+            # iv) of each arena not read yet, one more latency apiece otherwise.
+            heads = {sp[0] for sp in spans if sp[0] not in self.ivs}
+            for n, start, size in [(n, 0, F.ARENA_HEADER_SIZE) for n in sorted(heads)] + [sp[:3] for sp in spans]:
                 try:
                     os.posix_fadvise(self.fd(n), start, size, os.POSIX_FADV_WILLNEED)
                 except OSError:

@@ -152,6 +152,7 @@ class Writes:
             unknown = sorted(first.values())
             ks = [keys[i * 32:i * 32 + 32] for i in unknown]
         known = set()
+        heads = []  # "maybe" keys that begin a run (_run_heads)
         young = bloom is not None and not self.index.h.entries
         if bloom is None:
             maybe = ks
@@ -168,6 +169,9 @@ class Writes:
                 known = {k for k, w in zip(maybe, which) if w >= 0}
                 if known:
                     maybe = [k for k in maybe if k not in known]
+            heads = [] if young else self._run_heads(maybe, ks, unknown)
+            if heads:  # their index buckets come from the disk while the append in flight ends
+                self.index.willneed(heads)
             if self._settle_here() and maybe:  # the tables now hold the batch before this one
                 _, which = native.tables_lookup(self._tables(), b"".join(maybe), None)
                 more = {k for k, w in zip(maybe, which) if w >= 0}
@@ -177,7 +181,13 @@ class Writes:
             if young:
                 maybe = []  # nothing older to find
         if maybe:  # a few fresh blocks the filter mistakes, and the duplicates of older data
-            known.update(self._known_older(maybe))
+            if len(heads) > 1:  # their summaries and trailers asked for together, not one after another
+                left = set(maybe)
+                self.prefetch([k for k in heads if k in left])
+            try:
+                known.update(self._known_older(maybe))
+            finally:
+                self.forget_ahead()  # lookups kept by prefetch: none outlives this batch (a flush may follow)
         if known:
             kept = [(i, k) for i, k in zip(unknown, ks) if k not in known]
             unknown, ks = [i for i, _ in kept], [k for _, k in kept]
@@ -191,6 +201,21 @@ class Writes:
             else:
                 self._append(buf, bs, btype, fresh, fkeys, ks)
         return bytes(keys)  # a zero block's score is 32 zero bytes, its ref
+
+    def _run_heads(self, maybe, ks, unknown):
+        """The "maybe" keys that begin a run of "maybe" blocks next to each other in the batch (the
+        batch holds the changed ranges back to back, so a run ends at a block the filter or the
+        index cache answered, not at a range's end): a run copied from older data is answered by
+        the summary its first key loads (_known_older), so only these are worth asking the disk
+        for ahead (every key's bucket region, 16 KiB, was tried and mostly wasted)."""
+        if not maybe or self.venti or self.index is None:
+            return []
+        if len(maybe) == len(ks):
+            at = unknown
+        else:
+            where = dict(zip(ks, unknown))
+            at = [where[k] for k in maybe]
+        return [k for k, i, j in zip(maybe, at, [-2] + list(at)) if i != j + 1]
 
     def _bloom_add(self, ks):
         """The Bloom filter takes a batch's fresh keys in the caller's thread while the append

@@ -1,0 +1,86 @@
+"""foundation.warmup names the files a command reads first, and never gets in a command's way."""
+
+import os
+import subprocess
+import sys
+
+from foundation import warmup
+from foundation.store import format as F
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_store_file_names_are_the_stores():
+    # warmup cannot import the store (it starts before it loads): its copies of the names must agree
+    assert set(warmup.STORE_FILES) == {F.CONFIG, *F.HEADS, F.COUNTERS, F.DAMAGED, F.BLOOM_STATE}
+    assert (warmup.INDEX_FILE, warmup.INDEX_HEADER) == (F.INDEX, F.INDEX_HEADER_SIZE)
+    assert (warmup.BLOOM_FILE, warmup.ARENAS) == (F.BLOOM, F.ARENAS)
+
+
+def test_import_image_asks_for_its_store_and_its_files(tmp_path):
+    store = tmp_path / "s"
+    (store / "arenas").mkdir(parents=True)
+    for n in (0, 1, 2):
+        (store / "arenas" / F.arena_name(n)).write_bytes(b"x")
+    changed = tmp_path / "c.json"
+    changed.write_text("[]")
+    argv = ["--store", str(store), "--key-file", "/k", "import-image", "vm", "/img.raw", "--changed", str(changed)]
+    files = dict(warmup._files(argv, {}))
+    assert files[str(store / F.CONFIG)] == 0
+    assert files[str(store / F.INDEX)] == F.INDEX_HEADER_SIZE  # its header only
+    assert files[str(store / F.BLOOM)] < 0 and str(store / "arenas" / F.arena_name(2)) in files
+    assert str(store / "arenas" / F.arena_name(1)) not in files  # the newest arena only
+    assert files["/k"] == 0
+    assert files["/img.raw"] == -warmup.PROBE and files[str(changed)] == -warmup.PROBE
+    assert "import-image" not in files and str(store) not in files  # no option value taken for a file
+
+
+def test_a_reader_does_not_ask_for_the_bloom_filter(tmp_path):
+    files = dict(warmup._files(["list"], {"FOUNDATION_STORE": str(tmp_path)}))
+    assert str(tmp_path / F.CONFIG) in files
+    assert str(tmp_path / F.BLOOM) not in files
+
+
+def test_module_files_cover_the_command():
+    # every module of ours that import-image loads is asked for, and most standard ones exist where named
+    code = ("import sys, foundation.cli.import_image, foundation.store.store; "
+            "print('\\n'.join(m.__cached__ for m in list(sys.modules.values()) "
+            "if getattr(m, '__cached__', None) and m.__name__.startswith('foundation')))")
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
+                       env={**os.environ, "PYTHONPATH": ROOT, "PYTHONDONTWRITEBYTECODE": ""})
+    asked = set(warmup._modules("import-image"))
+    loaded = {os.path.realpath(c) for c in p.stdout.split()}
+    ours = {os.path.realpath(a) for a in asked if os.sep + "foundation" + os.sep in a}
+    missing = {c for c in loaded if os.path.exists(c)} - ours
+    assert not missing, missing
+    std = [a for a in asked if a.startswith(os.path.dirname(os.__file__))]
+    assert sum(os.path.exists(a) for a in std) >= 0.8 * len(std)
+
+
+def test_nothing_fails_a_command(tmp_path):
+    warmup._ask([(str(tmp_path / "missing"), 0), (str(tmp_path), -warmup.PROBE), ("", 0)])
+    assert warmup._files([], {}) and warmup._files(["--store"], {}) is not None
+    assert warmup._command(["--store", "s", "-v", "archive"]) == 3
+    assert warmup._command(["--version"]) is None
+
+
+def test_the_store_of_the_config_file(tmp_path):
+    from foundation import config
+
+    assert (warmup.CONFIG, warmup.CONFIG_ENV) == (config.DEFAULT_PATH, config.ENV)
+    conf = tmp_path / "f.toml"
+    conf.write_text('# nightly\nkey_file = "/k"\nstore = "/mnt/backup/s"\n\n[replicas.x]\nstore = "/no"\n')
+    assert warmup._configured_store(str(conf)) == "/mnt/backup/s"
+    files = dict(warmup._files(["archive"], {"FOUNDATION_CONFIG": str(conf)}))
+    assert "/mnt/backup/s/" + F.CONFIG in files and "/mnt/backup/s/" + F.BLOOM in files
+    conf.write_text('[vms.web]\nstore = "/no"\n')
+    assert warmup._configured_store(str(conf)) is None
+    assert warmup._configured_store(str(tmp_path / "missing.toml")) is None
+
+
+def test_switched_off(monkeypatch):
+    monkeypatch.setattr(warmup, "_started", False)
+    started = []
+    monkeypatch.setattr(warmup, "_files", lambda argv, env: started.append(argv) or [])
+    warmup.start(["list"], {warmup.SWITCH: "0"})
+    assert not started and not warmup._started
