@@ -1,7 +1,8 @@
 """Memory probe for any Python command: with MEMPROBE=FILE and this directory on PYTHONPATH, a thread
 samples the process's VmRSS every 5 ms; at each new high (+1 MB) it records every thread's stack,
 /proc/self/smaps_rollup and, above 90 MB, the ten (MEMPROBE_TOP) largest mappings; the record is written to FILE at
-exit (JSON: samples [t, rss, VmHWM so far], highs, hwm: VmHWM at exit). Used by archive_memory.py."""
+exit (JSON: samples [t, rss, VmHWM so far], highs, hwm: VmHWM at exit). MEMPROBE_TRACE=N also runs
+tracemalloc (N frames) and records its largest Python allocations at the highs above 60 MB. Used by archive_memory.py."""
 import os, sys, threading, time, json, atexit, traceback
 _out = os.environ.get("MEMPROBE")
 if _out:
@@ -58,8 +59,17 @@ if _out:
                         top = sorted(top, key=lambda x: -x[2])[:int(os.environ.get("MEMPROBE_TOP", 10))]
                     except OSError:
                         pass
-                _rec["highs"].append({"t": round(t, 3), "rss": r, "stacks": st, "smaps": sm, "top": top})
+                py = None
+                if _trace and r > 60e6 and t - _rec.get("traced", -1) > 0.5:
+                    _rec["traced"] = t
+                    py = [(str(x.traceback), x.size, x.count) for x in
+                          tracemalloc.take_snapshot().statistics("lineno" if _trace == "1" else "traceback")[:15]]
+                _rec["highs"].append({"t": round(t, 3), "rss": r, "stacks": st, "smaps": sm, "top": top, "py": py})
             time.sleep(0.005)
+    _trace = os.environ.get("MEMPROBE_TRACE")  # also tracemalloc's top lines (slow: Python objects only)
+    if _trace:
+        import tracemalloc
+        tracemalloc.start(int(_trace))
     threading.Thread(target=_loop, daemon=True, name="memprobe").start()
     def _dump():
         _rss()
