@@ -8,7 +8,7 @@
  * key: the newest entry of its chain and 32 bits of the key's hash, so a
  * miss seldom touches a key.
  *
- * Memory: an entry costs keylen + 8 + 4 bytes, a slot 8. A table is made
+ * Memory: an entry costs keylen + 8 bytes (+ 4 once a key repeats), a slot 8. A table is made
  * for LOAD (70 %) of its hint and grown (doubled) only past GROW (85 %):
  * the write buffer's bound (16 MiB counted at keylen + 8 bytes, 419 k
  * entries in hash mode, plus one append) fits 512 k slots, so it never
@@ -42,7 +42,9 @@ struct fdn_table {
 	size_t keylen, es;	/* es = keylen + ADDR: an entry's size */
 	pthread_rwlock_t lock;	/* Python may call from several threads, GIL released */
 	uint8_t *ents;		/* entries (key, u64le addr), in insertion order */
-	uint32_t *prev;		/* the key's entry added before this one + 1; 0: first */
+	uint32_t *prev;		/* the key's entry added before this one + 1; 0: first.
+				 * NULL until a key is added twice (never, in a write buffer
+				 * of compare-by-hash: fresh keys are distinct) */
 	size_t n, cap;
 	slot *slots;
 	size_t nslots, used;	/* nslots is a power of two */
@@ -133,6 +135,10 @@ static int grow_entries(fdn_table *t, size_t want)
 	if ((e = remap(t->ents, t->cap * t->es, cap * t->es)) == NULL)
 		return FDN_ENOMEM;
 	t->ents = e;
+	if (t->prev == NULL) {
+		t->cap = cap;
+		return FDN_OK;
+	}
 	if ((p = remap(t->prev, t->cap * sizeof *p, cap * sizeof *p)) == NULL) {
 		/* ents back to its old size (a shrink stays in place) */
 		if (t->cap == 0) {
@@ -233,9 +239,15 @@ int fdn_table_add(fdn_table *t, const uint8_t *keys, size_t klen,
 				goto out;
 			s = probe(t, k, h);
 		}
+		if (s->head != 0 && t->prev == NULL &&
+		    (t->prev = map(t->cap * sizeof *t->prev)) == NULL) {	/* zeroed: no chains yet */
+			rc = FDN_ENOMEM;
+			goto out;
+		}
 		memcpy(t->ents + e * t->es, k, t->keylen);
 		fdn_put64(t->ents + e * t->es + t->keylen, addrs[i]);
-		t->prev[e] = s->head;	/* newest first: an add never walks a chain */
+		if (t->prev != NULL)
+			t->prev[e] = s->head;	/* newest first: an add never walks a chain */
 		if (s->head == 0) {
 			s->tag = (uint32_t)(h >> 32);
 			t->used++;
@@ -254,11 +266,11 @@ static size_t find(const fdn_table *t, const uint8_t *key, uint64_t *out, size_t
 	slot *s = probe(t, key, hashkey(key, t->keylen));
 	size_t found = 0, i;
 
-	for (uint32_t e = s->head; e != 0; e = t->prev[e - 1])
+	for (uint32_t e = s->head; e != 0; e = t->prev ? t->prev[e - 1] : 0)
 		found++;
 	/* the chain runs newest to oldest: the i-th link is the (found - 1 - i)-th added */
 	i = found;
-	for (uint32_t e = s->head; e != 0 && outcap; e = t->prev[e - 1])
+	for (uint32_t e = s->head; e != 0 && outcap; e = t->prev ? t->prev[e - 1] : 0)
 		if (--i < outcap)
 			out[i] = fdn_get64(t->ents + (e - 1) * t->es + t->keylen);
 	return found;
