@@ -331,8 +331,9 @@ class Writes:
             out = memoryview(self._gathered)
         cut = [k for k in range(1, len(fresh)) if fresh[k] != fresh[k - 1] + 1]
         for a, b in zip([0] + cut, cut + [len(fresh)]):
-            run = (fresh[b - 1] + 1 - fresh[a]) * bs
-            out[o:o + run] = mv[fresh[a] * bs:fresh[a] * bs + run]
+            run, at = (fresh[b - 1] + 1 - fresh[a]) * bs, fresh[a] * bs
+            if out is not mv or at != o:  # (a leading run in place stays)
+                out[o:o + run] = mv[at:at + run]
             o += run
         return out[:need]
 
