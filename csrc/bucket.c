@@ -74,11 +74,27 @@ static int cmp(const void *a, const void *b, void *arg)
 	return memcmp(x + o->keylen + ADDR, y + o->keylen + ADDR, o->entsize - o->keylen - ADDR);
 }
 
+/* memcpy of the two entry sizes in use inlined (hash and value mode): the sort's inner loop */
+static inline void move(uint8_t *to, const uint8_t *from, size_t n)
+{
+	if (n == 40)
+		memcpy(to, from, 40);
+	else if (n == 16)
+		memcpy(to, from, 16);
+	else
+		memcpy(to, from, n);
+}
+
+/*
+ * In place (a flush sorts the write buffer's own entries: no second copy of
+ * them): hashes spread evenly, so distribute by the top 16 bits with cycles
+ * of swaps (American flag sort), then sort each handful.
+ */
 int fdn_sort_entries(uint8_t *ents, size_t len, size_t entsize, size_t keylen)
 {
 	order o = { keylen, entsize };
-	size_t n, i, *start;
-	uint8_t *tmp;
+	size_t n, i, *end, *next;
+	uint8_t *hold, *swap;
 
 	if (keylen == 0 || entsize < keylen + ADDR || len % entsize != 0)
 		return FDN_EARG;
@@ -87,31 +103,54 @@ int fdn_sort_entries(uint8_t *ents, size_t len, size_t entsize, size_t keylen)
 		qsort_r(ents, n, entsize, cmp, &o);
 		return FDN_OK;
 	}
-	/* hashes spread evenly: distribute by 16 bits, then sort each handful */
-	tmp = malloc(len);
-	start = calloc(RADIX + 1, sizeof *start);
-	if (tmp == NULL || start == NULL) {
-		free(tmp);
-		free(start);
+	end = calloc(RADIX, sizeof *end);
+	next = malloc(RADIX * sizeof *next);
+	hold = malloc(2 * entsize);
+	if (end == NULL || next == NULL || hold == NULL) {
+		free(end);
+		free(next);
+		free(hold);
 		return FDN_ENOMEM;
 	}
+	swap = hold + entsize;	/* (the two trade places as the cycle goes on) */
 	for (i = 0; i < n; i++)
-		start[(ents[i * entsize] << 8 | ents[i * entsize + 1]) + 1]++;
-	for (i = 1; i <= RADIX; i++)
-		start[i] += start[i - 1];
-	for (i = 0; i < n; i++) {
-		size_t d = ents[i * entsize] << 8 | ents[i * entsize + 1];
-		memcpy(tmp + start[d]++ * entsize, ents + i * entsize, entsize);
-	}
-	/* start[d] is now the end of digit d, which is where d + 1 begins */
+		end[ents[i * entsize] << 8 | ents[i * entsize + 1]]++;
 	for (i = 0; i < RADIX; i++) {
-		size_t lo = i == 0 ? 0 : start[i - 1];
-		if (start[i] - lo > 1)
-			qsort_r(tmp + lo * entsize, start[i] - lo, entsize, cmp, &o);
+		next[i] = i ? end[i - 1] : 0;	/* digit i's first place not yet settled */
+		end[i] += next[i];
 	}
-	memcpy(ents, tmp, len);
-	free(tmp);
-	free(start);
+	for (size_t d = 0; d < RADIX; d++)
+		while (next[d] < end[d]) {
+			/* carry the entry at next[d] to its digit's next place, and the one found
+			 * there on, until an entry of digit d comes back to fill next[d] */
+			uint8_t *at = ents + next[d] * entsize;
+			size_t e = at[0] << 8 | at[1];
+
+			if (e == d) {
+				next[d]++;
+				continue;
+			}
+			move(hold, at, entsize);
+			while (e != d) {
+				uint8_t *to = ents + next[e]++ * entsize, *t;
+				size_t f = to[0] << 8 | to[1];
+
+				move(swap, to, entsize);
+				move(to, hold, entsize);
+				t = hold, hold = swap, swap = t;
+				e = f;
+			}
+			move(at, hold, entsize);
+			next[d]++;
+		}
+	for (i = 0; i < RADIX; i++) {
+		size_t lo = i ? end[i - 1] : 0;
+		if (end[i] - lo > 1)
+			qsort_r(ents + lo * entsize, end[i] - lo, entsize, cmp, &o);
+	}
+	free(end);
+	free(next);
+	free(hold < swap ? hold : swap);
 	return FDN_OK;
 }
 

@@ -152,6 +152,8 @@ int64_t fdn_lookup(const uint8_t *region, size_t rlen, uint64_t first,
 
 /*
  * Summary table: an in-memory multimap key -> addrs, insertion ordered.
+ * fdn_table_take hands its entries (key, u64le addr) over as they lie;
+ * the caller frees them with fdn_entries_free.
  */
 typedef struct fdn_table fdn_table;
 
@@ -164,6 +166,8 @@ int64_t fdn_table_find(fdn_table *t, const uint8_t *key, size_t keylen,
 uint64_t fdn_table_len(fdn_table *t);
 void fdn_table_clear(fdn_table *t);
 int64_t fdn_table_entries(fdn_table *t, uint8_t *out, size_t outlen);
+int64_t fdn_table_take(fdn_table *t, uint8_t **out);
+void fdn_entries_free(uint8_t *ents, size_t len);
 int fdn_tables_lookup(fdn_table **ts, size_t nt, const uint8_t *keys,
 	size_t klen, const uint8_t *skip, size_t nskip, uint64_t *addrs,
 	int32_t *which, size_t n);

@@ -819,7 +819,7 @@ def entries(rng, n, keylen, dup_every=0):
     return out, model
 
 
-@pytest.mark.parametrize("n", [0, 1, 100, 5000])
+@pytest.mark.parametrize("n", [0, 1, 100, 5000, 70000])
 @pytest.mark.parametrize("keylen", [1, 8, 32])
 def test_sort_entries(impl, n, keylen):
     rng = random.Random(n + keylen)
@@ -1012,6 +1012,30 @@ def test_table_entries(impl, other):
         t.clear()
         t.add(keys[0], [7])
         assert t.entries() == keys[0] + (7).to_bytes(8, "little")
+
+
+def test_table_take(impl, other):
+    """take(): what entries() gives, as a writable buffer a flush sorts in place; the table is left
+    empty and still usable. Repeated keys keep their insertion order through growth."""
+    rng = random.Random(22)
+    for kl in (8, 32):
+        t, u = impl.Table(kl, 0), other.Table(kl, 0)
+        assert len(t.take()) == 0 and len(u.take()) == 0
+        keys = [rng.randbytes(kl) for _ in range(20000)]
+        chunk = keys + [rng.choice(keys[:50]) for _ in range(3000)]
+        addrs = [rng.getrandbits(64) for _ in chunk]
+        t.add(b"".join(chunk), array.array("Q", addrs))
+        u.add(b"".join(chunk), addrs)
+        assert t.find(keys[3]) == u.find(keys[3]) and len(t.find(keys[3])) > 1
+        want = t.entries()
+        got = t.take()
+        assert bytes(got) == want == u.take() and len(t) == 0 and t.find(keys[0]) == []
+        impl.sort_entries(got, kl + 8, kl)
+        es = kl + 8
+        ents = [bytes(want[i:i + es]) for i in range(0, len(want), es)]
+        assert bytes(got) == b"".join(sorted(ents, key=lambda e: (e[:kl], int.from_bytes(e[kl:], "little"))))
+        t.add(keys[1] + keys[1], [5, 6])
+        assert t.find(keys[1]) == [5, 6] and len(t) == 2 and t.entries() == keys[1] + bytes([5]) + bytes(7) + keys[1] + bytes([6]) + bytes(7)
 
 
 def test_table_growth_vs_dict(impl):

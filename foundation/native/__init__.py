@@ -44,7 +44,9 @@ when bs == len(buf).
     merge(region, first, nregion, bucket_size, keylen, entries, nbuckets) -> spill
     lookup(region, first, nregion, bucket_size, keylen, key, nbuckets) -> ([addr], more)
     Table(keylen, capacity_hint=0): add(keys, addrs), find(key), len, clear(),
-        entries() -> bytearray of every (key, u64le addr) in insertion order
+        entries() -> bytearray of every (key, u64le addr) in insertion order,
+        take() -> the same entries as a writable buffer, the table left empty (native: its own
+        memory, handed over without a copy)
     tables_lookup(tables, keys, skip, keylen=None) -> ([addr], [which])
     tables_absent(tables, keys) -> [position]          keys no table holds, all-zero ones left out
     equal(a, b) -> bool

@@ -17,7 +17,7 @@ from foundation.native.checks import (API_VERSION, HEADER_SIZE, KEY_SIZE, SCORE_
                                       RecordError)
 
 # C functions added within API_VERSION 1: a module built before them is stale too.
-_NEWEST = ("fdn_unpack_many", "fdn_check", "fdn_tables_absent", "fdn_scan_cols")
+_NEWEST = ("fdn_unpack_many", "fdn_check", "fdn_tables_absent", "fdn_scan_cols", "fdn_table_take")
 
 
 def _load_native():
@@ -421,6 +421,17 @@ class _Native:
                 k = _ok(_lib.fdn_table_entries(self._t, _ffi.from_buffer(out), len(out)))
                 if k == n:  # (else entries were added meanwhile: again with room for them)
                     return out
+
+        def take(self):
+            es = self.keylen + 8
+            p = _ffi.new("uint8_t **")
+            n = _ok(_lib.fdn_table_take(self._t, p))
+            if n == 0:
+                return bytearray()
+            # the table's own memory, freed with the last view of it
+            size = n * es
+            mem = _ffi.gc(p[0], lambda c: _lib.fdn_entries_free(c, size), size=size)
+            return memoryview(_ffi.buffer(mem, size))
 
         def __len__(self):
             return _lib.fdn_table_len(self._t)

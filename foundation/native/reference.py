@@ -467,6 +467,12 @@ class Table:
         """Every entry in insertion order as index entries: key, then the addr as u64 little-endian."""
         return bytearray(b"".join(k + a.to_bytes(8, "little") for k, a in self._order))
 
+    def take(self):
+        """entries(), the table left empty: the native table hands over its own memory."""
+        out = self.entries()
+        self.clear()
+        return out
+
     def find(self, key):
         if checks.nbytes(key) != self.keylen:
             raise ValueError(f"key must be {self.keylen} bytes")

@@ -45,9 +45,12 @@ RH = L.HEADER_SIZE
 _tag_at = struct.Struct(f"{L.TAG_SIZE}s").unpack_from   # a record header's tag, read in place
 # Bytes of blocks packed per C call, and packed batches queued to the writer: each batch is a
 # buffer of its own until written, so these two bound the write path's memory (~PACK_BYTES x
-# (WRITE_QUEUE + 2)); 4 MiB keeps both cores busy in pack and the per-call cost small.
+# (WRITE_QUEUE + 2)); 4 MiB keeps both cores busy in pack and the per-call cost small. One
+# batch queued behind the one being packed is enough to keep the disk busy (an O_DIRECT write
+# of 4 MiB takes ~5 ms here, its pack longer); a second one only held 4 MiB more (day 0 and a
+# first archive cost the same CPU with 1 or 2).
 PACK_BYTES = 4 << 20
-WRITE_QUEUE = 2
+WRITE_QUEUE = 1
 PAGE = 4096  # O_DIRECT writes: offsets, lengths and buffers aligned to this
 
 

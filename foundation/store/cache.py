@@ -59,9 +59,9 @@ class Tuning:
     # Loaded arena summaries (LRU), counted at K + 24 bytes an entry; a table takes ~1.3x that
     # (600 k entries, ~40 MB, in hash mode: the summaries of ~2.3 GiB of log).
     index_cache_bytes: int = 32 << 20
-    # Index entries waiting for a flush, counted at K + 8 bytes each: 400 k entries in hash mode,
-    # held once, in a lookup table of ~60-75 bytes an entry (~30 MB); a flush sorts a copy of
-    # them (16 MiB) after letting the table go.
+    # Index entries waiting for a flush, counted at K + 8 bytes each: 419 k entries in hash mode,
+    # held once, in a lookup table of K + 12 bytes an entry and 512 k slots of 8 bytes (~22 MB);
+    # a flush takes the table's own entries and sorts them in place.
     write_buffer_bytes: int = 16 << 20
     block_cache_bytes: int = 32 << 20  # decoded blocks (LRU)
     policy: str = "foundation"  # or "venti": no Bloom filter, summaries or write buffer
@@ -127,13 +127,10 @@ class IndexCache:
         if oa.count and not self.venti:  # Venti starts every session with a cold index cache
             self.open_table.add(bytes(oa.keys), array.array("Q", oa.addrs))  # an array: no check per entry
 
-    def _pending_entries(self):
-        """The write buffer as index entries (key, u64le addr) in log order, in one bytearray."""
-        return self.wbuf.entries()
-
     def _buffer_from(self, entries):
         """A write buffer holding these index entries again (a flush that failed gives them back)."""
         kl, es = self.keylen, self.keylen + 8
+        entries = memoryview(entries)  # (a bytearray, or the buffer Table.take handed over)
         n = len(entries) // es
         keys = bytearray(n * kl)
         for j in range(kl):

@@ -27,6 +27,7 @@ import bisect
 import concurrent.futures
 import contextlib
 import logging
+import mmap
 
 from foundation import native
 from foundation.errors import BadInput, DataCorrupt
@@ -35,6 +36,7 @@ from foundation.store import format as F
 log = logging.getLogger(__name__)
 
 DATA = F.DATA
+GATHER = 4 << 20  # the gather buffer's first size: an image batch (image/tree.py CHUNK)
 
 
 class Writes:
@@ -42,12 +44,14 @@ class Writes:
 
     _pipe = None      # the append thread of a pipelined() scope
     _inflight = None  # the append handed to it and not yet settled
+    _gathered = None  # the buffer _gather reuses
 
     @contextlib.contextmanager
     def pipelined(self, expect=0):
         """A scope in which write_blocks (compare-by-hash) may return before its
         fresh blocks are appended. The caller leaves the buffer it passed as it
-        is until its next store call, and calls settle() before any store call
+        is until its next store call and does not read it again (its fresh blocks
+        may be moved to its front), and calls settle() before any store call
         but write_blocks; leaving the scope settles. expect: about how many
         blocks will be written (a hint)."""
         if self.mode != "hash" or self._pipe is not None:
@@ -335,6 +339,29 @@ class Writes:
                 return a
         return None
 
+    def _gather(self, buf, bs, fresh):
+        """The fresh blocks of buf side by side, a run of neighbouring blocks at a time. Inside
+        pipelined() the buffer is the store's until the caller's next call and never read again,
+        so they move to its front, in place (each run to a place at or before its own); else into
+        one buffer reused batch after batch (one append runs at a time, packing copies out of
+        it). A new bytes object a batch, freed by the append thread, left one or two batches of
+        freed heap resident in that thread's malloc arena (glibc's mmap threshold rises to them)."""
+        need = len(fresh) * bs
+        mv, o = memoryview(buf), 0
+        if self._pipe is not None and not mv.readonly:
+            out = mv
+        else:
+            if self._gathered is None or len(self._gathered) < need:
+                self._gathered = mmap.mmap(-1, max(need, GATHER))
+            out = memoryview(self._gathered)
+        cut = [k for k in range(1, len(fresh)) if fresh[k] != fresh[k - 1] + 1]
+        for a, b in zip([0] + cut, cut + [len(fresh)]):
+            run, at = (fresh[b - 1] + 1 - fresh[a]) * bs, fresh[a] * bs
+            if out is not mv or at != o:  # (a leading run in place stays)
+                out[o:o + run] = mv[at:at + run]
+            o += run
+        return out[:need]
+
     def _count(self, zeros, dups):
         self.counters["zero_blocks"] += zeros
         self.counters["dup_blocks"] += dups
@@ -345,10 +372,8 @@ class Writes:
         same keys as a list of bytes; False: the caller gives them (_bloom_add)."""
         if len(fresh) * bs == len(buf) or len(fresh) == 1 and bs == len(buf):
             data = buf
-        else:  # gathered a run of neighbouring blocks at a time
-            mv = memoryview(buf)
-            cut = [k for k in range(1, len(fresh)) if fresh[k] != fresh[k - 1] + 1]
-            data = b"".join(mv[fresh[a] * bs:(fresh[b - 1] + 1) * bs] for a, b in zip([0] + cut, cut + [len(fresh)]))
+        else:
+            data = self._gather(buf, bs, fresh)
         addrs = self.log.append(btype, data, bs, fkeys, self.tuning.threads)
         packed = array.array("Q", addrs)  # the tables take it without a check per entry
         kl = self.keylen

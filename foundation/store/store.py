@@ -328,7 +328,7 @@ class Store(Writes, Reads, IndexCache):
         self.summaries.clear()
         self.summary_entries = 0
         self.blocks.clear()
-        self._recent, self._ahead, self.holding = [], {}, None
+        self._recent, self._ahead, self.holding, self._gathered = [], {}, None, None
         if getattr(self, "wbuf", None) is not None:
             self.wbuf = self.open_table = native.Table(self.keylen, 16)
         give_back()
@@ -365,9 +365,10 @@ class Store(Writes, Reads, IndexCache):
         # The index may only cover committed records: a cut tail must never
         # leave an index entry behind that names a block we no longer have.
         self.log.sync()
-        entries = self._pending_entries()  # sorted in place, never copied: it is the flush's memory
-        # The table is let go while the index is written (no lookup runs meanwhile): a flush
-        # holds the entries once, not twice; should it fail, they go back into a table.
+        # The table hands over its own entries (its slots freed first) and is let go while the
+        # index is written (no lookup runs meanwhile): a flush holds the entries once, sorted in
+        # place; should it fail, they go back into a table.
+        entries = self.wbuf.take()
         self.wbuf = native.Table(self.keylen, 1024)
         give_back()
         native.sort_entries(entries, self.keylen + 8, self.keylen)
