@@ -42,6 +42,7 @@ class Writes:
 
     _pipe = None      # the append thread of a pipelined() scope
     _inflight = None  # the append handed to it and not yet settled
+    _flying = None    # a table of that append's keys: the next batch is decided against it
 
     @contextlib.contextmanager
     def pipelined(self, expect=0):
@@ -66,7 +67,7 @@ class Writes:
             self.settle()
 
     def _stop_pipe(self):
-        f, self._inflight = self._inflight, None
+        f, self._inflight, self._flying = self._inflight, None, None
         if f is not None:  # the scope failed: its append ends before the store moves on
             concurrent.futures.wait([f])
             if not f.cancelled() and f.exception() is None:
@@ -82,7 +83,7 @@ class Writes:
     def _settle_append(self):
         """Wait for the append in flight; its records then join the index cache (in this thread:
         only the caller's thread changes the tables, so it may look them up while an append runs)."""
-        f, self._inflight = self._inflight, None
+        f, self._inflight, self._flying = self._inflight, None, None
         if f is not None:
             self._index_added(*f.result())
             return True
@@ -158,35 +159,42 @@ class Writes:
         else:
             # Decided while the batch before is still packed (the append thread only packs and
             # writes: its records join the tables in this thread, at the settle below): the
-            # filter holds that batch's keys already, the tables not yet, so its duplicates
-            # here are asked about again once it is settled. In a first archive (nothing on
-            # disk yet) the index cache holds every key stored: it is asked about them all, and
-            # the filter, which could only answer false "maybe"s, not at all.
+            # filter holds that batch's keys already, the tables not yet, so they are asked of
+            # a table of its keys (_flying) too, and the settle that follows is only a wait,
+            # with nothing to ask again once the append thread is idle. In a first archive
+            # (nothing on disk yet) the index cache holds every key stored: it is asked about
+            # them all, and the filter, which could only answer false "maybe"s, not at all.
             maybe = ks if young else list(filter(bloom.__contains__, ks))
             if maybe:  # duplicates of what the index cache holds: one C pass
-                _, which = native.tables_lookup(self._tables(), b"".join(maybe), None)
+                tables = self._tables()
+                if self._flying is not None:
+                    tables.append(self._flying)
+                _, which = native.tables_lookup(tables, b"".join(maybe), None)
                 known = {k for k, w in zip(maybe, which) if w >= 0}
                 if known:
                     maybe = [k for k in maybe if k not in known]
-            if self._settle_here() and maybe:  # the tables now hold the batch before this one
-                _, which = native.tables_lookup(self._tables(), b"".join(maybe), None)
-                more = {k for k, w in zip(maybe, which) if w >= 0}
-                if more:
-                    known |= more
-                    maybe = [k for k in maybe if k not in more]
             if young:
                 maybe = []  # nothing older to find
         if maybe:  # a few fresh blocks the filter mistakes, and the duplicates of older data
+            self._settle_here()  # the index and summaries are read with no append in flight
             known.update(self._known_older(maybe))
         if known:
             kept = [(i, k) for i, k in zip(unknown, ks) if k not in known]
             unknown, ks = [i for i, _ in kept], [k for _, k in kept]
         fresh = unknown
         self._count(zeros, n - zeros - len(fresh))
+        if self._pipe is not None:
+            # The fresh blocks are gathered while the append before is still packing; the settle
+            # (a wait) comes last, so the append thread is idle for as little as can be.
+            data = _gather(buf, bs, fresh) if fresh else None
+            self._settle_here()
         if fresh:
             fkeys = keys if len(fresh) == n else b"".join(ks)
             if self._pipe is not None:
-                self._inflight = self._pipe.submit(self._append, buf, bs, btype, fresh, fkeys, False)
+                self._inflight = self._pipe.submit(self._append, data, bs, btype, None, fkeys, False)
+                if self.keylen == 32:  # (the table's addresses are never read: the keys answer)
+                    self._flying = native.Table(32, len(fresh))
+                    self._flying.add(fkeys, array.array("Q", bytes(8 * len(fresh))))
                 self._bloom_add(ks)
             else:
                 self._append(buf, bs, btype, fresh, fkeys, ks)
@@ -316,14 +324,10 @@ class Writes:
 
     def _append(self, buf, bs, btype, fresh, fkeys, klist=None):
         """Append the fresh blocks (fkeys: their 32-byte key fields) to the log and index them;
-        returns their addresses. The Bloom filter takes their keys too: klist, when given, the
-        same keys as a list of bytes; False: the caller gives them (_bloom_add)."""
-        if len(fresh) * bs == len(buf) or len(fresh) == 1 and bs == len(buf):
-            data = buf
-        else:  # gathered a run of neighbouring blocks at a time
-            mv = memoryview(buf)
-            cut = [k for k in range(1, len(fresh)) if fresh[k] != fresh[k - 1] + 1]
-            data = b"".join(mv[fresh[a] * bs:(fresh[b - 1] + 1) * bs] for a, b in zip([0] + cut, cut + [len(fresh)]))
+        returns their addresses. fresh: the blocks of buf to append, None for all of them. The
+        Bloom filter takes their keys too: klist, when given, the same keys as a list of bytes;
+        False: the caller gives them (_bloom_add)."""
+        data = buf if fresh is None else _gather(buf, bs, fresh)
         addrs = self.log.append(btype, data, bs, fkeys, self.tuning.threads)
         packed = array.array("Q", addrs)  # the tables take it without a check per entry
         kl = self.keylen
@@ -361,3 +365,13 @@ class Writes:
     def _flush_if_full(self):
         if len(self.wbuf) * (self.keylen + 8) >= self.tuning.write_buffer_bytes:
             self.flush()
+
+
+def _gather(buf, bs, fresh):
+    """The blocks `fresh` (ascending indexes) of buf, back to back: buf itself when they are all of
+    it, else gathered a run of neighbouring blocks at a time."""
+    if len(fresh) * bs == len(buf) or len(fresh) == 1 and bs == len(buf):
+        return buf
+    mv = memoryview(buf)
+    cut = [k for k in range(1, len(fresh)) if fresh[k] != fresh[k - 1] + 1]
+    return b"".join(mv[fresh[a] * bs:(fresh[b - 1] + 1) * bs] for a, b in zip([0] + cut, cut + [len(fresh)]))
