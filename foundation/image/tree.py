@@ -31,8 +31,8 @@ from foundation.image import ranges as R
 from foundation.image.shape import Root, Shape, split_refs
 from foundation.store import BlockType
 
-# Bytes of source per write_blocks call (three such buffers in use): 4 MiB batches cost the
-# same CPU as 16 MiB ones (measured) and a quarter of the memory.
+# Bytes of source per write_blocks call (2 + the store's `ahead` such buffers in use): 4 MiB
+# batches cost the same CPU as 16 MiB ones (measured) and a quarter of the memory.
 CHUNK = 4 << 20
 OPEN_NODES = 512  # level-1 nodes kept open before the completed ones are written
 AHEAD_NODES = 256  # level-1 nodes of the batches ahead opened (read) together on a later day
@@ -301,11 +301,12 @@ def write_image(store, src, size, prev=None, changed=None, zeros=(), progress=No
 
     batches = list(_chunks(reads, nulls, max(1, CHUNK // bs)))
     per = max(1, CHUNK // bs) * bs
-    # Three buffers: batch i+1 is read while batch i is hashed and batch i-1
-    # appended (a pipelined store keeps a batch's buffer until its next call).
+    # Batch i+1 is read while batch i is hashed and the batches before it
+    # appended (a pipelined store keeps a batch's buffer for `ahead` more calls).
     # Anonymous maps, not bytearrays: their pages are zero until the first read fills them.
-    free = [mmap.mmap(-1, min(per, max(bs, R.total(reads) * bs))) for _ in range(min(3, len(batches)))]
     pipelined = getattr(store, "pipelined", None)
+    keep = 2 + (getattr(store, "ahead", 1) if pipelined else 0)
+    free = [mmap.mmap(-1, min(per, max(bs, R.total(reads) * bs))) for _ in range(min(keep, len(batches)))]
     opened = 0  # batches[:opened] have their level-1 nodes open
     with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="read-image") as pool, \
             (pipelined(R.total(reads)) if pipelined else contextlib.nullcontext()):

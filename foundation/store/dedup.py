@@ -24,6 +24,7 @@ in order.
 
 import array
 import bisect
+import collections
 import concurrent.futures
 import contextlib
 import logging
@@ -35,22 +36,25 @@ from foundation.store import format as F
 log = logging.getLogger(__name__)
 
 DATA = F.DATA
+AHEAD = 2  # appends in flight inside pipelined(): one packing, the next queued behind it
 
 
 class Writes:
     """Store's write path (mixed into foundation.store.store.Store)."""
 
     _pipe = None      # the append thread of a pipelined() scope
-    _inflight = None  # the append handed to it and not yet settled
-    _flying = None    # a table of that append's keys: the next batch is decided against it
+    _inflight = ()    # the appends handed to it and not yet settled, oldest first: (future, table
+    # of its keys, which the next batches are decided against)
+    _broken = None    # the failure of an append in the scope: every later one fails with it
+    ahead = AHEAD     # appends in flight at most: a caller of write_blocks keeps its buffers as long
 
     @contextlib.contextmanager
     def pipelined(self, expect=0):
         """A scope in which write_blocks (compare-by-hash) may return before its
         fresh blocks are appended. The caller leaves the buffer it passed as it
-        is until its next store call, and calls settle() before any store call
-        but write_blocks; leaving the scope settles. expect: about how many
-        blocks will be written (a hint)."""
+        is until `ahead` more write_blocks calls have returned (or another store
+        call), and calls settle() before any store call but write_blocks; leaving
+        the scope settles. expect: about how many blocks will be written (a hint)."""
         if self.mode != "hash" or self._pipe is not None:
             yield self
             return
@@ -62,16 +66,18 @@ class Writes:
         with contextlib.ExitStack() as stack:
             stack.enter_context(self.log.write_behind())  # left last: its writes are drained
             self._pipe = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="store-append")
+            self._inflight, self._broken = collections.deque(), None
             stack.callback(self._stop_pipe)
             yield self
             self.settle()
 
     def _stop_pipe(self):
-        f, self._inflight, self._flying = self._inflight, None, None
-        if f is not None:  # the scope failed: its append ends before the store moves on
-            concurrent.futures.wait([f])
-            if not f.cancelled() and f.exception() is None:
-                self._index_added(*f.result())  # its records are in the log: the index cache names them
+        q, self._inflight = self._inflight, ()
+        concurrent.futures.wait([f for f, _ in q])  # the scope failed: its appends end before the store moves on
+        for f, _ in q:
+            if f.cancelled() or f.exception() is not None:
+                break
+            self._index_added(*f.result())  # its records are in the log: the index cache names them
         self._pipe.shutdown()
         self._pipe = None
 
@@ -80,14 +86,35 @@ class Writes:
         self._settle_append()
         self.log.drain()
 
-    def _settle_append(self):
-        """Wait for the append in flight; its records then join the index cache (in this thread:
-        only the caller's thread changes the tables, so it may look them up while an append runs)."""
-        f, self._inflight, self._flying = self._inflight, None, None
-        if f is not None:
-            self._index_added(*f.result())
-            return True
-        return False
+    def _settle_append(self, keep=0):
+        """Wait for the appends in flight, oldest first, until `keep` are left; their records then
+        join the index cache (in this thread: only the caller's thread changes the tables, so it
+        may look them up while an append runs). A failure is raised, the appends queued after it
+        (which fail with it) dropped."""
+        q, settled = self._inflight, False
+        while len(q) > keep:
+            f = q[0][0]
+            try:
+                got = f.result()
+            except BaseException:
+                concurrent.futures.wait([g for g, _ in q])
+                q.clear()
+                raise
+            q.popleft()
+            self._index_added(*got)
+            settled = True
+        return settled
+
+    def _queued(self, *args):
+        """One append in the append thread: none runs after one that failed (its arena's state is
+        unknown), so nothing is appended past a failure."""
+        if self._broken is not None:
+            raise self._broken
+        try:
+            return self._append(*args)
+        except BaseException as e:
+            self._broken = e
+            raise
 
     def write(self, data, btype=DATA):
         """Store one block (at most block_size bytes); returns its ref."""
@@ -121,11 +148,13 @@ class Writes:
         weak = native.weak_hashes(buf, bs, btype, self.keys.weak_seed, skip=zero)
         return self._write_value(buf, bs, btype, zero, weak, n)
 
-    def _settle_here(self):
-        """The append in flight ends and the index cache holds its records; flushed if full."""
-        settled = self._settle_append()
-        if self._pipe is not None:
-            self._flush_if_full()
+    def _settle_here(self, keep=0):
+        """The appends in flight end (all but `keep` of them) and the index cache holds their
+        records; flushed if full (with none in flight: a flush syncs the log)."""
+        settled = self._settle_append(keep)
+        if self._pipe is not None and self._full():
+            self._settle_append()
+            self.flush()
         return settled
 
     def _write_hash(self, buf, bs, btype, zero, keys, n):
@@ -166,9 +195,7 @@ class Writes:
             # them all, and the filter, which could only answer false "maybe"s, not at all.
             maybe = ks if young else list(filter(bloom.__contains__, ks))
             if maybe:  # duplicates of what the index cache holds: one C pass
-                tables = self._tables()
-                if self._flying is not None:
-                    tables.append(self._flying)
+                tables = self._tables() + [t for _, t in self._inflight]
                 _, which = native.tables_lookup(tables, b"".join(maybe), None)
                 known = {k for k, w in zip(maybe, which) if w >= 0}
                 if known:
@@ -184,17 +211,18 @@ class Writes:
         fresh = unknown
         self._count(zeros, n - zeros - len(fresh))
         if self._pipe is not None:
-            # The fresh blocks are gathered while the append before is still packing; the settle
-            # (a wait) comes last, so the append thread is idle for as little as can be.
+            # The fresh blocks are gathered while the appends before are still packing, and this
+            # batch's append is queued behind them (`ahead` at most in flight), so the append
+            # thread goes from one pack to the next, never idle while this thread settles.
             data = _gather(buf, bs, fresh) if fresh else None
-            self._settle_here()
+            self._settle_here(self.ahead - 1)
         if fresh:
             fkeys = keys if len(fresh) == n else b"".join(ks)
             if self._pipe is not None:
-                self._inflight = self._pipe.submit(self._append, data, bs, btype, None, fkeys, False)
-                if self.keylen == 32:  # (the table's addresses are never read: the keys answer)
-                    self._flying = native.Table(32, len(fresh))
-                    self._flying.add(fkeys, array.array("Q", bytes(8 * len(fresh))))
+                f = self._pipe.submit(self._queued, data, bs, btype, None, fkeys, False)
+                t = native.Table(self.keylen, len(fresh))  # (its addresses are never read: the keys answer)
+                t.add(fkeys, array.array("Q", bytes(8 * len(fresh))))
+                self._inflight.append((f, t))
                 self._bloom_add(ks)
             else:
                 self._append(buf, bs, btype, fresh, fkeys, ks)
@@ -359,11 +387,16 @@ class Writes:
         # Records sealed into an earlier arena by this append are already in
         # the index cache (_sealed); the rest belong to the open arena.
         first = bisect.bisect_left(packed, open_n << 32)  # addresses ascend
-        if first < len(packed):
+        # An arena sealed since (the append thread packs the next batch meanwhile) has no open
+        # table: the write buffer answers for its records.
+        if first < len(packed) and open_n == self.log.open.n:
             self.open_table.add(ks[first * self.keylen:], packed[first:])
 
+    def _full(self):
+        return len(self.wbuf) * (self.keylen + 8) >= self.tuning.write_buffer_bytes
+
     def _flush_if_full(self):
-        if len(self.wbuf) * (self.keylen + 8) >= self.tuning.write_buffer_bytes:
+        if self._full():
             self.flush()
 
 
