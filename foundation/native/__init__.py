@@ -47,6 +47,8 @@ when bs == len(buf).
         entries() -> bytearray of every (key, u64le addr) in insertion order
     tables_lookup(tables, keys, skip, keylen=None) -> ([addr], [which])
     tables_absent(tables, keys) -> [position]          keys no table holds, all-zero ones left out
+    bloom_add(words, nbits, seeds, keys, keylen, step=None)   set the bits of the key at the start of
+        every step bytes of keys in a pybloomfiltermmap3 filter's bit array (its u32 words), as its add() does
     equal(a, b) -> bool
 
 unpack_many decodes a batch of records from one span of one arena: buf
@@ -143,4 +145,5 @@ lookup = _impl.lookup
 Table = _impl.Table
 tables_lookup = _impl.tables_lookup
 tables_absent = _impl.tables_absent
+bloom_add = _impl.bloom_add
 equal = _impl.equal

@@ -17,7 +17,7 @@ from foundation.native.checks import (API_VERSION, HEADER_SIZE, KEY_SIZE, SCORE_
                                       RecordError)
 
 # C functions added within API_VERSION 1: a module built before them is stale too.
-_NEWEST = ("fdn_unpack_many", "fdn_check", "fdn_tables_absent", "fdn_scan_cols")
+_NEWEST = ("fdn_unpack_many", "fdn_check", "fdn_tables_absent", "fdn_scan_cols", "fdn_bloom_add")
 
 
 def _load_native():
@@ -441,6 +441,13 @@ class _Native:
         _ok(_lib.fdn_tables_lookup(ts, len(tables), _ro(keys), checks.nbytes(keys), _opt(skip), n,
                                    addrs, which, n))
         return _ffi.unpack(addrs, n), _ffi.unpack(which, n)
+
+    @staticmethod
+    def bloom_add(words, nbits, seeds, keys, keylen, step=None):
+        seeds, step = checks.bloom_args(words, nbits, seeds, keys, keylen, step)
+        s = _ffi.new("uint32_t[]", seeds)
+        _ok(_lib.fdn_bloom_add(_rw(words), checks.nbytes(words), nbits, s, len(seeds), _ro(keys),
+                               checks.nbytes(keys), keylen, step))
 
     @staticmethod
     def tables_absent(tables, keys):

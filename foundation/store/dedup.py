@@ -223,23 +223,23 @@ class Writes:
                 t = native.Table(self.keylen, len(fresh))  # (its addresses are never read: the keys answer)
                 t.add(fkeys, array.array("Q", bytes(8 * len(fresh))))
                 self._inflight.append((f, t))
-                self._bloom_add(ks)
+                self._bloom_add(fkeys)
             else:
                 self._append(buf, bs, btype, fresh, fkeys, ks)
         return bytes(keys)  # a zero block's score is 32 zero bytes, its ref
 
-    def _bloom_add(self, ks):
-        """The Bloom filter takes a batch's fresh keys in the caller's thread while the append
-        thread packs them: one key at a time in Python is the longest part of an append after the
-        pack, and the filter may hold a key early (a false "maybe" at worst, never a lost one).
+    def _bloom_add(self, fkeys):
+        """The Bloom filter takes a batch's fresh keys (their 32-byte key fields, end to end) in the
+        caller's thread while the append thread packs them (in C, the GIL released), and may hold
+        a key early (a false "maybe" at worst, never a lost one).
         The write buffer is then flushed by the caller too (_write), so that no flush covers
         records whose keys the filter does not hold yet."""
         bf = self.bloom
         if bf is None:
             return
-        if bf.count + len(ks) > bf.capacity:
+        if bf.count + len(fkeys) // 32 > bf.capacity:
             self._settle_append()  # it grows from the write buffer, which must hold the batch first
-        bf.update(ks)
+        bf.add_keys(fkeys, self.keylen, 32)
 
     def _known_older(self, keys):
         """Which of these keys, missed by the index cache and "maybe" to the filter, are stored: a key
@@ -353,8 +353,8 @@ class Writes:
     def _append(self, buf, bs, btype, fresh, fkeys, klist=None):
         """Append the fresh blocks (fkeys: their 32-byte key fields) to the log and index them;
         returns their addresses. fresh: the blocks of buf to append, None for all of them. The
-        Bloom filter takes their keys too: klist, when given, the same keys as a list of bytes;
-        False: the caller gives them (_bloom_add)."""
+        Bloom filter takes their keys too, unless klist is False: the caller gives them
+        (_bloom_add) and indexes the records when it settles."""
         data = buf if fresh is None else _gather(buf, bs, fresh)
         addrs = self.log.append(btype, data, bs, fkeys, self.tuning.threads)
         packed = array.array("Q", addrs)  # the tables take it without a check per entry
@@ -373,9 +373,7 @@ class Writes:
             return ks, packed, self.log.open.n
         self._index_added(ks, packed, self.log.open.n)
         if self.bloom is not None:
-            if klist is None or kl != 32:
-                klist = [ks[i:i + kl] for i in range(0, len(ks), kl)]
-            self.bloom.update(klist)
+            self.bloom.add_keys(ks, kl)
         self._flush_if_full()  # (a pipelined caller flushes once the filter holds these keys)
         return addrs
 
