@@ -35,6 +35,7 @@ from foundation.store import BlockType
 # batches cost the same CPU as 16 MiB ones (measured) and a quarter of the memory.
 CHUNK = 4 << 20
 SPLIT = 1 << 20  # a batch's two concurrent reads are cut at a multiple of this
+HALVES = True  # a raw image's batch read as two concurrent halves (False: one read after the other)
 OPEN_NODES = 512  # level-1 nodes kept open before the completed ones are written
 AHEAD_NODES = 256  # level-1 nodes of the batches ahead opened (read) together on a later day
 
@@ -306,7 +307,7 @@ def write_image(store, src, size, prev=None, changed=None, zeros=(), progress=No
                 pieces.append((s * bs, pos, (e - s) * bs))
                 pos += (e - s) * bs
         half = pos // 2 & -SPLIT  # a multiple of every block size (and of O_DIRECT's alignment)
-        if not getattr(src, "parallel_reads", False) or not half:
+        if not HALVES or not getattr(src, "parallel_reads", False) or not half:
             return [pool.submit(read_pieces, mv, pieces)], mv[:pos]
         first, second = [], []
         for off, p, n in pieces:
