@@ -83,7 +83,7 @@ void fdn_codec_free(fdn_codec *c);
 int64_t fdn_pack(fdn_codec *c, uint32_t arena, const uint8_t *iv,
 	uint64_t offset, int btype, const uint8_t *buf, size_t len, size_t bs,
 	const uint8_t *keys, size_t keyslen, uint8_t *out, size_t outcap,
-	uint64_t *offs, size_t noffs, int threads);
+	uint64_t *offs, size_t noffs, int threads, uint8_t *scratch, size_t scratchcap);
 int64_t fdn_unpack(fdn_codec *c, uint32_t arena, const uint8_t *iv,
 	uint64_t offset, const uint8_t *rec, size_t reclen, fdn_entry *e,
 	uint8_t *out, size_t outcap);

@@ -10,8 +10,8 @@
  * nothing. reference.py's flat() states the rule.
  *
  * Packing a batch on several threads compresses each block into a fixed
- * slot of a scratch buffer the codec keeps, lays the records out from their
- * sizes, then each thread encrypts its records' payloads from there (or,
+ * slot of a scratch buffer (the caller's, kept across calls, or one of its
+ * own), lays the records out from their sizes, then each thread encrypts its records' payloads from there (or,
  * stored raw, from the input) straight to their place and tags them: no
  * serial pass moves the batch's bytes while the other threads wait. The
  * bytes depend only on the blocks, never on how many threads did the work.
@@ -56,9 +56,6 @@ struct fdn_codec {
 	pthread_mutex_t lock;
 	work *idle[POOL];
 	int nidle;
-	uint8_t *scratch;	/* compressed payloads of a batch pack, in fixed slots */
-	size_t scratchcap;
-	int scratchbusy;	/* a pack on another thread has it: that one mallocs its own */
 };
 
 static void work_free(work *w)
@@ -136,7 +133,6 @@ void fdn_codec_free(fdn_codec *c)
 		return;
 	while (c->nidle > 0)
 		work_free(c->idle[--c->nidle]);
-	free(c->scratch);
 	fdn_hkey_free(&c->mac);
 	OPENSSL_cleanse(c->enckey, sizeof c->enckey);
 	pthread_mutex_destroy(&c->lock);
@@ -386,45 +382,11 @@ static int seal_range(void *arg, size_t lo, size_t hi)
 	return rc;
 }
 
-/* The codec's scratch buffer for n blocks of blen bytes, or a new one if another pack holds
- * it (*own: the caller frees it). Kept: a batch's worth of pages is not faulted in per call. */
-static uint8_t *scratch_get(fdn_codec *c, size_t size, int *own)
-{
-	uint8_t *p = NULL;
-
-	*own = 0;
-	pthread_mutex_lock(&c->lock);
-	if (!c->scratchbusy) {
-		if (c->scratchcap < size) {
-			free(c->scratch);
-			c->scratchcap = 0;
-			if ((c->scratch = malloc(size)) != NULL)
-				c->scratchcap = size;
-		}
-		if ((p = c->scratch) != NULL)
-			c->scratchbusy = 1;
-	}
-	pthread_mutex_unlock(&c->lock);
-	if (p == NULL && (p = malloc(size)) != NULL)
-		*own = 1;
-	return p;
-}
-
-static void scratch_put(fdn_codec *c, uint8_t *p, int own)
-{
-	if (own) {
-		free(p);
-		return;
-	}
-	pthread_mutex_lock(&c->lock);
-	c->scratchbusy = 0;
-	pthread_mutex_unlock(&c->lock);
-}
 
 int64_t fdn_pack(fdn_codec *c, uint32_t arena, const uint8_t *iv,
 	uint64_t offset, int btype, const uint8_t *buf, size_t len, size_t bs,
 	const uint8_t *keys, size_t keyslen, uint8_t *out, size_t outcap,
-	uint64_t *offs, size_t noffs, int threads)
+	uint64_t *offs, size_t noffs, int threads, uint8_t *scratch, size_t scratchcap)
 {
 	packjob j = { c, arena, iv, offset, (uint8_t)btype, buf, bs == len ? len : bs,
 		keys, out, offs, NULL, NULL, NULL };
@@ -460,7 +422,12 @@ int64_t fdn_pack(fdn_codec *c, uint32_t arena, const uint8_t *iv,
 		work_put(c, w);
 		goto out;
 	}
-	if ((j.scratch = scratch_get(c, n * j.blen, &own)) == NULL) {
+	/* the caller's scratch (reused: its pages are not faulted in per call), else one of our own */
+	if (scratch != NULL && scratchcap >= n * j.blen)
+		j.scratch = scratch;
+	else if ((j.scratch = malloc(n * j.blen)) != NULL)
+		own = 1;
+	else {
 		rc = FDN_ENOMEM;
 		goto out;
 	}
@@ -472,8 +439,8 @@ int64_t fdn_pack(fdn_codec *c, uint32_t arena, const uint8_t *iv,
 	}
 	rc = fdn_share(threads, n, GRAIN, seal_range, &j);
 out:
-	if (j.scratch != NULL)
-		scratch_put(c, j.scratch, own);
+	if (own)
+		free(j.scratch);
 	free(j.slen);
 	free(j.codec);
 	return rc == FDN_OK ? (int64_t)pos : rc;

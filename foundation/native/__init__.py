@@ -26,9 +26,11 @@ when bs == len(buf).
     scores(buf, bs, btype, key=None, skip=None, threads=1) -> bytes    n * 32
     weak_hashes(buf, bs, btype, seed, skip=None) -> bytes               n * 8
     Codec(enc_key, mac_key, zlevel)
-    pack(codec, arena, iv, offset, btype, buf, bs, keys, threads=1, out=None) -> (records, offsets)
+    pack(codec, arena, iv, offset, btype, buf, bs, keys, threads=1, out=None, scratch=None) -> (records, offsets)
         out: a writable buffer of >= n * (HEADER_SIZE + blen) bytes to pack into (records
-        is then a memoryview of it); None: records is new bytes
+        is then a memoryview of it); None: records is new bytes. scratch: a writable buffer of
+        >= n * blen bytes a pack on several threads may use (its contents unspecified after),
+        kept by a caller that packs often; None (or too small): the pack allocates its own
     unpack(codec, arena, iv, offset, rec) -> (btype, key32, data)   or RecordError
     unpack_many(codec, arena, iv, buf, base, offsets, threads=1) -> [(btype, key32, data) | RecordError]
     unpack_blocks(codec, arena, iv, buf, base, offsets, bs, out=None, threads=1)

@@ -101,22 +101,23 @@ class _Native:
             return f"<native Codec encrypted={self.encrypted} zlevel={self.zlevel}>"
 
     @staticmethod
-    def pack(codec, arena, iv, offset, btype, buf, bs, keys, threads=1, out=None):
+    def pack(codec, arena, iv, offset, btype, buf, bs, keys, threads=1, out=None, scratch=None):
         n, blen = checks.pack_args(arena, iv, offset, btype, buf, bs, keys)
         threads = checks.thread_count(threads)
         cap = n * (HEADER_SIZE + blen)
         offs = _alloc("uint64_t[]", n)
+        sc, sccap = (_ffi.NULL, 0) if scratch is None else (_rw(scratch), checks.nbytes(scratch))
         if out is not None:  # the caller's buffer: packed in place, nothing copied or allocated
             checks.pack_out(out, cap)
             size = _ok(_lib.fdn_pack(_codec(codec, _Native), arena, _ro(iv), offset, btype,
                                      _ro(buf), checks.nbytes(buf), bs, _ro(keys), n * SCORE_SIZE,
-                                     _rw(out), cap, offs, n, threads))
+                                     _rw(out), cap, offs, n, threads, sc, sccap))
             return memoryview(out)[:size], _ffi.unpack(offs, n)
         out = _take(cap)  # room for the worst case; the records are copied out
         try:
             size = _ok(_lib.fdn_pack(_codec(codec, _Native), arena, _ro(iv), offset, btype,
                                      _ro(buf), checks.nbytes(buf), bs, _ro(keys), n * SCORE_SIZE,
-                                     out, cap, offs, n, threads))
+                                     out, cap, offs, n, threads, sc, sccap))
             return _ffi.buffer(out, size)[:], _ffi.unpack(offs, n)
         finally:
             _give(out)

@@ -169,7 +169,7 @@ def flat(block):
     return FLAT_RATIO * sum(c * c for c in collections.Counter(sample).values()) <= len(sample) ** 2
 
 
-def pack(codec, arena, iv, offset, btype, buf, bs, keys, threads=1, out=None):
+def pack(codec, arena, iv, offset, btype, buf, bs, keys, threads=1, out=None, scratch=None):
     n, blen = checks.pack_args(arena, iv, offset, btype, buf, bs, keys)
     checks.thread_count(threads)
     if out is not None:  # the records written into the caller's buffer, a view of them returned

@@ -211,11 +211,12 @@ class Writes:
         fresh = unknown
         self._count(zeros, n - zeros - len(fresh))
         if self._pipe is not None:
-            # The fresh blocks are gathered while the appends before are still packing, and this
-            # batch's append is queued behind them (`ahead` at most in flight), so the append
-            # thread goes from one pack to the next, never idle while this thread settles.
-            data = _gather(buf, bs, fresh) if fresh else None
+            # This batch's append is queued behind the one packing (`ahead` at most in flight),
+            # so the append thread goes from one pack to the next, never idle while this thread
+            # settles the one before; its fresh blocks are gathered after that settle, so that no
+            # more gathered batches than appends in flight are held.
             self._settle_here(self.ahead - 1)
+            data = _gather(buf, bs, fresh) if fresh else None
         if fresh:
             fkeys = keys if len(fresh) == n else b"".join(ks)
             if self._pipe is not None:
