@@ -36,7 +36,11 @@ from foundation.store import format as F
 log = logging.getLogger(__name__)
 
 DATA = F.DATA
-AHEAD = 2  # appends in flight inside pipelined(): one packing, the next queued behind it
+# Appends in flight inside pipelined() at most. 2 queues the next one behind the one packing, so
+# the append thread never waits while the caller settles (~1 ms a 4 MiB batch); it held 12-18 MB
+# more at the peak of a full backup (a fourth image buffer, a second gathered batch in flight)
+# and no wall gain stood out of the noise of a shared machine (benchmarks/README.md, branch d0c).
+AHEAD = 1
 
 
 class Writes:
@@ -46,7 +50,7 @@ class Writes:
     _inflight = ()    # the appends handed to it and not yet settled, oldest first: (future, table
     # of its keys, which the next batches are decided against)
     _broken = None    # the failure of an append in the scope: every later one fails with it
-    ahead = AHEAD     # appends in flight at most: a caller of write_blocks keeps its buffers as long
+    ahead = AHEAD     # appends in flight at most: a caller of write_blocks keeps its buffers for as many calls
 
     @contextlib.contextmanager
     def pipelined(self, expect=0):
