@@ -12,11 +12,11 @@ sorted batches. `Writes` is the part of Store that does this.
 Inside `pipelined()` (an image being archived), a compare-by-hash write
 returns as soon as its blocks are named and decided: the append of its
 fresh blocks (compress, encrypt) runs in one thread while the caller
-feeds their keys to the Bloom filter, reads, hashes and decides the next
-batch against the filter and the index cache; the caller then waits for
-the append and adds its index entries to the tables itself (no other
-thread ever changes them), and asks about what the filter says may be
-stored. The packed records are written by another thread while the next
+feeds their keys to the Bloom filter (in C), reads, hashes and decides the
+next batch against the filter, the index cache and a table of the keys of
+the appends in flight; the caller then waits for the append and adds its
+index entries to the tables itself (no other thread ever changes them),
+and asks the index about what the filter says may be stored. The packed records are written by another thread while the next
 batch is packed (`Log.write_behind`). So reading, hashing, deciding,
 packing and writing overlap on every core, and the log is still written
 in order.
