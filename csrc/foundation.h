@@ -83,7 +83,7 @@ void fdn_codec_free(fdn_codec *c);
 int64_t fdn_pack(fdn_codec *c, uint32_t arena, const uint8_t *iv,
 	uint64_t offset, int btype, const uint8_t *buf, size_t len, size_t bs,
 	const uint8_t *keys, size_t keyslen, uint8_t *out, size_t outcap,
-	uint64_t *offs, size_t noffs, int threads);
+	uint64_t *offs, size_t noffs, int threads, uint8_t *scratch, size_t scratchcap);
 int64_t fdn_unpack(fdn_codec *c, uint32_t arena, const uint8_t *iv,
 	uint64_t offset, const uint8_t *rec, size_t reclen, fdn_entry *e,
 	uint8_t *out, size_t outcap);
@@ -173,5 +173,12 @@ int fdn_tables_lookup(fdn_table **ts, size_t nt, const uint8_t *keys,
 	int32_t *which, size_t n);
 int64_t fdn_tables_absent(fdn_table **ts, size_t nt, const uint8_t *keys,
 	size_t klen, uint64_t *out, size_t n);
+
+/* Set the bits of the keylen-byte key at the start of every step bytes of keys in the bit
+ * array of a pybloomfiltermmap3 filter (its u32 words, nbits bits, and hash seeds), as its
+ * add() does (bloom.c). */
+size_t fdn_bloom_bytes(uint64_t nbits);
+int fdn_bloom_add(uint8_t *words, size_t wordslen, uint64_t nbits, const uint32_t *seeds,
+	size_t nseeds, const uint8_t *keys, size_t keyslen, size_t keylen, size_t step);
 
 #endif

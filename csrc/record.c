@@ -9,10 +9,12 @@
  * a histogram, zstd on such a block costs as much as its hash and wins
  * nothing. reference.py's flat() states the rule.
  *
- * Packing a batch compresses each block into a fixed slot, compacts the
- * records in order (a block stored raw is copied once, there, from the
- * input), then encrypts and tags them in place: the bytes depend only on
- * the blocks, never on how many threads did the work.
+ * Packing a batch on several threads compresses each block into a fixed
+ * slot of a scratch buffer (the caller's, kept across calls, or one of its
+ * own), lays the records out from their sizes, then each thread encrypts its records' payloads from there (or,
+ * stored raw, from the input) straight to their place and tags them: no
+ * serial pass moves the batch's bytes while the other threads wait. The
+ * bytes depend only on the blocks, never on how many threads did the work.
  *
  * Unpacking a batch lays the output out from the headers, then checks and
  * decodes each record in one go, while it is in cache; a length that is
@@ -248,6 +250,7 @@ typedef struct {
 	uint64_t *pos;		/* each record's position in out, then in the arena */
 	uint32_t *slen;
 	uint8_t *codec;
+	uint8_t *scratch;	/* batch pack: block i's compressed payload at i * blen */
 } packjob;
 
 /*
@@ -323,8 +326,10 @@ static int fill(packjob *j, work *w, size_t i, uint8_t *dst, int raw)
 	return FDN_OK;
 }
 
-/* Write block i's header around its payload at out + pos, encrypt, tag. */
-static int seal(packjob *j, work *w, size_t i, uint64_t pos)
+/* Write block i's header around its payload at out + pos, encrypt, tag. The payload is
+ * there already (src NULL), or is taken from src (encrypted on the way when the codec
+ * encrypts: one pass over it, no copy first). */
+static int seal(packjob *j, work *w, size_t i, uint64_t pos, const uint8_t *src)
 {
 	uint8_t *h = j->out + pos, t[FDN_SCORE_SIZE];
 	uint64_t off = j->offset + pos;
@@ -338,19 +343,18 @@ static int seal(packjob *j, work *w, size_t i, uint64_t pos)
 	fdn_put32(h + FDN_H_SLEN, S);
 	fdn_put32(h + FDN_H_RLEN, (uint32_t)j->blen);
 	memcpy(h + FDN_H_KEY, j->keys + i * FDN_SCORE_SIZE, FDN_SCORE_SIZE);
-	if (j->c->enc && (rc = ctr(w, j->iv, off + FDN_HEADER_SIZE, h + FDN_HEADER_SIZE,
-	    h + FDN_HEADER_SIZE, S)) != FDN_OK)
-		return rc;
+	if (src == NULL)
+		src = h + FDN_HEADER_SIZE;
+	if (j->c->enc) {
+		if ((rc = ctr(w, j->iv, off + FDN_HEADER_SIZE, h + FDN_HEADER_SIZE, src, S)) != FDN_OK)
+			return rc;
+	} else if (src != h + FDN_HEADER_SIZE)
+		memcpy(h + FDN_HEADER_SIZE, src, S);
 	if ((rc = tag(j->c, w, j->arena, off, h, h + FDN_HEADER_SIZE, S, t)) != FDN_OK)
 		return rc;
 	memcpy(h + FDN_H_TAG, t, FDN_TAG_SIZE);
 	j->pos[i] = off;
 	return FDN_OK;
-}
-
-static size_t slot(packjob *j, size_t i)
-{
-	return i * (FDN_HEADER_SIZE + j->blen);
 }
 
 static int fill_range(void *arg, size_t lo, size_t hi)
@@ -360,7 +364,7 @@ static int fill_range(void *arg, size_t lo, size_t hi)
 	int rc = w ? FDN_OK : FDN_ENOMEM;
 
 	for (size_t i = lo; i < hi && rc == FDN_OK; i++)
-		rc = fill(j, w, i, j->out + slot(j, i) + FDN_HEADER_SIZE, 0);
+		rc = fill(j, w, i, j->scratch + i * j->blen, 0);
 	work_put(j->c, w);
 	return rc;
 }
@@ -372,22 +376,24 @@ static int seal_range(void *arg, size_t lo, size_t hi)
 	int rc = w ? FDN_OK : FDN_ENOMEM;
 
 	for (size_t i = lo; i < hi && rc == FDN_OK; i++)
-		rc = seal(j, w, i, j->pos[i]);
+		rc = seal(j, w, i, j->pos[i], j->codec[i] == FDN_CODEC_RAW ?
+			j->buf + i * j->blen : j->scratch + i * j->blen);
 	work_put(j->c, w);
 	return rc;
 }
 
+
 int64_t fdn_pack(fdn_codec *c, uint32_t arena, const uint8_t *iv,
 	uint64_t offset, int btype, const uint8_t *buf, size_t len, size_t bs,
 	const uint8_t *keys, size_t keyslen, uint8_t *out, size_t outcap,
-	uint64_t *offs, size_t noffs, int threads)
+	uint64_t *offs, size_t noffs, int threads, uint8_t *scratch, size_t scratchcap)
 {
 	packjob j = { c, arena, iv, offset, (uint8_t)btype, buf, bs == len ? len : bs,
-		keys, out, offs, NULL, NULL };
+		keys, out, offs, NULL, NULL, NULL };
 	uint64_t pos = 0;
 	size_t n, i;
 	work *w;
-	int rc;
+	int rc, own = 0;
 
 	if (fdn_nblocks(len, bs, &n) != FDN_OK || btype < 0 || btype > 255 ||
 	    keyslen != n * FDN_SCORE_SIZE || noffs != n || j.blen > UINT32_MAX ||
@@ -409,27 +415,32 @@ int64_t fdn_pack(fdn_codec *c, uint32_t arena, const uint8_t *iv,
 		}
 		for (i = 0, rc = FDN_OK; i < n && rc == FDN_OK; i++) {
 			if ((rc = fill(&j, w, i, out + pos + FDN_HEADER_SIZE, 1)) != FDN_OK ||
-			    (rc = seal(&j, w, i, pos)) != FDN_OK)
+			    (rc = seal(&j, w, i, pos, NULL)) != FDN_OK)
 				break;
 			pos += FDN_HEADER_SIZE + j.slen[i];
 		}
 		work_put(c, w);
 		goto out;
 	}
+	/* the caller's scratch (reused: its pages are not faulted in per call), else one of our own */
+	if (scratch != NULL && scratchcap >= n * j.blen)
+		j.scratch = scratch;
+	else if ((j.scratch = malloc(n * j.blen)) != NULL)
+		own = 1;
+	else {
+		rc = FDN_ENOMEM;
+		goto out;
+	}
 	if ((rc = fdn_share(threads, n, GRAIN, fill_range, &j)) != FDN_OK)
 		goto out;
-	for (i = 0; i < n; i++) {
-		/* compact: every record moves down or stays, in order */
-		uint8_t *src = out + slot(&j, i) + FDN_HEADER_SIZE;
-		if (j.codec[i] == FDN_CODEC_RAW)	/* from the block: fill left it */
-			memcpy(out + pos + FDN_HEADER_SIZE, buf + i * j.blen, j.slen[i]);
-		else if (out + pos + FDN_HEADER_SIZE != src)
-			memmove(out + pos + FDN_HEADER_SIZE, src, j.slen[i]);
+	for (i = 0; i < n; i++) {	/* the layout: each record's place from the sizes alone */
 		offs[i] = pos;
 		pos += FDN_HEADER_SIZE + j.slen[i];
 	}
 	rc = fdn_share(threads, n, GRAIN, seal_range, &j);
 out:
+	if (own)
+		free(j.scratch);
 	free(j.slen);
 	free(j.codec);
 	return rc == FDN_OK ? (int64_t)pos : rc;

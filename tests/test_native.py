@@ -1222,3 +1222,44 @@ def test_scan_columns_is_scan_in_columns(impl, other, enc):
     for bad in (0, 33, "8"):
         with pytest.raises(ValueError):
             impl.scan_columns(c, 4, IV, data, base, bad)
+
+
+def test_bloom_add_sets_the_bits_the_filters_own_add_sets(impl, tmp_path):
+    """bloom_add on the filter's bit array gives the file pybloomfiltermmap3's add() gives, for keys
+    of every tail length and for keys taken from index entries (a step past each key)."""
+    import mmap as _mmap
+    import shutil
+
+    import pybloomfilter
+
+    rng = random.Random(5)
+    ours, theirs = str(tmp_path / "ours"), str(tmp_path / "theirs")
+    bf = pybloomfilter.BloomFilter(20000, 0.001, ours)
+    bf.sync()
+    shutil.copy(ours, theirs)
+    ref = pybloomfilter.BloomFilter.open(theirs)
+    keys = [rng.randbytes(32) for _ in range(500)]
+    odd = [rng.randbytes(n) for n in range(1, 40)]
+    ref.update(keys + odd)
+    ref.sync()
+    with open(ours, "r+b") as f:
+        m = _mmap.mmap(f.fileno(), 0)
+    hl = struct.unpack_from("=i", m, 17)[0]
+    words = memoryview(m)[-(-(21 + hl) // 256) * 256:]
+    entries = b"".join(k + struct.pack("<Q", i) for i, k in enumerate(keys[200:]))
+    impl.bloom_add(words, bf.num_bits, bf.hash_seeds, b"".join(keys[:200]), 32)
+    impl.bloom_add(words, bf.num_bits, bf.hash_seeds, entries, 32, 40)
+    for k in odd:
+        impl.bloom_add(words, bf.num_bits, bf.hash_seeds, k, len(k))
+    del words
+    m.close()
+    bf.sync()
+    with open(ours, "rb") as a, open(theirs, "rb") as b:
+        assert a.read() == b.read()
+    assert all(k in bf for k in keys + odd)
+    for bad in [dict(nbits=0), dict(nbits=1 << 40), dict(seeds=[]), dict(keylen=0), dict(step=31),
+                dict(keys=bytes(33))]:
+        args = dict(words=bytearray(64), nbits=512, seeds=[1, 2], keys=bytes(64), keylen=32, step=None)
+        args.update(bad)
+        with pytest.raises(ValueError):
+            impl.bloom_add(**args)

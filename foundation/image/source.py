@@ -102,6 +102,7 @@ class RawSource:
     """A raw image file or block device, read with pread."""
 
     format = "raw"
+    parallel_reads = True  # readinto may run in several threads at once (pread has no file position)
 
     def __init__(self, path):
         self.path = path
@@ -141,20 +142,24 @@ class RawSource:
         except OSError as e:
             raise ImageUnreadable(self.path, f"read at byte {offset} failed: {e.strerror}") from None
 
+    direct = True  # False once the device refused an aligned O_DIRECT read
+
     def readinto(self, offset, view):
         got, n = 0, len(view)
         fd = self.fd
-        if self.dfd is not None and n and not (offset | n) % DIRECT_ALIGN and _address(view) % DIRECT_ALIGN == 0:
+        if self.dfd is not None and self.direct and n and not (offset | n) % DIRECT_ALIGN and \
+                _address(view) % DIRECT_ALIGN == 0:
             fd = self.dfd
         try:
             while got < n:
                 try:
                     m = os.preadv(fd, [view[got:]], offset + got)
                 except OSError as e:
-                    if fd != self.dfd or e.errno != errno.EINVAL:
+                    if fd == self.fd or e.errno != errno.EINVAL:
                         raise
-                    os.close(self.dfd)  # the device wants another alignment: buffered from now on
-                    self.dfd = None
+                    # The device wants another alignment: buffered from now on. Its descriptor
+                    # stays open until close(): another thread's read may be using it.
+                    self.direct = False
                     fd = self.fd
                     continue
                 if m == 0:

@@ -26,9 +26,11 @@ when bs == len(buf).
     scores(buf, bs, btype, key=None, skip=None, threads=1) -> bytes    n * 32
     weak_hashes(buf, bs, btype, seed, skip=None) -> bytes               n * 8
     Codec(enc_key, mac_key, zlevel)
-    pack(codec, arena, iv, offset, btype, buf, bs, keys, threads=1, out=None) -> (records, offsets)
+    pack(codec, arena, iv, offset, btype, buf, bs, keys, threads=1, out=None, scratch=None) -> (records, offsets)
         out: a writable buffer of >= n * (HEADER_SIZE + blen) bytes to pack into (records
-        is then a memoryview of it); None: records is new bytes
+        is then a memoryview of it); None: records is new bytes. scratch: a writable buffer of
+        >= n * blen bytes a pack on several threads may use (its contents unspecified after),
+        kept by a caller that packs often; None (or too small): the pack allocates its own
     unpack(codec, arena, iv, offset, rec) -> (btype, key32, data)   or RecordError
     unpack_many(codec, arena, iv, buf, base, offsets, threads=1) -> [(btype, key32, data) | RecordError]
     unpack_blocks(codec, arena, iv, buf, base, offsets, bs, out=None, threads=1)
@@ -49,6 +51,8 @@ when bs == len(buf).
         memory, handed over without a copy)
     tables_lookup(tables, keys, skip, keylen=None) -> ([addr], [which])
     tables_absent(tables, keys) -> [position]          keys no table holds, all-zero ones left out
+    bloom_add(words, nbits, seeds, keys, keylen, step=None)   set the bits of the key at the start of
+        every step bytes of keys in a pybloomfiltermmap3 filter's bit array (its u32 words), as its add() does
     equal(a, b) -> bool
 
 unpack_many decodes a batch of records from one span of one arena: buf
@@ -145,4 +149,5 @@ lookup = _impl.lookup
 Table = _impl.Table
 tables_lookup = _impl.tables_lookup
 tables_absent = _impl.tables_absent
+bloom_add = _impl.bloom_add
 equal = _impl.equal

@@ -17,7 +17,8 @@ from foundation.native.checks import (API_VERSION, HEADER_SIZE, KEY_SIZE, SCORE_
                                       RecordError)
 
 # C functions added within API_VERSION 1: a module built before them is stale too.
-_NEWEST = ("fdn_unpack_many", "fdn_check", "fdn_tables_absent", "fdn_scan_cols", "fdn_table_take")
+_NEWEST = ("fdn_unpack_many", "fdn_check", "fdn_tables_absent", "fdn_scan_cols", "fdn_table_take",
+           "fdn_bloom_add")
 
 
 def _load_native():
@@ -101,22 +102,23 @@ class _Native:
             return f"<native Codec encrypted={self.encrypted} zlevel={self.zlevel}>"
 
     @staticmethod
-    def pack(codec, arena, iv, offset, btype, buf, bs, keys, threads=1, out=None):
+    def pack(codec, arena, iv, offset, btype, buf, bs, keys, threads=1, out=None, scratch=None):
         n, blen = checks.pack_args(arena, iv, offset, btype, buf, bs, keys)
         threads = checks.thread_count(threads)
         cap = n * (HEADER_SIZE + blen)
         offs = _alloc("uint64_t[]", n)
+        sc, sccap = (_ffi.NULL, 0) if scratch is None else (_rw(scratch), checks.nbytes(scratch))
         if out is not None:  # the caller's buffer: packed in place, nothing copied or allocated
             checks.pack_out(out, cap)
             size = _ok(_lib.fdn_pack(_codec(codec, _Native), arena, _ro(iv), offset, btype,
                                      _ro(buf), checks.nbytes(buf), bs, _ro(keys), n * SCORE_SIZE,
-                                     _rw(out), cap, offs, n, threads))
+                                     _rw(out), cap, offs, n, threads, sc, sccap))
             return memoryview(out)[:size], _ffi.unpack(offs, n)
         out = _take(cap)  # room for the worst case; the records are copied out
         try:
             size = _ok(_lib.fdn_pack(_codec(codec, _Native), arena, _ro(iv), offset, btype,
                                      _ro(buf), checks.nbytes(buf), bs, _ro(keys), n * SCORE_SIZE,
-                                     out, cap, offs, n, threads))
+                                     out, cap, offs, n, threads, sc, sccap))
             return _ffi.buffer(out, size)[:], _ffi.unpack(offs, n)
         finally:
             _give(out)
@@ -452,6 +454,13 @@ class _Native:
         _ok(_lib.fdn_tables_lookup(ts, len(tables), _ro(keys), checks.nbytes(keys), _opt(skip), n,
                                    addrs, which, n))
         return _ffi.unpack(addrs, n), _ffi.unpack(which, n)
+
+    @staticmethod
+    def bloom_add(words, nbits, seeds, keys, keylen, step=None):
+        seeds, step = checks.bloom_args(words, nbits, seeds, keys, keylen, step)
+        s = _ffi.new("uint32_t[]", seeds)
+        _ok(_lib.fdn_bloom_add(_rw(words), checks.nbytes(words), nbits, s, len(seeds), _ro(keys),
+                               checks.nbytes(keys), keylen, step))
 
     @staticmethod
     def tables_absent(tables, keys):

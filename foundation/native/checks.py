@@ -5,6 +5,7 @@ every check is written once, here, and both call it before working;
 neither backend imports the other or the package that chooses between them.
 """
 
+import sys
 from typing import NamedTuple
 
 API_VERSION = 1
@@ -22,7 +23,7 @@ MAX_THREADS = 64
 
 API = ("zero_flags", "scores", "weak_hashes", "Codec", "pack", "unpack", "unpack_many",
        "unpack_blocks", "scan", "scan_columns", "check_span", "bucket_home", "bucket_find", "sort_entries", "merge", "lookup", "Table",
-       "tables_lookup", "equal", "tables_absent")
+       "tables_lookup", "equal", "tables_absent", "bloom_add")
 
 
 TAGS, DECODED, SCORED = 0, 1, 2   # how deep check_span checks: tags; and decoding; and scores
@@ -234,6 +235,26 @@ def addr_list(addrs):
         if not isinstance(a, int) or not 0 <= a < 1 << 64:
             raise ValueError(f"an addr must be a u64, not {a!r}")
     return out
+
+
+def bloom_bytes(nbits):
+    """The bytes of a pybloomfiltermmap3 bit array (host-order u32 words) that hold bits 0..nbits-1:
+    its file ends there, not at a whole word."""
+    return -(-nbits // 8) if sys.byteorder == "little" else -(-nbits // 32) * 4
+
+
+def bloom_args(words, nbits, seeds, keys, keylen, step):
+    """Check bloom_add's arguments -> (the seeds as a list of ints, step)."""
+    uint(nbits, 1 << 63, "nbits")
+    if not nbits or bloom_bytes(nbits) > nbytes(words):
+        raise ValueError(f"a bit array of {nbytes(words)} bytes cannot hold {nbits} bits")
+    seeds = [int(s) for s in seeds]
+    if not seeds or any(not 0 <= s < 1 << 32 for s in seeds):
+        raise ValueError("bloom_add needs one or more u32 hash seeds")
+    step = keylen if step is None else step
+    if not isinstance(keylen, int) or not isinstance(step, int) or not 1 <= keylen <= step or nbytes(keys) % step:
+        raise ValueError(f"keys must be whole entries of {step} bytes, each starting with a key of {keylen}")
+    return seeds, step
 
 
 def absent_count(tables, keys):

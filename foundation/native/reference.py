@@ -43,6 +43,7 @@ import collections
 import hashlib
 import hmac
 import struct
+import sys
 
 import zstandard
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
@@ -168,7 +169,7 @@ def flat(block):
     return FLAT_RATIO * sum(c * c for c in collections.Counter(sample).values()) <= len(sample) ** 2
 
 
-def pack(codec, arena, iv, offset, btype, buf, bs, keys, threads=1, out=None):
+def pack(codec, arena, iv, offset, btype, buf, bs, keys, threads=1, out=None, scratch=None):
     n, blen = checks.pack_args(arena, iv, offset, btype, buf, bs, keys)
     checks.thread_count(threads)
     if out is not None:  # the records written into the caller's buffer, a view of them returned
@@ -519,6 +520,65 @@ def tables_absent(tables, keys):
     keys, kl = bytes(keys), tables[0].keylen
     zero = bytes(kl)
     return [i for i in range(n) if (k := keys[i * kl:(i + 1) * kl]) != zero and not any(k in t._map for t in tables)]
+
+
+def bloom_add(words, nbits, seeds, keys, keylen, step=None):
+    """Set the bits of the keylen-byte key at the start of every `step` bytes of keys (default
+    keylen) in the bit array of a pybloomfiltermmap3 filter (host-order u32 words) as its add()
+    does: for each seed s, bit (h[0] ^ h[1]) mod nbits, h = MurmurHash3_x64_128(key, s)."""
+    seeds, step = checks.bloom_args(words, nbits, seeds, keys, keylen, step)
+    view = memoryview(words).cast("B")
+    keys = bytes(keys)
+    for i in range(0, len(keys), step):
+        for s in reversed(seeds):
+            bit = _murmur3_x64_128_xor(keys[i:i + keylen], s) % nbits
+            byte = bit // 32 * 4 + (bit % 32 // 8 if sys.byteorder == "little" else 3 - bit % 32 // 8)
+            view[byte] |= 1 << bit % 8
+
+
+_M64 = (1 << 64) - 1
+
+
+def _rotl64(x, r):
+    return (x << r | x >> (64 - r)) & _M64
+
+
+def _fmix64(k):
+    k ^= k >> 33
+    k = k * 0xff51afd7ed558ccd & _M64
+    k ^= k >> 33
+    k = k * 0xc4ceb9fe1a85ec53 & _M64
+    return k ^ k >> 33
+
+
+def _murmur3_x64_128_xor(key, seed):
+    """Austin Appleby's MurmurHash3_x64_128 (public domain) of key with seed: its halves XORed."""
+    c1, c2 = 0x87c37b91114253d5, 0x4cf5ad432745937f
+    h1 = h2 = seed
+    n = len(key)
+    order = sys.byteorder
+    for b in range(0, n - n % 16, 16):
+        k1 = int.from_bytes(key[b:b + 8], order)
+        k2 = int.from_bytes(key[b + 8:b + 16], order)
+        h1 ^= _rotl64(k1 * c1 & _M64, 31) * c2 & _M64
+        h1 = (_rotl64(h1, 27) + h2) * 5 + 0x52dce729 & _M64
+        h2 ^= _rotl64(k2 * c2 & _M64, 33) * c1 & _M64
+        h2 = (_rotl64(h2, 31) + h1) * 5 + 0x38495ab5 & _M64
+    tail = key[n - n % 16:]
+    if len(tail) > 8:
+        k2 = int.from_bytes(tail[8:], "little")
+        h2 ^= _rotl64(k2 * c2 & _M64, 33) * c1 & _M64
+    if tail:
+        k1 = int.from_bytes(tail[:8], "little")
+        h1 ^= _rotl64(k1 * c1 & _M64, 31) * c2 & _M64
+    h1 ^= n
+    h2 ^= n
+    h1 = h1 + h2 & _M64
+    h2 = h2 + h1 & _M64
+    h1, h2 = _fmix64(h1), _fmix64(h2)
+    h1 = h1 + h2 & _M64
+    h2 = h2 + h1 & _M64
+    return h1 ^ h2
 
 
 def equal(a, b):

@@ -732,7 +732,7 @@ class Log:
                 out[:lead] = d.carry
             recs, offs = native.pack(self.codec, oa.n, oa.header.iv, oa.end, btype,
                                      mv[i * bs:(i + m) * bs], bs, keys[i * 32:(i + m) * 32], threads,
-                                     out=memoryview(out)[lead:] if d else out)
+                                     out=memoryview(out)[lead:] if d else out, scratch=self._scratch(m * bs))
             ends = offs[1:] + [oa.end + len(recs)]
             k = bisect.bisect_right(ends, oa.end + room)  # ends ascend
             if k == 0:
@@ -779,6 +779,18 @@ class Log:
                 self.writer = None
                 self._end_direct()
                 self.spare.clear()  # ~4 MiB each: not held through the flush at close
+                self.scratch = None
+
+    scratch = None  # the compressed payloads of a pack on several threads, inside write_behind()
+
+    def _scratch(self, size):
+        """Inside write_behind(), one buffer every pack reuses for its compressed payloads (its
+        pages stay mapped); outside it, None: a pack then allocates its own."""
+        if self.writer is None:
+            return None
+        if self.scratch is None or len(self.scratch) < size:
+            self.scratch = mmap.mmap(-1, max(size, PACK_BYTES))
+        return self.scratch
 
     def _pack_buffer(self, size):
         """A buffer to pack into: one whose records are written already, or a new one. Reusing

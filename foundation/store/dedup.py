@@ -12,11 +12,11 @@ sorted batches. `Writes` is the part of Store that does this.
 Inside `pipelined()` (an image being archived), a compare-by-hash write
 returns as soon as its blocks are named and decided: the append of its
 fresh blocks (compress, encrypt) runs in one thread while the caller
-feeds their keys to the Bloom filter, reads, hashes and decides the next
-batch against the filter and the index cache; the caller then waits for
-the append and adds its index entries to the tables itself (no other
-thread ever changes them), and asks about what the filter says may be
-stored. The packed records are written by another thread while the next
+feeds their keys to the Bloom filter (in C), reads, hashes and decides the
+next batch against the filter, the index cache and a table of the keys of
+the appends in flight; the caller then waits for the append and adds its
+index entries to the tables itself (no other thread ever changes them),
+and asks the index about what the filter says may be stored. The packed records are written by another thread while the next
 batch is packed (`Log.write_behind`). So reading, hashing, deciding,
 packing and writing overlap on every core, and the log is still written
 in order.
@@ -24,6 +24,7 @@ in order.
 
 import array
 import bisect
+import collections
 import concurrent.futures
 import contextlib
 import logging
@@ -37,23 +38,31 @@ log = logging.getLogger(__name__)
 
 DATA = F.DATA
 GATHER = 4 << 20  # the gather buffer's first size: an image batch (image/tree.py CHUNK)
+# Appends in flight inside pipelined() at most. 2 queues the next one behind the one packing, so
+# the append thread never waits while the caller settles (~1 ms a 4 MiB batch); it held 12-18 MB
+# more at the peak of a full backup (a fourth image buffer, a second gathered batch in flight)
+# and no wall gain stood out of the noise of a shared machine (benchmarks/README.md, branch d0c).
+AHEAD = 1
 
 
 class Writes:
     """Store's write path (mixed into foundation.store.store.Store)."""
 
     _pipe = None      # the append thread of a pipelined() scope
-    _inflight = None  # the append handed to it and not yet settled
-    _gathered = None  # the buffer _gather reuses
+    _inflight = ()    # the appends handed to it and not yet settled, oldest first: (future, table
+    # of its keys, which the next batches are decided against)
+    _broken = None    # the failure of an append in the scope: every later one fails with it
+    ahead = AHEAD     # appends in flight at most: a caller of write_blocks keeps its buffers for as many calls
+    _gathered = None  # the buffer _gather reuses outside pipelined()
 
     @contextlib.contextmanager
     def pipelined(self, expect=0):
         """A scope in which write_blocks (compare-by-hash) may return before its
         fresh blocks are appended. The caller leaves the buffer it passed as it
-        is until its next store call and does not read it again (its fresh blocks
-        may be moved to its front), and calls settle() before any store call
-        but write_blocks; leaving the scope settles. expect: about how many
-        blocks will be written (a hint)."""
+        is until `ahead` more write_blocks calls have returned (or another store
+        call) and does not read it again (its fresh blocks may be moved to its
+        front), and calls settle() before any store call but write_blocks; leaving
+        the scope settles. expect: about how many blocks will be written (a hint)."""
         if self.mode != "hash" or self._pipe is not None:
             yield self
             return
@@ -65,16 +74,18 @@ class Writes:
         with contextlib.ExitStack() as stack:
             stack.enter_context(self.log.write_behind())  # left last: its writes are drained
             self._pipe = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="store-append")
+            self._inflight, self._broken = collections.deque(), None
             stack.callback(self._stop_pipe)
             yield self
             self.settle()
 
     def _stop_pipe(self):
-        f, self._inflight = self._inflight, None
-        if f is not None:  # the scope failed: its append ends before the store moves on
-            concurrent.futures.wait([f])
-            if not f.cancelled() and f.exception() is None:
-                self._index_added(*f.result())  # its records are in the log: the index cache names them
+        q, self._inflight = self._inflight, ()
+        concurrent.futures.wait([f for f, _ in q])  # the scope failed: its appends end before the store moves on
+        for f, _ in q:
+            if f.cancelled() or f.exception() is not None:
+                break
+            self._index_added(*f.result())  # its records are in the log: the index cache names them
         self._pipe.shutdown()
         self._pipe = None
 
@@ -83,14 +94,35 @@ class Writes:
         self._settle_append()
         self.log.drain()
 
-    def _settle_append(self):
-        """Wait for the append in flight; its records then join the index cache (in this thread:
-        only the caller's thread changes the tables, so it may look them up while an append runs)."""
-        f, self._inflight = self._inflight, None
-        if f is not None:
-            self._index_added(*f.result())
-            return True
-        return False
+    def _settle_append(self, keep=0):
+        """Wait for the appends in flight, oldest first, until `keep` are left; their records then
+        join the index cache (in this thread: only the caller's thread changes the tables, so it
+        may look them up while an append runs). A failure is raised, the appends queued after it
+        (which fail with it) dropped."""
+        q, settled = self._inflight, False
+        while len(q) > keep:
+            f = q[0][0]
+            try:
+                got = f.result()
+            except BaseException:
+                concurrent.futures.wait([g for g, _ in q])
+                q.clear()
+                raise
+            q.popleft()
+            self._index_added(*got)
+            settled = True
+        return settled
+
+    def _queued(self, *args):
+        """One append in the append thread: none runs after one that failed (its arena's state is
+        unknown), so nothing is appended past a failure."""
+        if self._broken is not None:
+            raise self._broken
+        try:
+            return self._append(*args)
+        except BaseException as e:
+            self._broken = e
+            raise
 
     def write(self, data, btype=DATA):
         """Store one block (at most block_size bytes); returns its ref."""
@@ -124,11 +156,13 @@ class Writes:
         weak = native.weak_hashes(buf, bs, btype, self.keys.weak_seed, skip=zero)
         return self._write_value(buf, bs, btype, zero, weak, n)
 
-    def _settle_here(self):
-        """The append in flight ends and the index cache holds its records; flushed if full."""
-        settled = self._settle_append()
-        if self._pipe is not None:
-            self._flush_if_full()
+    def _settle_here(self, keep=0):
+        """The appends in flight end (all but `keep` of them) and the index cache holds their
+        records; flushed if full (with none in flight: a flush syncs the log)."""
+        settled = self._settle_append(keep)
+        if self._pipe is not None and self._full():
+            self._settle_append()
+            self.flush()
         return settled
 
     def _write_hash(self, buf, bs, btype, zero, keys, n):
@@ -163,28 +197,25 @@ class Writes:
         else:
             # Decided while the batch before is still packed (the append thread only packs and
             # writes: its records join the tables in this thread, at the settle below): the
-            # filter holds that batch's keys already, the tables not yet, so its duplicates
-            # here are asked about again once it is settled. In a first archive (nothing on
-            # disk yet) the index cache holds every key stored: it is asked about them all, and
-            # the filter, which could only answer false "maybe"s, not at all.
+            # filter holds that batch's keys already, the tables not yet, so they are asked of
+            # a table of its keys (_flying) too, and the settle that follows is only a wait,
+            # with nothing to ask again once the append thread is idle. In a first archive
+            # (nothing on disk yet) the index cache holds every key stored: it is asked about
+            # them all, and the filter, which could only answer false "maybe"s, not at all.
             maybe = ks if young else list(filter(bloom.__contains__, ks))
             if maybe:  # duplicates of what the index cache holds: one C pass
-                _, which = native.tables_lookup(self._tables(), b"".join(maybe), None)
+                tables = self._tables() + [t for _, t in self._inflight]
+                _, which = native.tables_lookup(tables, b"".join(maybe), None)
                 known = {k for k, w in zip(maybe, which) if w >= 0}
                 if known:
                     maybe = [k for k in maybe if k not in known]
             heads = [] if young else self._run_heads(maybe, ks, unknown)
             if heads:  # their index buckets come from the disk while the append in flight ends
                 self.index.willneed(heads)
-            if self._settle_here() and maybe:  # the tables now hold the batch before this one
-                _, which = native.tables_lookup(self._tables(), b"".join(maybe), None)
-                more = {k for k, w in zip(maybe, which) if w >= 0}
-                if more:
-                    known |= more
-                    maybe = [k for k in maybe if k not in more]
             if young:
                 maybe = []  # nothing older to find
         if maybe:  # a few fresh blocks the filter mistakes, and the duplicates of older data
+            self._settle_here()  # the index and summaries are read with no append in flight
             if len(heads) > 1:  # their summaries and trailers asked for together, not one after another
                 left = set(maybe)
                 self.prefetch([k for k in heads if k in left])
@@ -197,11 +228,21 @@ class Writes:
             unknown, ks = [i for i, _ in kept], [k for _, k in kept]
         fresh = unknown
         self._count(zeros, n - zeros - len(fresh))
+        if self._pipe is not None:
+            # This batch's append is queued behind the one packing (`ahead` at most in flight),
+            # so the append thread goes from one pack to the next, never idle while this thread
+            # settles the one before; its fresh blocks are gathered after that settle, so that no
+            # more gathered batches than appends in flight are held.
+            self._settle_here(self.ahead - 1)
+            data = self._gather(buf, bs, fresh) if fresh else None
         if fresh:
             fkeys = keys if len(fresh) == n else b"".join(ks)
             if self._pipe is not None:
-                self._inflight = self._pipe.submit(self._append, buf, bs, btype, fresh, fkeys, False)
-                self._bloom_add(ks)
+                f = self._pipe.submit(self._queued, data, bs, btype, None, fkeys, False)
+                t = native.Table(self.keylen, len(fresh))  # (its addresses are never read: the keys answer)
+                t.add(fkeys, array.array("Q", bytes(8 * len(fresh))))
+                self._inflight.append((f, t))
+                self._bloom_add(fkeys)
             else:
                 self._append(buf, bs, btype, fresh, fkeys, ks)
         return bytes(keys)  # a zero block's score is 32 zero bytes, its ref
@@ -221,18 +262,18 @@ class Writes:
             at = [where[k] for k in maybe]
         return [k for k, i, j in zip(maybe, at, [-2] + list(at)) if i != j + 1]
 
-    def _bloom_add(self, ks):
-        """The Bloom filter takes a batch's fresh keys in the caller's thread while the append
-        thread packs them: one key at a time in Python is the longest part of an append after the
-        pack, and the filter may hold a key early (a false "maybe" at worst, never a lost one).
+    def _bloom_add(self, fkeys):
+        """The Bloom filter takes a batch's fresh keys (their 32-byte key fields, end to end) in the
+        caller's thread while the append thread packs them (in C, the GIL released), and may hold
+        a key early (a false "maybe" at worst, never a lost one).
         The write buffer is then flushed by the caller too (_write), so that no flush covers
         records whose keys the filter does not hold yet."""
         bf = self.bloom
         if bf is None:
             return
-        if bf.count + len(ks) > bf.capacity:
+        if bf.count + len(fkeys) // 32 > bf.capacity:
             self._settle_append()  # it grows from the write buffer, which must hold the batch first
-        bf.update(ks)
+        bf.add_keys(fkeys, self.keylen, 32)
 
     def _known_older(self, keys):
         """Which of these keys, missed by the index cache and "maybe" to the filter, are stored: a key
@@ -340,25 +381,31 @@ class Writes:
         return None
 
     def _gather(self, buf, bs, fresh):
-        """The fresh blocks of buf side by side, a run of neighbouring blocks at a time. Inside
-        pipelined() the buffer is the store's until the caller's next call and never read again,
-        so they move to its front, in place (each run to a place at or before its own); else into
-        one buffer reused batch after batch (one append runs at a time, packing copies out of
-        it). A new bytes object a batch, freed by the append thread, left one or two batches of
-        freed heap resident in that thread's malloc arena (glibc's mmap threshold rises to them)."""
+        """The blocks `fresh` (ascending indexes) of buf, back to back: buf itself when they are all
+        of it, else gathered a run of neighbouring blocks at a time. Inside pipelined() the buffer
+        is the store's until the caller's next calls and never read again, so they move to its
+        front, in place (each run to a place at or before its own); outside it, into one buffer
+        reused batch after batch (one append runs at a time, packing copies out of it). A new
+        bytes object a batch, freed by the append thread, left one or two batches of freed heap
+        resident in that thread's malloc arena (glibc's mmap threshold rises to them)."""
+        if len(fresh) * bs == len(buf) or len(fresh) == 1 and bs == len(buf):
+            return buf
         need = len(fresh) * bs
         mv, o = memoryview(buf), 0
-        if self._pipe is not None and not mv.readonly:
+        cut = [k for k in range(1, len(fresh)) if fresh[k] != fresh[k - 1] + 1]
+        runs = zip([0] + cut, cut + [len(fresh)])
+        if self._pipe is not None:
+            if mv.readonly:  # a caller's bytes, with appends maybe in flight: a batch of its own
+                return b"".join(mv[fresh[a] * bs:(fresh[b - 1] + 1) * bs] for a, b in runs)
             out = mv
         else:
             if self._gathered is None or len(self._gathered) < need:
                 self._gathered = mmap.mmap(-1, max(need, GATHER))
             out = memoryview(self._gathered)
-        cut = [k for k in range(1, len(fresh)) if fresh[k] != fresh[k - 1] + 1]
-        for a, b in zip([0] + cut, cut + [len(fresh)]):
+        for a, b in runs:
             run, at = (fresh[b - 1] + 1 - fresh[a]) * bs, fresh[a] * bs
             if out is not mv or at != o:  # (a leading run in place stays)
-                out[o:o + run] = mv[at:at + run]
+                out[o:o + run] = mv[at:at + run]  # (memmove: a run may overlap its new place)
             o += run
         return out[:need]
 
@@ -368,12 +415,10 @@ class Writes:
 
     def _append(self, buf, bs, btype, fresh, fkeys, klist=None):
         """Append the fresh blocks (fkeys: their 32-byte key fields) to the log and index them;
-        returns their addresses. The Bloom filter takes their keys too: klist, when given, the
-        same keys as a list of bytes; False: the caller gives them (_bloom_add)."""
-        if len(fresh) * bs == len(buf) or len(fresh) == 1 and bs == len(buf):
-            data = buf
-        else:
-            data = self._gather(buf, bs, fresh)
+        returns their addresses. fresh: the blocks of buf to append, None for all of them. The
+        Bloom filter takes their keys too, unless klist is False: the caller gives them
+        (_bloom_add) and indexes the records when it settles."""
+        data = buf if fresh is None else self._gather(buf, bs, fresh)
         addrs = self.log.append(btype, data, bs, fkeys, self.tuning.threads)
         packed = array.array("Q", addrs)  # the tables take it without a check per entry
         kl = self.keylen
@@ -391,9 +436,7 @@ class Writes:
             return ks, packed, self.log.open.n
         self._index_added(ks, packed, self.log.open.n)
         if self.bloom is not None:
-            if klist is None or kl != 32:
-                klist = [ks[i:i + kl] for i in range(0, len(ks), kl)]
-            self.bloom.update(klist)
+            self.bloom.add_keys(ks, kl)
         self._flush_if_full()  # (a pipelined caller flushes once the filter holds these keys)
         return addrs
 
@@ -405,9 +448,14 @@ class Writes:
         # Records sealed into an earlier arena by this append are already in
         # the index cache (_sealed); the rest belong to the open arena.
         first = bisect.bisect_left(packed, open_n << 32)  # addresses ascend
-        if first < len(packed):
+        # An arena sealed since (the append thread packs the next batch meanwhile) has no open
+        # table: the write buffer answers for its records.
+        if first < len(packed) and open_n == self.log.open.n:
             self.open_table.add(ks[first * self.keylen:], packed[first:])
 
+    def _full(self):
+        return len(self.wbuf) * (self.keylen + 8) >= self.tuning.write_buffer_bytes
+
     def _flush_if_full(self):
-        if len(self.wbuf) * (self.keylen + 8) >= self.tuning.write_buffer_bytes:
+        if self._full():
             self.flush()
