@@ -49,8 +49,9 @@ class Writes:
     """Store's write path (mixed into foundation.store.store.Store)."""
 
     _pipe = None      # the append thread of a pipelined() scope
-    _inflight = ()    # the appends handed to it and not yet settled, oldest first: (future, table
-    # of its keys, which the next batches are decided against)
+    _inflight = ()    # the write_blocks calls of the scope not yet settled, oldest first: (future of
+    # its append, table of its keys, which the next batches are decided against), (None, None) for
+    # a call that appended nothing (it still counts: the caller's buffers turn over per call)
     _broken = None    # the failure of an append in the scope: every later one fails with it
     ahead = AHEAD     # appends in flight at most: a caller of write_blocks keeps its buffers for as many calls
     _gathered = None  # the buffer _gather reuses outside pipelined()
@@ -81,8 +82,10 @@ class Writes:
 
     def _stop_pipe(self):
         q, self._inflight = self._inflight, ()
-        concurrent.futures.wait([f for f, _ in q])  # the scope failed: its appends end before the store moves on
+        concurrent.futures.wait([f for f, _ in q if f is not None])  # the scope failed: its appends end first
         for f, _ in q:
+            if f is None:
+                continue
             if f.cancelled() or f.exception() is not None:
                 break
             self._index_added(*f.result())  # its records are in the log: the index cache names them
@@ -102,10 +105,13 @@ class Writes:
         q, settled = self._inflight, False
         while len(q) > keep:
             f = q[0][0]
+            if f is None:
+                q.popleft()
+                continue
             try:
                 got = f.result()
             except BaseException:
-                concurrent.futures.wait([g for g, _ in q])
+                concurrent.futures.wait([g for g, _ in q if g is not None])
                 q.clear()
                 raise
             q.popleft()
@@ -204,7 +210,7 @@ class Writes:
             # them all, and the filter, which could only answer false "maybe"s, not at all.
             maybe = ks if young else list(filter(bloom.__contains__, ks))
             if maybe:  # duplicates of what the index cache holds: one C pass
-                tables = self._tables() + [t for _, t in self._inflight]
+                tables = self._tables() + [t for _, t in self._inflight if t is not None]
                 _, which = native.tables_lookup(tables, b"".join(maybe), None)
                 known = {k for k, w in zip(maybe, which) if w >= 0}
                 if known:
@@ -233,8 +239,12 @@ class Writes:
             # so the append thread goes from one pack to the next, never idle while this thread
             # settles the one before; its fresh blocks are gathered after that settle, so that no
             # more gathered batches than appends in flight are held.
+            # A call that appends nothing counts as one all the same: the caller reuses its buffer
+            # `ahead` calls later, whose append (maybe of that very buffer) must have ended.
             self._settle_here(self.ahead - 1)
             data = self._gather(buf, bs, fresh) if fresh else None
+            if not fresh:
+                self._inflight.append((None, None))
         if fresh:
             fkeys = keys if len(fresh) == n else b"".join(ks)
             if self._pipe is not None:
