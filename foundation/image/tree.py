@@ -243,7 +243,7 @@ def _chunks(reads, nulls, per):
         yield batch
 
 
-def write_image(store, src, size, prev=None, changed=None, zeros=(), progress=None):
+def write_image(store, src, size, prev=None, changed=None, zeros=(), progress=None, batch=CHUNK):
     """Archive `size` bytes of `src` as a tree; -> Root.
 
     src.read(offset, length) -> bytes-like gives the image as it is now (a
@@ -258,6 +258,8 @@ def write_image(store, src, size, prev=None, changed=None, zeros=(), progress=No
     zeros: ranges archived as zeros whatever they hold (swap).
     progress: called with the number of bytes processed; its `total`
     attribute, if it has one, is set first to the bytes to be processed.
+    batch: bytes read and handed to the store at a time (three such buffers are
+    in use at once, and the store packs each into one of its own).
     """
     sh = Shape(store, size)
     if prev is not None:
@@ -299,8 +301,8 @@ def write_image(store, src, size, prev=None, changed=None, zeros=(), progress=No
             pos += n
         return mv[:pos]
 
-    batches = list(_chunks(reads, nulls, max(1, CHUNK // bs)))
-    per = max(1, CHUNK // bs) * bs
+    batches = list(_chunks(reads, nulls, max(1, batch // bs)))
+    per = max(1, batch // bs) * bs
     # Three buffers: batch i+1 is read while batch i is hashed and batch i-1
     # appended (a pipelined store keeps a batch's buffer until its next call).
     # Anonymous maps, not bytearrays: their pages are zero until the first read fills them.

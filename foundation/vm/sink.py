@@ -20,6 +20,7 @@ import os
 import shutil
 
 CHUNK = 4 << 20
+BATCH, SMALL_BATCH = 4 << 20, 1 << 20
 
 
 class Sink(abc.ABC):
@@ -125,6 +126,13 @@ class DirSink(Sink):
         os.rename(p + ".tmp", p)
 
 
+def _batch(total):
+    """Bytes handed to the store at a time: 4 MiB for a whole disk, down to 1 MiB for a night's
+    few MiB (64 batches or more). The write path holds about six such buffers (three read, three
+    packed), so a 64 MiB night peaks ~18 MB lower with 1 MiB, for the same CPU."""
+    return min(BATCH, max(SMALL_BATCH, total // 64 // SMALL_BATCH * SMALL_BATCH))
+
+
 class StoreSink(Sink):
     """Snapshots in a Foundation store: disk images as Merkle trees, one catalog record per run."""
 
@@ -152,8 +160,9 @@ class StoreSink(Sink):
     def write_disk(self, src, size, prev, changed, zeros, progress, run_id, target):
         from foundation.image import write_image
 
+        total = sum(n for _, n in changed) if changed is not None else size
         return write_image(self.store, src, size, prev=prev, changed=changed,
-                           zeros=list(zeros), progress=progress)
+                           zeros=list(zeros), progress=progress, batch=_batch(total))
 
     def write_blob(self, data):
         from foundation.image import write_blob
