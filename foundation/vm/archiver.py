@@ -83,7 +83,7 @@ log = logging.getLogger(__name__)
 
 CRASH_ENV = "FOUNDATION_TEST_CRASH_AT"
 # <step>: right after journaling the step, before doing it; <step>-done: right after doing it.
-CRASH_POINTS = ("snapshot", "snapshot-done", "archive", "archive-disk", "archive-done",
+CRASH_POINTS = ("snapshot", "snapshot-done", "archive", "commit-early", "archive-disk", "archive-done",
                 "commit", "commit-started", "commit-done", "cleanup", "cleanup-done")
 FROZEN_POINT = "frozen"   # with the guest's file systems frozen (only reached with a guest agent)
 OVERLAY_RE = re.compile(r"^(.*)\.fdn-(\d+)\.qcow2$")
@@ -169,6 +169,7 @@ class Archiver:
         self._on_base = set()           # new overlays this process saw backed by their base after a merge
         self._taken = set()             # new overlays this process's own snapshot made (backed by the old)
         self._beside = self._side = None   # archive()'s beside_merge, and its thread while it runs
+        self._early = set()             # overlays(k) whose merge this process started during their archive
 
     # -- one VM -----------------------------------------------------------
 
@@ -481,6 +482,8 @@ class Archiver:
             if d["new"] is None:            # shut off and unchanged: the previous roots again
                 disks[t], changed[t], incr[t] = prev, 0, True
                 continue
+            if d["old"] and d["new"] not in self._taken:
+                self._wait_merge(dom, t)     # a repair: an early merge may still read overlay(k)
             frozen, fmt = (d["old"], "qcow2") if d["old"] else (d["base"], d["base_format"])
             with SnapshotSource(frozen, fmt, d["base"], d["base_format"]) as src:
                 size = src.size
@@ -489,6 +492,8 @@ class Archiver:
                 incremental = prev is not None and d["old"] is not None
                 runs = src.changed if incremental else None
                 zeros, notes = swap.find_swap(src.read, size)
+                if runs is not None and d["new"] in self._taken and run["live"] and src.direct:
+                    self._merge_early(dom, t, d)
                 total = sum(n for _, n in runs) if runs is not None else size
                 prog = self.progress(f"{name} {t}", total) if self.progress else None
                 root = self._sink("write the disk", name, self.sink.write_disk, src, size,
@@ -560,11 +565,34 @@ class Archiver:
         self._side = threading.Thread(target=go, name="beside-merge", daemon=True)
         self._side.start()
 
+    def _merge_early(self, dom, target, d):
+        """Start merging overlay(k) into the base as soon as the day's blocks are mapped (and the
+        swap check has read what it reads): QEMU copies while this process stores the blocks. What
+        is still to be read comes from overlay(k) itself (the merge only reads it) or from ranges of
+        the base the merge does not write, so the bytes archived are the same; a failure to start
+        here only leaves the merge to `commit`. The base then holds the day before its snapshot is
+        in the catalog: overlay(k) stays, and a repair archives it again (after the job)."""
+        try:
+            dom.start_commit(target, d["old"], d["base"])
+        except LibvirtFailed as e:
+            log.info("%s: %s: the merge starts after the archive (%s)", dom.name, target, e)
+            return
+        self._early.add(d["old"])
+        _crash("commit-early")
+
+    def _wait_merge(self, dom, target):
+        """Wait for a merge QEMU still runs on the disk (started early by an interrupted run)."""
+        if dom.active():
+            job = dom.block_job(target)
+            if job and job.get("type") == dom.libvirt.VIR_DOMAIN_BLOCK_JOB_TYPE_COMMIT:
+                dom.wait_job(target)
+
     def _merge(self, dom, target, d, res):
         """Merge overlay(k) into the base and make overlay(k+1) sit on the base."""
         lv = dom.libvirt
         for i in range(MERGE_ATTEMPTS):
-            # A snapshot this process took put the new overlay over the old one: not merged yet.
+            # A snapshot this process took put the new overlay over the old one: not merged yet
+            # (or its merge was started during the archive: the job, running or done, says).
             if not (i == 0 and d["new"] in self._taken) and self._merged(dom, target, d):
                 break
             if dom.active():
@@ -572,8 +600,10 @@ class Archiver:
                 if job and job.get("type") != lv.VIR_DOMAIN_BLOCK_JOB_TYPE_COMMIT:
                     raise LibvirtFailed(f"merge {d['old']}", dom.name,
                                         f"another block job (type {job.get('type')}) runs on {target}")
-                if not job:
+                early = i == 0 and d["old"] in self._early    # its job was started during the archive
+                if not job and not (early and self._merged(dom, target, d)):
                     dom.start_commit(target, d["old"], d["base"])
+                if not job or early:
                     _crash("commit-started")
                 self._start_beside()
                 _, tail = dom.wait_job(target)
