@@ -5,8 +5,8 @@ exactly the last archived state, overlay(k) the writes since (paper §2.2,
 Figure 2). A run takes an external disk-only snapshot of all disks at once
 (-> base <- overlay(k) <- overlay(k+1)), archives the clusters allocated in
 the now frozen overlay(k) (the whole disk when there is no earlier snapshot
-to build on), makes the snapshot durable in the catalog, merges overlay(k)
-into the base while the guest runs, and deletes it. A shut-off VM goes
+to build on) while QEMU merges overlay(k) into the base (the guest runs
+on), makes the snapshot durable in the catalog, and then deletes overlay(k). A shut-off VM goes
 through the same steps: libvirt snapshots inactive domains too, and the
 merge is done offline with qemu-img. A shut-off VM whose overlay holds no
 write since the last run is recorded again without touching it at all.
@@ -30,8 +30,10 @@ snapshot, so it can always be archived later).
                                                   holding data is never deleted: the run stops
                                                   and says so); the run is dropped.
     archive         part of the disks archived;   the catalog has the run's id -> go on to
-                    the catalog record may be     `commit`; otherwise archive overlay(k) again
-                    committed                     (still frozen, still the same bytes).
+                    the catalog record may be     `commit`; otherwise wait for a commit job
+                    committed; a running VM's     still running on the disk, then archive
+                    merge started early (below),  overlay(k) again (still the same bytes: the
+                    running or done               merge only reads it, and leaves the file).
     commit          a block job running in QEMU   new overlay's header already names the base
                     or finished; or, offline, a   -> merged. Else: running -> wait for a commit
                     partial `qemu-img commit`     job still running, or start blockcommit again;
@@ -44,12 +46,20 @@ snapshot, so it can always be archived later).
                                                   uses it. A `cleanup` step journaled by an
                                                   older version is repaired the same way.
 
-The merge is QEMU's copy; this process only waits for it. So the caller's
-own closing work (the CLI's: closing the store, the file listings) runs
-beside the last VM's merge (`archive(beside_merge=...)`): the snapshot is
-in the catalog before the merge starts, the base is still written only by
-the merge of a committed snapshot, and a kill meanwhile is the kill during
-`commit` above.
+The merge is QEMU's copy; this process only waits for it. So a running
+VM's merge starts as soon as the night's blocks are mapped and the swap
+check has read the partition table: every byte still to be read then lies
+in overlay(k) (which the merge only reads) or in ranges of the base the
+merge does not write, so the copy runs beside the store's write instead of
+after it. Only for an incremental night whose reads are all plain file
+reads (no qemu-nbd, which would open the chain with QEMU's locks), and only
+for a snapshot this process took. The base then holds the day before its
+snapshot is in the catalog; overlay(k) is deleted only after that, so a
+repair still archives it from overlay(k) (the `archive` row above). The
+caller's own closing work (the CLI's: closing the store, the file
+listings) runs beside the end of the last VM's merge
+(`archive(beside_merge=...)`), after the snapshot is in the catalog; a kill
+meanwhile is the kill during `commit` above.
 
 A run killed while the guest's file systems are frozen for the snapshot
 (kill -9, power cut: stop signals wait for the thaw) leaves the guest
