@@ -133,19 +133,20 @@ def test_beside_merge_runs_once_after_the_catalog(make_vm, dir_archive):
 
 
 def test_merge_starts_while_the_day_is_stored(make_vm, dir_archive):
-    """A running VM's night starts merging overlay(k) once its blocks are mapped: by the time the disk
-    is handed to the sink, QEMU's commit job runs (or is done) for every disk, and each night is
+    """A running VM's night starts merging overlay(k) once its blocks are mapped: by the time the
+    snapshot is recorded, QEMU's commit job runs (or is done) for every disk, and each night is
     still archived exactly, the chain ending merged. A first run (no overlay) merges nothing early."""
     vm = make_vm(TWO_DISKS)
     sink, seen = dir_archive.sink, []
-    real = sink.write_disk
+    real = sink.add
 
-    def write_disk(src, size, prev, changed, zeros, progress, run_id, target):
+    def add(run_id, name, uuid, when, disks, meta):
         dom = vm.conn.lookupByName(vm.name)
-        seen.append((target, bool(dom.blockJobInfo(target, 0)) or len(vm.chain(target)) == 2, changed is None))
-        return real(src, size, prev, changed, zeros, progress, run_id, target)
+        seen.append([(t, meta["incremental"][t], bool(dom.blockJobInfo(t, 0)) or len(vm.chain(t)) == 2)
+                     for t in ("vda", "vdb")])
+        return real(run_id, name, uuid, when, disks, meta)
 
-    sink.write_disk = write_disk
+    sink.add = add
     states = []
     for night in range(3):
         vm.write("vda", 0x40 + night, night * MiB, 1 * MiB)
@@ -154,7 +155,6 @@ def test_merge_starts_while_the_day_is_stored(make_vm, dir_archive):
         assert r.status == "ok", r.error
         states.append(vm.state())
     # first run: whole disks, nothing to merge (the chain is base <- overlay(1) after the snapshot)
-    assert [(t, whole) for t, _, whole in seen[:2]] == [("vda", True), ("vdb", True)]
-    assert [(t, merging) for t, merging, _ in seen[2:]] == [("vda", True), ("vdb", True)] * 2
+    assert seen == [[("vda", False, True), ("vdb", False, True)]] + [[("vda", True, True), ("vdb", True, True)]] * 2
     dir_archive.check(vm.name, states)
     vm.assert_healthy()

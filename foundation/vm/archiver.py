@@ -502,13 +502,20 @@ class Archiver:
                 incremental = prev is not None and d["old"] is not None
                 runs = src.changed if incremental else None
                 zeros, notes = swap.find_swap(src.read, size)
+                early = None
                 if runs is not None and d["new"] in self._taken and run["live"] and src.direct:
-                    self._merge_early(dom, t, d)
+                    # libvirt's call (a round trip to QEMU) runs beside the start of the write
+                    early = threading.Thread(target=self._merge_early, args=(dom, t, d), name="merge-early")
+                    early.start()
                 total = sum(n for _, n in runs) if runs is not None else size
                 prog = self.progress(f"{name} {t}", total) if self.progress else None
-                root = self._sink("write the disk", name, self.sink.write_disk, src, size,
-                                  prev[0] if prev and runs is not None else None, runs, zeros,
-                                  prog, run["id"], t)
+                try:
+                    root = self._sink("write the disk", name, self.sink.write_disk, src, size,
+                                      prev[0] if prev and runs is not None else None, runs, zeros,
+                                      prog, run["id"], t)
+                finally:
+                    if early is not None:
+                        early.join()
                 if prog:
                     prog.finish()
             disks[t] = (root, size)
@@ -584,7 +591,7 @@ class Archiver:
         in the catalog: overlay(k) stays, and a repair archives it again (after the job)."""
         try:
             dom.start_commit(target, d["old"], d["base"])
-        except LibvirtFailed as e:
+        except Exception as e:      # noqa: BLE001 -- a thread's: `commit` merges as it always did
             log.info("%s: %s: the merge starts after the archive (%s)", dom.name, target, e)
             return
         self._early.add(d["old"])
