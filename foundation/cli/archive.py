@@ -15,7 +15,6 @@ and `find` adds what is missing when it next runs.
 
 import logging
 import sys
-import threading
 
 from foundation.cli.common import Progress, after_write, open_store, settings, store_path
 from foundation.config import QUIESCE_MODES
@@ -57,16 +56,14 @@ def run(args):
     if args.vms and args.all:
         raise UsageError("give VM names or --all, not both")
     # The store first: nothing is touched if it is missing, unmounted, locked or the key is wrong.
-    # Meanwhile libvirt's library loads and connects (reads only; it waits on libvirtd).
     results, beside = [], None
-    conn = None if args.check else _Connect(settings(args).libvirt_uri)
     try:
         with open_store(args, writable=not args.check) as store:
             if args.check:
                 how = "encrypted, the key fits" if store.conf.get("encrypted") else "not encrypted"
                 print(f"store {store_path(args)} is present ({how})")
                 return 0
-            beside = _archive_all(args, conf, store, results, conn.get())
+            beside = _archive_all(args, conf, store, results)
     except Error as e:
         record_run(settings(args).state_dir, results, e)     # for `foundation notify`
         raise
@@ -84,9 +81,12 @@ def run(args):
     return 0 if all(r.status in ("ok", "unchanged") for r in results) else 1
 
 
-def _archive_all(args, conf, store, results, conn):
-    from foundation.vm import Archiver, StoreSink
+def _archive_all(args, conf, store, results):
+    from foundation.vm import Archiver, StoreSink, connect
 
+    # (connecting in a thread beside the store's open was tried: a cold import of libvirt's ~40
+    # libraries holds the GIL while it reads them, and the nights came out slower, not faster)
+    conn = connect(settings(args).libvirt_uri)
     names = _names(args, conf, conn)
     if not names:
         print("no VM to archive (libvirt knows none, or all are excluded)")
@@ -111,30 +111,6 @@ def _archive_all(args, conf, store, results, conn):
     if beside is not None and beside.error is not None:
         raise beside.error      # what the close would have raised, raised where the close runs
     return beside
-
-
-class _Connect:
-    """libvirt's connection, made in a thread while the store opens (importing libvirt loads ~40
-    shared libraries, cold from the disk after a reboot; the connect waits on libvirtd)."""
-
-    def __init__(self, uri):
-        self.uri, self.conn, self.error = uri, None, None
-        self.thread = threading.Thread(target=self._run, name="libvirt-connect", daemon=True)
-        self.thread.start()
-
-    def _run(self):
-        from foundation.vm import connect
-
-        try:
-            self.conn = connect(self.uri)
-        except BaseException as e:      # noqa: BLE001 -- raised in the caller's thread by get()
-            self.error = e
-
-    def get(self):
-        self.thread.join()
-        if self.error is not None:
-            raise self.error
-        return self.conn
 
 
 class _Beside:
