@@ -117,3 +117,69 @@ def test_a_disk_whose_file_system_cannot_be_spanned_is_always_compared(tmp_path,
     assert filesindex._meet([(10, 11)], [[0, 10], [20, 5]]) is True
     assert filesindex._meet([(9, 1)], [[0, 10]]) is True
     assert filesindex._meet([], [[0, 10]]) is False
+
+
+def test_a_night_told_its_changes_reads_nothing_of_the_store(tmp_path, monkeypatch):
+    """`archive` tells the listing which ranges each new tree changed (`known`): a night that misses
+    the looked ranges is listed from the database alone (no tree diff, no store use at all); one
+    that meets them is read; the result is the listing a rebuild from scratch gives."""
+    from foundation.catalog import Catalog
+    from foundation.snapshotfs import filesindex
+    from foundation.snapshotfs.filesindex import FilesIndex, tree_key
+    from foundation.store import Store
+
+    w = str(tmp_path)
+    arch = T.StoreArchiver(f"{w}/archive")
+    ext = GuestFS("ext4", f"{w}/ext.img", 16 * MIB, {"a.txt": b"day 0\n"})
+    vda = GuestDisk(f"{w}/vda.img", 32 * MIB, [ext], "gpt")
+    vdb = f"{w}/vdb.img"
+    with open(vdb, "wb") as f:
+        f.write(rnd(16 * MIB, 2))
+    state = f"{w}/state"
+    opened = []
+    real = FilesIndex._index_one
+
+    def index_one(self, store, vm, disk, snap, *a):
+        opened.append((disk, snap.time.day))
+        return real(self, store, vm, disk, snap, *a)
+
+    monkeypatch.setattr(FilesIndex, "_index_one", index_one)
+
+    class NoStore:
+        def __getattr__(self, name):
+            raise AssertionError(f"the store was used ({name})")
+
+    def night(day, pokes):
+        for path, off, n in pokes:
+            _poke(path, off, rnd(n, day))
+        vda.sync()
+        arch.add("web", T.utc(2026, 10, day), {"vda": vda.path, "vdb": vdb})
+        with Store.open(arch.store_path, key_file=arch.key_file) as s:
+            cat = Catalog.load(s)
+            a, b = cat.snapshots("web")[-2:] if day > 1 else (None, None)
+            known = {} if a is None else {
+                (tree_key(a.disks[d].root), tree_key(b.disks[d].root)): [(o, n) for p, o, n in pokes if p == path]
+                for d, path in (("vda", vda.path), ("vdb", vdb))}
+            idx = FilesIndex(state, s.uuid)
+            try:
+                return idx.update(s if any(o < 8 * MIB for _, o, _ in pokes) or day == 1 else NoStore(),
+                                  cat, ["web"], known), idx.path
+            finally:
+                idx.close()
+
+    night(1, [])
+    monkeypatch.setattr(filesindex, "changed_ranges", lambda *a: pytest.fail("diffed a pair it was told about"))
+    assert night(2, [(vda.path, 30 * MIB, MIB), (vdb, 8 * MIB, MIB)])[0] == 2     # past the partitions
+    assert night(3, [])[0] == 2                                                     # nothing changed
+    n, path = night(4, [(vdb, 0, 4096)])                                            # where a probe reads
+    assert n == 2 and opened == [("vda", 1), ("vdb", 1), ("vdb", 4)]
+
+    monkeypatch.undo()        # the same days indexed the slow way, from scratch
+    monkeypatch.setattr(FilesIndex, "_unchanged", lambda *a: False)
+    with Store.open(arch.store_path, key_file=arch.key_file) as s:
+        idx = FilesIndex(f"{w}/rebuilt", s.uuid)
+        try:
+            assert idx.update(s, Catalog.load(s), ["web"]) == 8
+        finally:
+            idx.close()
+    assert _tables(path) == _tables(idx.path)

@@ -130,3 +130,31 @@ def test_beside_merge_runs_once_after_the_catalog(make_vm, dir_archive):
     dir_archive.check(vm.name, states)
     assert all(len(vm.chain(t)) == 2 for t in ("vda", "vdb"))
     vm.assert_healthy()
+
+
+def test_merge_starts_while_the_day_is_stored(make_vm, dir_archive):
+    """A running VM's night starts merging overlay(k) once its blocks are mapped: by the time the
+    snapshot is recorded, QEMU's commit job runs (or is done) for every disk, and each night is
+    still archived exactly, the chain ending merged. A first run (no overlay) merges nothing early."""
+    vm = make_vm(TWO_DISKS)
+    sink, seen = dir_archive.sink, []
+    real = sink.add
+
+    def add(run_id, name, uuid, when, disks, meta):
+        dom = vm.conn.lookupByName(vm.name)
+        seen.append([(t, meta["incremental"][t], bool(dom.blockJobInfo(t, 0)) or len(vm.chain(t)) == 2)
+                     for t in ("vda", "vdb")])
+        return real(run_id, name, uuid, when, disks, meta)
+
+    sink.add = add
+    states = []
+    for night in range(3):
+        vm.write("vda", 0x40 + night, night * MiB, 1 * MiB)
+        vm.write("vdb", 0x50 + night, (8 + night) * MiB, 2 * MiB)
+        r = dir_archive.run(vm.name)
+        assert r.status == "ok", r.error
+        states.append(vm.state())
+    # first run: whole disks, nothing to merge (the chain is base <- overlay(1) after the snapshot)
+    assert seen == [[("vda", False, True), ("vdb", False, True)]] + [[("vda", True, True), ("vdb", True, True)]] * 2
+    dir_archive.check(vm.name, states)
+    vm.assert_healthy()

@@ -1,6 +1,7 @@
 """Memory probe for any Python command: with MEMPROBE=FILE and this directory on PYTHONPATH, a thread
 samples the process's VmRSS every 5 ms; at each new high (+1 MB) it records every thread's stack,
-/proc/self/smaps_rollup and, above 90 MB, the ten (MEMPROBE_TOP) largest mappings; the record is written to FILE at
+/proc/self/smaps_rollup and, above 90 MB (MEMPROBE_TOP_MB), the ten (MEMPROBE_TOP) largest mappings and the
+RSS per mapped file (by_name: name, maps, Rss, Anonymous, Private_Dirty, in kB); the record is written to FILE at
 exit (JSON: samples [t, rss, VmHWM so far], highs, hwm: VmHWM at exit). MEMPROBE_TRACE=N also runs
 tracemalloc (N frames) and records its largest Python allocations at the highs above 60 MB. Used by archive_memory.py."""
 import os, sys, threading, time, json, atexit, traceback
@@ -8,6 +9,7 @@ _out = os.environ.get("MEMPROBE")
 if _out:
     _t0 = time.monotonic()
     _rec = {"samples": [], "highs": []}
+    _top_from = float(os.environ.get("MEMPROBE_TOP_MB", "90")) * 1e6
     def _rss():
         with open("/proc/self/status") as f:
             for l in f:
@@ -43,19 +45,30 @@ if _out:
                 except OSError:
                     pass
                 top = []
-                if r > 90e6:
+                if r > _top_from:
                     try:
                         cur = None
                         with open("/proc/self/smaps") as f:
                             for l in f:
                                 p = l.split()
                                 if "-" in p[0] and not p[0].endswith(":"):
-                                    cur = [p[0], p[5] if len(p) > 5 else "[anon]", 0, 0]
+                                    cur = [p[0], p[5] if len(p) > 5 else "[anon]", 0, 0, 0]
                                     top.append(cur)
                                 elif p[0] == "Rss:":
-                                    cur[2] = int(p[1]) // 1024
+                                    cur[2] = int(p[1])
                                 elif p[0] == "Anonymous:":
-                                    cur[3] = int(p[1]) // 1024
+                                    cur[3] = int(p[1])
+                                elif p[0] == "Private_Dirty:":
+                                    cur[4] = int(p[1])
+                        agg = {}
+                        for m in top:
+                            a = agg.setdefault(m[1], [0, 0, 0, 0])
+                            a[0] += 1
+                            a[1] += m[2]
+                            a[2] += m[3]
+                            a[3] += m[4]
+                        _rec.setdefault("by_name", {})[str(round(t, 3))] = sorted(
+                            ([k, *v] for k, v in agg.items() if v[1]), key=lambda x: -x[2])
                         top = sorted(top, key=lambda x: -x[2])[:int(os.environ.get("MEMPROBE_TOP", 10))]
                     except OSError:
                         pass

@@ -84,20 +84,23 @@ def run(args):
 def _archive_all(args, conf, store, results):
     from foundation.vm import Archiver, StoreSink, connect
 
+    # (connecting in a thread beside the store's open was tried: a cold import of libvirt's ~40
+    # libraries holds the GIL while it reads them, and the nights came out slower, not faster)
     conn = connect(settings(args).libvirt_uri)
     names = _names(args, conf, conn)
     if not names:
         print("no VM to archive (libvirt knows none, or all are excluded)")
         return
     tty = sys.stderr.isatty()
-    archiver = Archiver(conn, StoreSink(store), settings(args).state_dir,
+    sink = StoreSink(store)
+    archiver = Archiver(conn, sink, settings(args).state_dir,
                         quiesce=args.quiesce or conf.quiesce,
                         progress=(lambda what, total: Progress(what, total)) if tty else None)
     beside = None
     for i, name in enumerate(names):
         log.info("archiving %s (%d of %d)", name, i + 1, len(names))
         if i == len(names) - 1:
-            beside = _Beside(args, conf, store, [r.name for r in results if r.status == "ok"] + [name])
+            beside = _Beside(args, conf, sink, [r.name for r in results if r.status == "ok"] + [name])
         r = archiver.archive(name, beside_merge=beside)
         results.append(r)
         if r.store_failed:
@@ -116,22 +119,28 @@ class _Beside:
     then the file listings, which open it again read-only. The snapshot is in the catalog before
     the merge starts, and nothing writes the store after it; the VM's journal lock is held until
     its merge and cleanup are done, as before. The close's error is kept and raised after the
-    VMs, where the close would have raised it; the listing only warns, as before."""
+    VMs, where the close would have raised it; the listing only warns, as before. The listing
+    gets the run's catalog and the ranges each disk's new tree changed: a night whose change
+    misses what the listings were read from opens the store no more."""
 
-    def __init__(self, args, conf, store, names):
-        self.args, self.conf, self.store, self.names = args, conf, store, names
+    def __init__(self, args, conf, sink, names):
+        self.args, self.conf, self.sink, self.names = args, conf, sink, names
         self.error, self.listed = None, False
 
     def __call__(self):
+        store = self.sink.store
         try:
-            self.store.close()      # the `with` block's own close then finds it closed
+            store.close()      # the `with` block's own close then finds it closed
         except BaseException as e:     # noqa: BLE001 -- raised in the main thread afterwards
             self.error = e
             return
         if self.conf.list_files:
             from foundation.cli.find import update_listings
+            from foundation.snapshotfs.filesindex import tree_key
 
-            update_listings(self.args, self.names, settings(self.args).state_dir)   # only warns
+            known = {(tree_key(a), tree_key(b)): runs for a, b, runs in self.sink.changes}
+            update_listings(self.args, self.names, settings(self.args).state_dir,   # only warns
+                            catalog=self.sink.catalog, known=known, uuid=store.uuid)
             self.listed = True
 
 

@@ -80,15 +80,42 @@ def run(args):
     return status
 
 
-def update_listings(args, names, state):
-    """Add the new snapshots of `names` to the listings, after `archive`; a failure only warns."""
+class _StoreOnUse:
+    """The store, opened read-only on first use (an attribute asked for), closed on leaving."""
+
+    def __init__(self, args):
+        self._args, self._cm, self._store = args, None, None
+
+    def __getattr__(self, name):
+        if self._store is None:
+            self._cm = open_store(self._args, writable=False)
+            self._store = self._cm.__enter__()
+        return getattr(self._store, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self._cm is not None:
+            return self._cm.__exit__(*exc)
+        return False
+
+
+def update_listings(args, names, state, catalog=None, known=None, uuid=None):
+    """Add the new snapshots of `names` to the listings, after `archive`; a failure only warns.
+
+    `archive` passes its catalog (as it committed it), the store's uuid and the
+    ranges each new tree changed (`known`, see FilesIndex.update): the store is
+    then opened only if a listing has to read it, which a night that changes
+    nothing its listings were read from never does.
+    """
     try:
         from foundation.snapshotfs.filesindex import FilesIndex
 
-        with open_store(args, writable=False) as store:
-            idx = FilesIndex(state, store.uuid)
+        with _StoreOnUse(args) as store:
+            idx = FilesIndex(state, uuid or store.uuid)
             try:
-                n = idx.update(store, Catalog.load(store), names)
+                n = idx.update(store, catalog if catalog is not None else Catalog.load(store), names, known)
             finally:
                 idx.close()
         log.info("file listings: %d snapshot disk(s) added", n)

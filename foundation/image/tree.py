@@ -247,14 +247,14 @@ def _chunks(reads, nulls, per):
         yield batch
 
 
-def write_image(store, src, size, prev=None, changed=None, zeros=(), progress=None):
+def write_image(store, src, size, prev=None, changed=None, zeros=(), progress=None, batch=None):
     """Archive `size` bytes of `src` as a tree; -> Root.
 
     src.read(offset, length) -> bytes-like gives the image as it is now (a
     short read at the end means zeros), or src.readinto(offset, view) ->
-    count, which is used when present: batches are read into two reused
-    buffers, so the store must not keep a reference to the buffer it is
-    given after write_blocks returns; src.holes() -> [(offset, length)],
+    count, which is used when present: batches are read into a few reused
+    buffers (2 + the store's `ahead`), so the store must not keep a reference
+    to the buffer it is given past `ahead` more write_blocks calls; src.holes() -> [(offset, length)],
     when present, names ranges known to read as zero, which are never read.
     prev: the Root of the previous snapshot of this disk, or None.
     changed: (offset, length) ranges that differ from prev; bytes beyond
@@ -262,7 +262,11 @@ def write_image(store, src, size, prev=None, changed=None, zeros=(), progress=No
     zeros: ranges archived as zeros whatever they hold (swap).
     progress: called with the number of bytes processed; its `total`
     attribute, if it has one, is set first to the bytes to be processed.
+    batch: bytes read and handed to the store at a time (default CHUNK; 2 +
+    the store's `ahead` such buffers are in use at once, and the store packs
+    each into one of its own).
     """
+    batch = batch or CHUNK
     sh = Shape(store, size)
     if prev is not None:
         Shape(store, prev.size).check(prev, "previous")
@@ -322,8 +326,8 @@ def write_image(store, src, size, prev=None, changed=None, zeros=(), progress=No
                 second.append((off + half - p, half, n - (half - p)))
         return [pool.submit(read_pieces, mv, first), pool.submit(read_pieces, mv, second)], mv[:pos]
 
-    batches = list(_chunks(reads, nulls, max(1, CHUNK // bs)))
-    per = max(1, CHUNK // bs) * bs
+    batches = list(_chunks(reads, nulls, max(1, batch // bs)))
+    per = max(1, batch // bs) * bs
     # Batch i+1 is read while batch i is hashed and the batches before it
     # appended (a pipelined store keeps a batch's buffer for `ahead` more calls).
     # Anonymous maps, not bytearrays: their pages are zero until the first read fills them.

@@ -64,6 +64,7 @@ class FilesIndex:
     """The listing database of one store, opened (and created) under `state_dir`."""
 
     def __init__(self, state_dir, store_uuid):
+        self._known = {}
         d = os.path.join(state_dir, "files")
         self.path = os.path.join(d, f"{store_uuid}.sqlite")
         try:
@@ -101,13 +102,19 @@ class FilesIndex:
             self.db.execute("INSERT OR REPLACE INTO meta VALUES ('format', ?)", (str(FORMAT),))
 
     # ---- building --------------------------------------------------------------------
-    def update(self, store, catalog, names=None):
+    def update(self, store, catalog, names=None, known=None):
         """Index every snapshot of `names` (default all) not indexed yet; -> number indexed.
 
         One process at a time (the archive's update and a `find` may meet):
-        the other waits on the lock file beside the database.
+        the other waits on the lock file beside the database. `known` maps
+        (root a, root b), as `_root` names them, to the merged [(offset,
+        length)] outside which tree b is tree a's (the writer's own word, e.g.
+        `archive`'s: the blocks it re-read and zeroed): such a pair is not
+        diffed, and a listing that takes the shortcut reads nothing of the
+        store (`archive` hands a store that opens only when first used).
         """
         self._cat = catalog
+        self._known = known or {}
         n = 0
         fd = os.open(self.path + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
         try:
@@ -155,7 +162,10 @@ class FilesIndex:
         a, b = prev.disks[disk], snap.disks[disk]
         got = self.db.execute("SELECT ranges FROM looked WHERE sid = ? AND disk = ? AND root = ?",
                               (prev.id, disk, _root(prev, disk))).fetchone()
-        if got is None or a.size != b.size or _meet(changed_ranges(store, a.root, b.root), json.loads(got[0])):
+        if got is None or a.size != b.size:
+            return False
+        changed = self._known.get((_root(prev, disk), _root(snap, disk)))
+        if _meet(changed_ranges(store, a.root, b.root) if changed is None else changed, json.loads(got[0])):
             return False
         with self.db:
             self.db.execute("UPDATE files SET last = ? WHERE vm = ? AND disk = ? AND first <= ? AND last >= ?",
@@ -325,5 +335,9 @@ def _digest(vol, e):
 
 
 def _root(snap, disk):
-    r = snap.disks[disk].root
+    return tree_key(snap.disks[disk].root)
+
+
+def tree_key(r):
+    """How the listings name a tree (a Root)."""
     return f"{r.ref.hex()}:{r.size}:{r.depth}"

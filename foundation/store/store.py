@@ -305,6 +305,7 @@ class Store(Writes, Reads, IndexCache):
         try:
             if self.writable and clean and self.log is not None and self.index is not None:
                 self.sync()
+                self._drop_lookups()    # no lookup past here: the flush's entries peak without them
                 if self._flush_due():
                     self.flush()
                 elif self.bloom is not None:
@@ -325,6 +326,13 @@ class Store(Writes, Reads, IndexCache):
         # this one still in scope: they were 30-40 MB of its peak).
         if getattr(self, "summaries", None) is None:
             return      # closed before its caches were made
+        self._drop_lookups()
+        if getattr(self, "wbuf", None) is not None:
+            self.wbuf = self.open_table = native.Table(self.keylen, 16)
+        give_back()
+
+    def _drop_lookups(self):
+        """The index cache and decoded blocks let go (caches only: a lookup would load them again)."""
         self.summaries.clear()
         self.summary_entries = 0
         self.blocks.clear()

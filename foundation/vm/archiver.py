@@ -5,8 +5,8 @@ exactly the last archived state, overlay(k) the writes since (paper §2.2,
 Figure 2). A run takes an external disk-only snapshot of all disks at once
 (-> base <- overlay(k) <- overlay(k+1)), archives the clusters allocated in
 the now frozen overlay(k) (the whole disk when there is no earlier snapshot
-to build on), makes the snapshot durable in the catalog, merges overlay(k)
-into the base while the guest runs, and deletes it. A shut-off VM goes
+to build on) while QEMU merges overlay(k) into the base (the guest runs
+on), makes the snapshot durable in the catalog, and then deletes overlay(k). A shut-off VM goes
 through the same steps: libvirt snapshots inactive domains too, and the
 merge is done offline with qemu-img. A shut-off VM whose overlay holds no
 write since the last run is recorded again without touching it at all.
@@ -30,8 +30,10 @@ snapshot, so it can always be archived later).
                                                   holding data is never deleted: the run stops
                                                   and says so); the run is dropped.
     archive         part of the disks archived;   the catalog has the run's id -> go on to
-                    the catalog record may be     `commit`; otherwise archive overlay(k) again
-                    committed                     (still frozen, still the same bytes).
+                    the catalog record may be     `commit`; otherwise wait for a commit job
+                    committed; a running VM's     still running on the disk, then archive
+                    merge started early (below),  overlay(k) again (still the same bytes: the
+                    running or done               merge only reads it, and leaves the file).
     commit          a block job running in QEMU   new overlay's header already names the base
                     or finished; or, offline, a   -> merged. Else: running -> wait for a commit
                     partial `qemu-img commit`     job still running, or start blockcommit again;
@@ -44,12 +46,20 @@ snapshot, so it can always be archived later).
                                                   uses it. A `cleanup` step journaled by an
                                                   older version is repaired the same way.
 
-The merge is QEMU's copy; this process only waits for it. So the caller's
-own closing work (the CLI's: closing the store, the file listings) runs
-beside the last VM's merge (`archive(beside_merge=...)`): the snapshot is
-in the catalog before the merge starts, the base is still written only by
-the merge of a committed snapshot, and a kill meanwhile is the kill during
-`commit` above.
+The merge is QEMU's copy; this process only waits for it. So a running
+VM's merge starts as soon as the night's blocks are mapped and the swap
+check has read the partition table: every byte still to be read then lies
+in overlay(k) (which the merge only reads) or in ranges of the base the
+merge does not write, so the copy runs beside the store's write instead of
+after it. Only for an incremental night whose reads are all plain file
+reads (no qemu-nbd, which would open the chain with QEMU's locks), and only
+for a snapshot this process took. The base then holds the day before its
+snapshot is in the catalog; overlay(k) is deleted only after that, so a
+repair still archives it from overlay(k) (the `archive` row above). The
+caller's own closing work (the CLI's: closing the store, the file
+listings) runs beside the end of the last VM's merge
+(`archive(beside_merge=...)`), after the snapshot is in the catalog; a kill
+meanwhile is the kill during `commit` above.
 
 A run killed while the guest's file systems are frozen for the snapshot
 (kill -9, power cut: stop signals wait for the thaw) leaves the guest
@@ -83,7 +93,7 @@ log = logging.getLogger(__name__)
 
 CRASH_ENV = "FOUNDATION_TEST_CRASH_AT"
 # <step>: right after journaling the step, before doing it; <step>-done: right after doing it.
-CRASH_POINTS = ("snapshot", "snapshot-done", "archive", "archive-disk", "archive-done",
+CRASH_POINTS = ("snapshot", "snapshot-done", "archive", "commit-early", "archive-disk", "archive-done",
                 "commit", "commit-started", "commit-done", "cleanup", "cleanup-done")
 FROZEN_POINT = "frozen"   # with the guest's file systems frozen (only reached with a guest agent)
 OVERLAY_RE = re.compile(r"^(.*)\.fdn-(\d+)\.qcow2$")
@@ -169,6 +179,7 @@ class Archiver:
         self._on_base = set()           # new overlays this process saw backed by their base after a merge
         self._taken = set()             # new overlays this process's own snapshot made (backed by the old)
         self._beside = self._side = None   # archive()'s beside_merge, and its thread while it runs
+        self._early = set()             # overlays(k) whose merge this process started during their archive
 
     # -- one VM -----------------------------------------------------------
 
@@ -481,6 +492,8 @@ class Archiver:
             if d["new"] is None:            # shut off and unchanged: the previous roots again
                 disks[t], changed[t], incr[t] = prev, 0, True
                 continue
+            if d["old"] and d["new"] not in self._taken:
+                self._wait_merge(dom, t)     # a repair: an early merge may still read overlay(k)
             frozen, fmt = (d["old"], "qcow2") if d["old"] else (d["base"], d["base_format"])
             with SnapshotSource(frozen, fmt, d["base"], d["base_format"]) as src:
                 size = src.size
@@ -489,11 +502,20 @@ class Archiver:
                 incremental = prev is not None and d["old"] is not None
                 runs = src.changed if incremental else None
                 zeros, notes = swap.find_swap(src.read, size)
+                early = None
+                if runs is not None and d["new"] in self._taken and run["live"] and src.direct:
+                    # libvirt's call (a round trip to QEMU) runs beside the start of the write
+                    early = threading.Thread(target=self._merge_early, args=(dom, t, d), name="merge-early")
+                    early.start()
                 total = sum(n for _, n in runs) if runs is not None else size
                 prog = self.progress(f"{name} {t}", total) if self.progress else None
-                root = self._sink("write the disk", name, self.sink.write_disk, src, size,
-                                  prev[0] if prev and runs is not None else None, runs, zeros,
-                                  prog, run["id"], t)
+                try:
+                    root = self._sink("write the disk", name, self.sink.write_disk, src, size,
+                                      prev[0] if prev and runs is not None else None, runs, zeros,
+                                      prog, run["id"], t)
+                finally:
+                    if early is not None:
+                        early.join()
                 if prog:
                     prog.finish()
             disks[t] = (root, size)
@@ -560,11 +582,34 @@ class Archiver:
         self._side = threading.Thread(target=go, name="beside-merge", daemon=True)
         self._side.start()
 
+    def _merge_early(self, dom, target, d):
+        """Start merging overlay(k) into the base as soon as the day's blocks are mapped (and the
+        swap check has read what it reads): QEMU copies while this process stores the blocks. What
+        is still to be read comes from overlay(k) itself (the merge only reads it) or from ranges of
+        the base the merge does not write, so the bytes archived are the same; a failure to start
+        here only leaves the merge to `commit`. The base then holds the day before its snapshot is
+        in the catalog: overlay(k) stays, and a repair archives it again (after the job)."""
+        try:
+            dom.start_commit(target, d["old"], d["base"])
+        except Exception as e:      # noqa: BLE001 -- a thread's: `commit` merges as it always did
+            log.info("%s: %s: the merge starts after the archive (%s)", dom.name, target, e)
+            return
+        self._early.add(d["old"])
+        _crash("commit-early")
+
+    def _wait_merge(self, dom, target):
+        """Wait for a merge QEMU still runs on the disk (started early by an interrupted run)."""
+        if dom.active():
+            job = dom.block_job(target)
+            if job and job.get("type") == dom.libvirt.VIR_DOMAIN_BLOCK_JOB_TYPE_COMMIT:
+                dom.wait_job(target)
+
     def _merge(self, dom, target, d, res):
         """Merge overlay(k) into the base and make overlay(k+1) sit on the base."""
         lv = dom.libvirt
         for i in range(MERGE_ATTEMPTS):
-            # A snapshot this process took put the new overlay over the old one: not merged yet.
+            # A snapshot this process took put the new overlay over the old one: not merged yet
+            # (or its merge was started during the archive: the job, running or done, says).
             if not (i == 0 and d["new"] in self._taken) and self._merged(dom, target, d):
                 break
             if dom.active():
@@ -572,8 +617,10 @@ class Archiver:
                 if job and job.get("type") != lv.VIR_DOMAIN_BLOCK_JOB_TYPE_COMMIT:
                     raise LibvirtFailed(f"merge {d['old']}", dom.name,
                                         f"another block job (type {job.get('type')}) runs on {target}")
-                if not job:
+                early = i == 0 and d["old"] in self._early    # its job was started during the archive
+                if not job and not (early and self._merged(dom, target, d)):
                     dom.start_commit(target, d["old"], d["base"])
+                if not job or early:
                     _crash("commit-started")
                 self._start_beside()
                 _, tail = dom.wait_job(target)

@@ -83,6 +83,18 @@ class SnapshotSource:
         else:
             self._chain(offset, view)
 
+    @property
+    def direct(self):
+        """True if every byte is read straight from a file at a mapped offset or known as zeros:
+        `qemu-nbd` (which opens the chain in QEMU's way, with its locks) is never started."""
+        gaps_ok = self.base_raw and (self.top != self.base or self.top_format == "raw")   # as _below
+        pos = 0
+        for s, e, path, _, zero in self._ext:
+            if (s > pos and not gaps_ok) or (path is None and not zero):
+                return False
+            pos = max(pos, e)
+        return pos >= self.size or gaps_ok
+
     # -- the interface write_image reads through -------------------------
 
     def holes(self):
