@@ -337,9 +337,6 @@ class Store(Writes, Reads, IndexCache):
         self.summary_entries = 0
         self.blocks.clear()
         self._recent, self._ahead, self.holding, self._gathered = [], {}, None, None
-        if getattr(self, "wbuf", None) is not None:
-            self.wbuf = self.open_table = native.Table(self.keylen, 16)
-        give_back()
 
     def _close_structures(self):
         if self.index:
