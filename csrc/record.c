@@ -382,7 +382,6 @@ static int seal_range(void *arg, size_t lo, size_t hi)
 	return rc;
 }
 
-
 int64_t fdn_pack(fdn_codec *c, uint32_t arena, const uint8_t *iv,
 	uint64_t offset, int btype, const uint8_t *buf, size_t len, size_t bs,
 	const uint8_t *keys, size_t keyslen, uint8_t *out, size_t outcap,

@@ -102,7 +102,7 @@ class Writes:
         join the index cache (in this thread: only the caller's thread changes the tables, so it
         may look them up while an append runs). A failure is raised, the appends queued after it
         (which fail with it) dropped."""
-        q, settled = self._inflight, False
+        q = self._inflight
         while len(q) > keep:
             f = q[0][0]
             if f is None:
@@ -116,8 +116,6 @@ class Writes:
                 raise
             q.popleft()
             self._index_added(*got)
-            settled = True
-        return settled
 
     def _queued(self, *args):
         """One append in the append thread: none runs after one that failed (its arena's state is
@@ -165,11 +163,10 @@ class Writes:
     def _settle_here(self, keep=0):
         """The appends in flight end (all but `keep` of them) and the index cache holds their
         records; flushed if full (with none in flight: a flush syncs the log)."""
-        settled = self._settle_append(keep)
+        self._settle_append(keep)
         if self._pipe is not None and self._full():
             self._settle_append()
             self.flush()
-        return settled
 
     def _write_hash(self, buf, bs, btype, zero, keys, n):
         zeros = zero.count(1)
@@ -248,13 +245,13 @@ class Writes:
         if fresh:
             fkeys = keys if len(fresh) == n else b"".join(ks)
             if self._pipe is not None:
-                f = self._pipe.submit(self._queued, data, bs, btype, None, fkeys, False)
+                f = self._pipe.submit(self._queued, data, bs, btype, None, fkeys, True)
                 t = native.Table(self.keylen, len(fresh))  # (its addresses are never read: the keys answer)
                 t.add(fkeys, array.array("Q", bytes(8 * len(fresh))))
                 self._inflight.append((f, t))
                 self._bloom_add(fkeys)
             else:
-                self._append(buf, bs, btype, fresh, fkeys, ks)
+                self._append(buf, bs, btype, fresh, fkeys)
         return bytes(keys)  # a zero block's score is 32 zero bytes, its ref
 
     def _run_heads(self, maybe, ks, unknown):
@@ -423,11 +420,11 @@ class Writes:
         self.counters["zero_blocks"] += zeros
         self.counters["dup_blocks"] += dups
 
-    def _append(self, buf, bs, btype, fresh, fkeys, klist=None):
+    def _append(self, buf, bs, btype, fresh, fkeys, later=False):
         """Append the fresh blocks (fkeys: their 32-byte key fields) to the log and index them;
         returns their addresses. fresh: the blocks of buf to append, None for all of them. The
-        Bloom filter takes their keys too, unless klist is False: the caller gives them
-        (_bloom_add) and indexes the records when it settles."""
+        Bloom filter takes their keys too, unless `later`: the caller gives them (_bloom_add)
+        and indexes the records when it settles (the append thread's returns are for that)."""
         data = buf if fresh is None else self._gather(buf, bs, fresh)
         addrs = self.log.append(btype, data, bs, fkeys, self.tuning.threads)
         packed = array.array("Q", addrs)  # the tables take it without a check per entry
@@ -441,8 +438,8 @@ class Writes:
             self.index.insert(b"".join(ks[i * kl:(i + 1) * kl] + a.to_bytes(8, "little")
                                        for i, a in enumerate(addrs)))
             self._venti_cache(ks, addrs)
-            return () if klist is False else addrs
-        if klist is False:  # the append thread: the caller's thread indexes them when it settles
+            return () if later else addrs
+        if later:  # the append thread: the caller's thread indexes them when it settles
             return ks, packed, self.log.open.n
         self._index_added(ks, packed, self.log.open.n)
         if self.bloom is not None:

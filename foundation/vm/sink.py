@@ -133,17 +133,6 @@ def _batch(total):
     return min(BATCH, max(SMALL_BATCH, total // 64 // SMALL_BATCH * SMALL_BATCH))
 
 
-def _blocks(ranges, bs):
-    """`ranges` widened to whole blocks of `bs` bytes, sorted and merged, as [(offset, length)]."""
-    out = []
-    for s, e in sorted((o // bs * bs, -(-(o + n) // bs) * bs) for o, n in ranges if n):
-        if out and out[-1][1] >= s:
-            out[-1][1] = max(out[-1][1], e)
-        else:
-            out.append([s, e])
-    return [(s, e - s) for s, e in out]
-
-
 class StoreSink(Sink):
     """Snapshots in a Foundation store: disk images as Merkle trees, one catalog record per run."""
 
@@ -172,6 +161,7 @@ class StoreSink(Sink):
         return None
 
     def write_disk(self, src, size, prev, changed, zeros, progress, run_id, target):
+        from foundation.image import ranges as R
         from foundation.image import write_image
 
         total = sum(n for _, n in changed) if changed is not None else size
@@ -179,7 +169,9 @@ class StoreSink(Sink):
         root = write_image(self.store, src, size, prev=prev, changed=changed,
                            zeros=zeros, progress=progress, batch=_batch(total))
         if prev is not None and changed is not None and prev.size == size:
-            self.changes.append((prev, root, _blocks(list(changed) + zeros, self.store.block_size)))
+            bs = self.store.block_size  # the ranges widened to whole blocks, merged
+            runs = R.outer_blocks(R.as_runs(list(changed) + zeros), bs, -(-size // bs))
+            self.changes.append((prev, root, [(s * bs, (e - s) * bs) for s, e in runs]))
         return root
 
     def write_blob(self, data):
