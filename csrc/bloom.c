@@ -91,22 +91,49 @@ size_t fdn_bloom_bytes(uint64_t nbits)
 #endif
 }
 
+enum { AHEAD = 16 };	/* keys whose bits are found, and their bytes fetched, before any is set */
+
+/* Where bit lies in the file's bytes. */
+static inline size_t bit_byte(uint64_t bit)
+{
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+	return (size_t)(bit / 8);	/* bit % 32 of u32 word bit / 32 */
+#else
+	return (size_t)(bit / 32 * 4 + 3 - bit % 32 / 8);
+#endif
+}
+
+/*
+ * A batch's bits fall all over a filter of many MB: each is a cache miss,
+ * often a page not yet mapped in. So AHEAD keys' bits are found first and
+ * their bytes asked for (prefetch), then set, the misses of those keys
+ * overlapping instead of met one after the other.
+ */
 int fdn_bloom_add(uint8_t *words, size_t wordslen, uint64_t nbits, const uint32_t *seeds,
 	size_t nseeds, const uint8_t *keys, size_t keyslen, size_t keylen, size_t step)
 {
-	size_t i, s;
+	size_t at[AHEAD * 32], i, s, k, m;
 
 	if (nbits == 0 || fdn_bloom_bytes(nbits) > wordslen ||
 	    keylen == 0 || step < keylen || keyslen % step || nseeds == 0)
 		return FDN_EARG;
-	for (i = 0; i < keyslen; i += step)
-		for (s = nseeds; s-- > 0;) {	/* the filter's own order (the bits are the same in any) */
-			uint64_t bit = murmur(keys + i, keylen, seeds[s]) % nbits;
-#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-			words[bit / 8] |= (uint8_t)(1u << (bit % 8));	/* bit % 32 of u32 word bit / 32 */
-#else
-			words[bit / 32 * 4 + 3 - bit % 32 / 8] |= (uint8_t)(1u << (bit % 8));
-#endif
-		}
+	for (i = 0; i < keyslen; i += m * step) {
+		size_t per = nseeds < 32 ? AHEAD : 1;
+		m = (keyslen - i) / step < per ? (keyslen - i) / step : per;
+		for (k = 0; k < m; k++)
+			for (s = nseeds; s-- > 0;) {	/* the filter's own order (the bits are the same in any) */
+				uint64_t bit = murmur(keys + i + k * step, keylen, seeds[s]) % nbits;
+				if (per == 1) {	/* too many seeds to hold: no look ahead */
+					words[bit_byte(bit)] |= (uint8_t)(1u << (bit % 8));
+					continue;
+				}
+				at[k * nseeds + s] = (size_t)bit;
+				__builtin_prefetch(words + bit_byte(bit), 1);
+			}
+		if (per == 1)
+			continue;
+		for (k = 0; k < m * nseeds; k++)
+			words[bit_byte(at[k])] |= (uint8_t)(1u << (at[k] % 8));
+	}
 	return FDN_OK;
 }

@@ -30,6 +30,8 @@ enum {
 	LOAD_NUM = 7, LOAD_DEN = 10,	/* made for this load of its hint */
 	GROW_NUM = 17, GROW_DEN = 20,	/* grown past this load (85 %) */
 	MIN_SLOTS = 16,
+	LOOKAHEAD = 16,			/* keys whose slots a lookup asks for at once */
+	PREFETCHED = 4,			/* of the first tables of a lookup */
 	ADDR = 8			/* u64le address after each key */
 };
 
@@ -260,10 +262,10 @@ out:
 	return rc;
 }
 
-/* Copy up to outcap addrs for key into out, oldest first; returns how many there are. */
-static size_t find(const fdn_table *t, const uint8_t *key, uint64_t *out, size_t outcap)
+/* Copy up to outcap addrs for key (of hash h) into out, oldest first; returns how many there are. */
+static size_t find_h(const fdn_table *t, const uint8_t *key, uint64_t h, uint64_t *out, size_t outcap)
 {
-	slot *s = probe(t, key, hashkey(key, t->keylen));
+	slot *s = probe(t, key, h);
 	size_t found = 0, i;
 
 	for (uint32_t e = s->head; e != 0; e = t->prev ? t->prev[e - 1] : 0)
@@ -274,6 +276,11 @@ static size_t find(const fdn_table *t, const uint8_t *key, uint64_t *out, size_t
 		if (--i < outcap)
 			out[i] = fdn_get64(t->ents + (e - 1) * t->es + t->keylen);
 	return found;
+}
+
+static size_t find(const fdn_table *t, const uint8_t *key, uint64_t *out, size_t outcap)
+{
+	return find_h(t, key, hashkey(key, t->keylen), out, outcap);
 }
 
 int64_t fdn_table_find(fdn_table *t, const uint8_t *key, size_t keylen,
@@ -387,7 +394,7 @@ int fdn_tables_lookup(fdn_table **ts, size_t nt, const uint8_t *keys,
 	size_t klen, const uint8_t *skip, size_t nskip, uint64_t *addrs,
 	int32_t *which, size_t n)
 {
-	size_t keylen, i, k;
+	size_t keylen, i, k, c;
 
 	if (nt == 0) {
 		for (i = 0; i < n; i++) {
@@ -403,16 +410,29 @@ int fdn_tables_lookup(fdn_table **ts, size_t nt, const uint8_t *keys,
 	if (nt > INT32_MAX || klen != n * keylen || (skip && nskip != n))
 		return FDN_EARG;
 	lock_all(ts, nt, 1);
-	for (i = 0; i < n; i++) {
-		addrs[i] = 0;
-		which[i] = -1;
-		if (skip && skip[i])
-			continue;
-		for (k = 0; k < nt; k++)
-			if (find(ts[k], keys + i * keylen, &addrs[i], 1) > 0) {
-				which[i] = (int32_t)k;
-				break;
-			}
+	for (i = 0; i < n; i += c) {
+		/* a key's hash once for every table; the slots of a run of keys asked for before
+		 * the first is probed, so their cache misses overlap (tables past the first few
+		 * seldom answer: the newest, asked first, hold most of what a batch repeats) */
+		uint64_t h[LOOKAHEAD];
+		size_t j;
+		c = n - i < LOOKAHEAD ? n - i : LOOKAHEAD;
+		for (j = 0; j < c; j++) {
+			h[j] = hashkey(keys + (i + j) * keylen, keylen);
+			for (k = 0; k < nt && k < PREFETCHED; k++)
+				__builtin_prefetch(&ts[k]->slots[h[j] & (ts[k]->nslots - 1)]);
+		}
+		for (j = 0; j < c; j++) {
+			addrs[i + j] = 0;
+			which[i + j] = -1;
+			if (skip && skip[i + j])
+				continue;
+			for (k = 0; k < nt; k++)
+				if (find_h(ts[k], keys + (i + j) * keylen, h[j], &addrs[i + j], 1) > 0) {
+					which[i + j] = (int32_t)k;
+					break;
+				}
+		}
 	}
 	lock_all(ts, nt, 0);
 	return FDN_OK;
