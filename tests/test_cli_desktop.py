@@ -36,6 +36,22 @@ def test_missing_headers_are_named():
     assert build.missing_headers(["openssl/evp.h", "no_such_header_zz.h"]) == ["no_such_header_zz.h"]
 
 
+def test_static_zstd_is_linked_from_its_directory(tmp_path, monkeypatch):
+    """FOUNDATION_ZSTD=DIR: zstd from DIR's libzstd.a and zstd.h instead of the system's library."""
+    monkeypatch.setenv("FOUNDATION_ZSTD", str(tmp_path))
+    with pytest.raises(SystemExit, match=f"FOUNDATION_ZSTD={tmp_path} has no zstd.h and libzstd.a"):
+        build.static_zstd()
+    for f in ("zstd.h", "libzstd.a"):
+        (tmp_path / f).write_bytes(b"")
+    assert build.static_zstd() == (str(tmp_path), str(tmp_path / "libzstd.a"))
+    kw = build.builder(os.path.abspath)._assigned_source[3]
+    assert kw["extra_objects"] == [str(tmp_path / "libzstd.a")] and "zstd" not in kw["libraries"]
+    assert kw["include_dirs"][1] == str(tmp_path)  # before the system's headers
+    monkeypatch.delenv("FOUNDATION_ZSTD")
+    kw = build.builder(os.path.abspath)._assigned_source[3]
+    assert kw["extra_objects"] == [] and "zstd" in kw["libraries"]
+
+
 def test_build_without_headers_says_which_packages(tmp_path):
     """setup.py on a machine whose compiler finds no headers: one line naming the packages, no compiler error."""
     src = tmp_path / "src"
