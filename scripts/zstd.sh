@@ -20,7 +20,7 @@ if [ -f "$DIR/libzstd.a" ] && [ -f "$DIR/zstd.h" ]; then
 fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-python3 -m pip download -q --no-deps --no-binary :all: "$SDIST" -d "$tmp" >&2
+"${PYTHON:-python3}" -m pip download -q --no-deps --no-binary :all: "$SDIST" -d "$tmp" >&2
 echo "$SHA256  $(ls "$tmp"/zstd-*.tar.gz)" | sha256sum -c --quiet -
 tar -xzf "$tmp"/zstd-*.tar.gz -C "$tmp"
 lib=$(echo "$tmp"/zstd-*/zstd/lib)
