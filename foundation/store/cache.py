@@ -220,10 +220,12 @@ class IndexCache:
         0 of a hundred arenas), and a second table of them would double the buffer's memory: its
         summary joins the index cache when a lookup asks for it, read from disk. Venti's cache
         keeps it."""
-        if not self._flush_hinted and oa.n + 1 - F.split(self.index.h.covered)[0] > self.tuning.flush_arenas:
+        idx = self.index
+        if not self._flush_hinted and hasattr(idx, "willneed_all") and \
+                oa.n + 1 - F.split(idx.h.covered)[0] > self.tuning.flush_arenas:
             # The close will flush (_flush_due): the disk reads the index while the day goes on.
             self._flush_hinted = True
-            self.index.willneed_all()
+            idx.willneed_all()
         if self.venti:
             t = native.Table(self.keylen, oa.count + 1)
             t.add(bytes(oa.keys), oa.addrs)
