@@ -1,9 +1,6 @@
 """A flush merges the write buffer into the index in place, region by region through one reused
 buffer: every entry is found afterwards, whether the pass is dense (every region read) or sparse
-(seeks to clusters), over many regions and a shorter last one; the index is asked for whole once
-a flush is due, before the close that makes it."""
-
-import os
+(seeks to clusters), over many regions and a shorter last one."""
 
 import pytest
 
@@ -33,17 +30,3 @@ def test_a_flush_in_regions_finds_every_entry(make_store, monkeypatch, region, d
             assert s.index.lookup(refs[i * 32:(i + 1) * 32]), i
     with op() as s:                                   # a fresh open: the index alone answers
         assert b"".join(s.read_blocks(refs)) == data
-
-
-def test_the_index_is_asked_for_once_a_flush_is_due(make_store, monkeypatch):
-    asked = []
-    monkeypatch.setattr(index_mod.Index, "willneed_all", lambda self, most=0: asked.append(self.path))
-    op = make_store("hash", arena_size=256 << 10)
-    data = blocks(600, seed=12)                       # ~2.4 MB: several arenas sealed
-    with op(tuning=Tuning(write_buffer_bytes=1 << 30, flush_arenas=2)) as s:
-        s.write_blocks(data)
-        assert asked == [os.path.join(op.path, "index")]  # once, though more arenas were sealed after
-        assert s._flush_due()
-    with op(tuning=Tuning(write_buffer_bytes=1 << 30, flush_arenas=1000)) as s:
-        s.write_blocks(blocks(600, seed=13))
-        assert len(asked) == 1                        # no flush coming: no hint

@@ -120,7 +120,6 @@ class IndexCache:
         # The write buffer: entries of records not yet merged into the index, in log order, in
         # one lookup table (its entries() are what a flush merges: no second copy of them).
         self.wbuf = native.Table(self.keylen, 1024)
-        self._flush_hinted = False  # the index asked for whole once a flush is due (_sealed)
         self._ahead = {}  # key -> addresses: index lookups prefetch made, each used once
         self.holding = None  # (state, table of every intact record's ref) unreadable() made
         oa = self.log.open
@@ -220,12 +219,6 @@ class IndexCache:
         0 of a hundred arenas), and a second table of them would double the buffer's memory: its
         summary joins the index cache when a lookup asks for it, read from disk. Venti's cache
         keeps it."""
-        idx = self.index
-        if not self._flush_hinted and hasattr(idx, "willneed_all") and \
-                oa.n + 1 - F.split(idx.h.covered)[0] > self.tuning.flush_arenas:
-            # The close will flush (_flush_due): the disk reads the index while the day goes on.
-            self._flush_hinted = True
-            idx.willneed_all()
         if self.venti:
             t = native.Table(self.keylen, oa.count + 1)
             t.add(bytes(oa.keys), oa.addrs)

@@ -23,7 +23,6 @@ from foundation import native
 from foundation.errors import DerivedCorrupt
 from foundation.faults import crash_point
 from foundation.store import format as F
-from foundation.store.arena import _writeback as writeback
 from foundation.store.disk import fsync_dir
 
 BUCKET_SIZE = 4096
@@ -36,7 +35,6 @@ CHUNK = 1 << 17  # entries sorted and merged at a time while growing (5 MiB in h
 REGION = 1024  # at most this many buckets per read/write of a flush (4 MiB)
 GAP = 128  # buckets (512 KiB): about what one seek costs in transfer time
 SLACK = 2  # extra buckets read after a region for entries that overflow
-HINT_BYTES = 128 << 20  # a flush that is coming asks for at most this much of the file ahead
 CRASH_ENV = "FOUNDATION_INDEX_CRASH"  # tests: "index.grow" or "bloom.grow" exits before the new file is renamed
 
 
@@ -187,15 +185,6 @@ class Index:
         self._header(0, covered)
         self.disk.fdatasync(self.fd, "index")
 
-    def willneed_all(self, most=HINT_BYTES):
-        """Ask the kernel to start reading the file, up to `most` bytes (a flush is coming: its
-        pass reads every bucket, and the disk can do it while the day's blocks are packed). A hint only."""
-        if self.fd is not None:
-            try:
-                os.posix_fadvise(self.fd, 0, min(most, self._off(self.h.nfile)), os.POSIX_FADV_WILLNEED)
-            except OSError:
-                pass
-
     def grow(self, entries, covered):
         """Write an index sized for twice the entries (old ones and `entries`, sorted), in one pass
         over the old buckets, and rename it over this one; this object then is the new index."""
@@ -248,8 +237,8 @@ class Index:
         n = len(entries) // es
         i = nxt = 0
         spill = b""  # entries carried over to the region starting at `nxt`
-        # One buffer for every region, read into in place: a fresh 4 MiB a region was a page
-        # fault per 4 KiB and two copies (the read's bytes, then the region), ~2x the pass's CPU.
+        # One buffer for every region, read into in place: a fresh 4 MiB a region cost a page
+        # fault per 4 KiB and two copies (the read's bytes, then the region).
         buf = None
         # Many entries: one sequential pass in fixed regions; few: seek to each cluster.
         dense = n * GAP >= h.nfile
@@ -293,8 +282,6 @@ class Index:
             except native.BucketError as e:
                 raise DerivedCorrupt(f"the index is damaged ({e})") from None
             self.disk.pwrite(self.fd, "index", self._off(first), region)
-            if dense:  # the disk writes this region while the next one is merged: the sync waits less
-                writeback(self.fd, self._off(first), len(region))
             self.zero_from = max(self.zero_from, stop)
             i = j
             nxt = stop
