@@ -57,6 +57,9 @@ STEPS = [  # (module, class or None, function, label); indented labels are parts
     ("foundation.catalog", "Catalog", "commit", "catalog commit"),
     ("foundation.store.store", "Store", "sync", "  sync"),
     ("foundation.store.store", "Store", "close", "store close"),
+    ("foundation.store.store", "Store", "flush", "  index flush"),
+    ("foundation.store.index", "Index", "_merge", "    merge (read, merge, write)"),
+    ("foundation.store.cache", "IndexCache", "_save_bloom", "  Bloom filter saved"),
 ]
 
 

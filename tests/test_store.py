@@ -567,6 +567,24 @@ def test_subkeys_are_hkdf_sha256():
     assert k.weak_seed == int.from_bytes(sub(b"weak")[:8], "big")
 
 
+def test_uuid_bytes_reads_what_uuid_reads():
+    """The salt of the subkeys is the store uuid's 16 bytes, read without the uuid module: the same
+    bytes for each form uuid.UUID reads, and the same refusal of a malformed one."""
+    import uuid
+
+    from foundation.crypto.keys import uuid_bytes
+
+    for _ in range(200):
+        u = uuid.uuid4()
+        for text in (str(u), u.hex, u.hex.upper(), "{%s}" % u, u.urn):
+            assert uuid_bytes(text) == uuid.UUID(text).bytes
+    for bad in ("", "0" * 31, "0" * 33, "g" * 32, str(uuid.uuid4())[:-1] + "x"):
+        with pytest.raises(ValueError):
+            uuid.UUID(bad)
+        with pytest.raises(ValueError):
+            uuid_bytes(bad)
+
+
 def test_log_bytes_since_a_mark(make_store):
     """log_bytes_since counts the growth of the log from the arena open at the mark on (no stat of
     older arenas): the same figure as two log_bytes totals, across arenas sealed in between."""

@@ -43,9 +43,7 @@ class Keys:
 
     @classmethod
     def derive(cls, master, store_uuid):
-        import uuid  # here: an unencrypted store never derives keys
-
-        salt = uuid.UUID(store_uuid).bytes
+        salt = uuid_bytes(store_uuid)
 
         def sub(info):
             return hkdf(master, salt, b"foundation " + info)
@@ -60,6 +58,15 @@ class Keys:
     def check_value(self):
         """A value stored in the store's config to recognise the right key."""
         return hmac.new(self.mac, b"foundation key check", "sha256").hexdigest()[:32]
+
+
+def uuid_bytes(text):
+    """uuid.UUID(text).bytes for the forms it reads (hyphens, braces, a urn:uuid: prefix), without
+    importing uuid: it loads platform, ~2-4 ms of every writing command's start."""
+    hexdigits = text.replace("urn:", "").replace("uuid:", "").strip("{}").replace("-", "")
+    if len(hexdigits) != 32 or not all(c in "0123456789abcdefABCDEF" for c in hexdigits):
+        raise ValueError("badly formed hexadecimal UUID string")
+    return bytes.fromhex(hexdigits)
 
 
 def hkdf(master, salt, info):
