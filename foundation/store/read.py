@@ -50,11 +50,6 @@ _spare_lock = threading.Lock()
 SPARE = AHEAD
 
 
-def _split(refs, rs, n):
-    """The n refs of rs bytes each in refs, as a tuple of bytes (one C call)."""
-    return struct.Struct(f"{rs}s" * n).unpack(refs) if n else ()
-
-
 def _workers():
     """The threads that read and decode spans ahead of the consumer: AHEAD for the process, not a
     pool a pass. Each span is one read and one C call with the GIL released, so AHEAD spans are
@@ -339,20 +334,20 @@ class Reads:
         lists of Python ints and bytes: a restore holds two windows' plans (~20 MB less a pair)."""
         rs = self.ref_size
         flags = native.zero_flags(refs, rs)  # the null ref is all zeros
-        split = _split(refs, rs, n)
         if flags.count(0) == n:
             live, keys = range(n), refs
         else:  # C-level iterators: no Python frame per ref
-            keep = list(map(operator.not_, flags))
-            live = array.array("q", itertools.compress(range(n), keep))
-            keys = b"".join(itertools.compress(split, keep))
+            live = array.array("q", itertools.compress(range(n), map(operator.not_, flags)))
+            # the live refs side by side: plan_order of positions already sorted is a gather (no
+            # bytes object per ref)
+            keys = native.plan_order(array.array("Q", live), live, refs, rs)[2]
         if self.mode != "hash":
             found = array.array("Q", struct.unpack(f">{len(live)}Q", keys))
         else:
             found = self._locate_all(keys)
             if not isinstance(found, array.array):
                 found = array.array("Q", found)
-        del keys, split
+        del keys
         # the sort by address and the refs side by side in one C call (plan_order): no Python per block
         return native.plan_order(found, None if isinstance(live, range) else live, refs, rs)
 
