@@ -40,6 +40,7 @@ READ_ALIGN = 4096  # what O_DIRECT asks of a read's offset, length and buffer
 DIRECT_READS = True  # a large log-order pass reads sealed arenas with O_DIRECT
 DIRECT_MIN = 64 << 20  # bytes of spans from which a pass reads around the page cache: a smaller one
 # (an 8 MiB window of a vda.raw copy) is one of a stream that the kernel's read-ahead serves best
+SWEPT_KEEP = 32  # summaries (keys and addresses, ~200 KB each) kept between a restore's windows
 SWEEP_MIN = 16384  # refs from which _locate_all sweeps whole arenas (a restore's window, 64 MiB of
 # 4 KiB blocks); fewer (a vda.raw window) are asked of the summaries already loaded, then one by one
 
@@ -443,7 +444,7 @@ class Reads:
         if n == oa.n:
             akeys, aaddrs = bytes(oa.keys), list(oa.addrs)
         else:
-            akeys, aaddrs = self._summary_arrays(n)[:2]
+            akeys, aaddrs = self._swept_arrays(n)
         if not aaddrs:
             return
         if not bad:  # the records in one C call (plan_sweep): no Python per record
@@ -458,6 +459,24 @@ class Reads:
                 done[j] = 1
                 # a block the image holds twice is found by its first position; the loop over
                 # the misses copies it to the others
+
+    def _swept_arrays(self, n):
+        """(keys, addrs) of sealed arena n's summary for a sweep, the last SWEPT_KEEP kept: the
+        later days' arenas hold blocks of every window of a restore and are swept by each, and
+        loading a summary (read, checksum, trailer) cost as much as sweeping it."""
+        kept = self.__dict__.setdefault("_swept", collections.OrderedDict())
+        state = (self.log, len(self.bad))  # a refresh makes a new log; damage found drops records
+        got = kept.get(n)
+        if got is not None and got[0][0] is state[0] and got[0][1] == state[1]:
+            kept.move_to_end(n)
+            return got[1], got[2]
+        keys, addrs = self._summary_arrays(n)[:2]
+        if not isinstance(addrs, array.array):
+            addrs = array.array("Q", addrs)
+        kept[n] = (state, bytes(keys), addrs)
+        while len(kept) > SWEPT_KEEP:
+            kept.popitem(last=False)
+        return kept[n][1], addrs
 
     def _log_spans(self, addrs):
         """Sorted addresses -> [(arena, start, size, i, j)]: large reads, each in one arena, of addrs[i:j].
