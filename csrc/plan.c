@@ -152,7 +152,7 @@ int64_t fdn_plan_runs(const int64_t *leaf, size_t nleaf, const int64_t *position
 	size_t i, k = 0;
 	int64_t prev = 0;
 
-	if (cap < 2)
+	if (cap < 1)	/* room for the end at least (n == 0) */
 		return FDN_ESPACE;
 	for (i = 0; i < n; i++) {
 		int64_t l;

@@ -110,3 +110,20 @@ def test_runs_same(seed):
     assert starts[-1] == len(ls) and (not ls or starts[0] == 0)
     for i, j in zip(starts, starts[1:]):
         assert ls[i:j] == list(range(ls[i], ls[i] + j - i))
+
+
+@pytest.mark.parametrize("impl", [NAT, REF], ids=["native", "reference"])
+def test_empty_and_refused(impl):
+    e = array.array("Q")
+    assert impl.plan_order(e, None, b"", 32) == (e, array.array("q"), b"")
+    assert list(impl.plan_cuts(e, 1, 8192, 4, 4160)) == []
+    assert list(impl.plan_runs(array.array("q"), array.array("q"))) == [0]
+    assert impl.plan_sweep(impl.Table(32), b"", e, array.array("Q"), bytearray()) == 0
+    with pytest.raises(ValueError):
+        impl.plan_runs(array.array("q", [1]), array.array("q", [5]))  # a position outside leaf
+    with pytest.raises(ValueError):
+        impl.plan_cuts(array.array("Q", [1, 2]), 1, 100, 0, 4160)  # no block a span
+    t = impl.Table(32)
+    t.add(bytes(32), array.array("Q", [3]))  # names a position past found
+    with pytest.raises(ValueError):
+        impl.plan_sweep(t, bytes(32), array.array("Q", [1]), array.array("Q", [0]), bytearray(1))
