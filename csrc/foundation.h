@@ -181,4 +181,22 @@ size_t fdn_bloom_bytes(uint64_t nbits);
 int fdn_bloom_add(uint8_t *words, size_t wordslen, uint64_t nbits, const uint32_t *seeds,
 	size_t nseeds, const uint8_t *keys, size_t keyslen, size_t keylen, size_t step);
 
+/*
+ * A restore's plan of one window in whole arrays (plan.c): the sweep of an
+ * arena's summary into a window's table of positions, the sort by log
+ * address with the refs laid side by side, the cuts into spans, the runs of
+ * consecutive leaves of a span.
+ */
+int64_t fdn_plan_sweep(fdn_table *t, const uint8_t *akeys, size_t klen,
+	const uint64_t *aaddrs, size_t n, uint64_t *found, uint8_t *done,
+	size_t nfound);
+int fdn_plan_order(const uint64_t *found, size_t m, const int64_t *live,
+	size_t nlive, const uint8_t *refs, size_t rlen, size_t rs,
+	uint64_t *addrs, int64_t *positions, uint8_t *keyed, size_t keyedlen);
+int64_t fdn_plan_cuts(const uint64_t *addrs, size_t n, uint64_t gap,
+	uint64_t span, size_t blocks, uint64_t most, uint64_t *ends,
+	size_t cap);
+int64_t fdn_plan_runs(const int64_t *leaf, size_t nleaf, const int64_t *positions,
+	size_t n, uint64_t *starts, size_t cap);
+
 #endif

@@ -406,18 +406,21 @@ def _window(store, w, bs, size, rs, zero, submit, alloc, progress):
         submit(jobs)
     if refs:
         for positions, data in store.read_blocks_in_log_order(refs, alloc, plan):
-            submit(_runs(list(map(leaf.__getitem__, positions)), memoryview(data), bs, size),
+            submit(_runs(leaf, positions, memoryview(data), bs, size),
                    data if isinstance(data, (bytearray, mmap.mmap)) else None)
     if progress is not None:
         progress(min(size, sum(c for _, c, _ in runs) * bs))
 
 
-def _runs(leaves, data, bs, size):
-    """Blocks in data and the leaf of each -> pwrite jobs [(buffer, offset)], one per run of consecutive leaves."""
+def _runs(leaf, positions, data, bs, size):
+    """Blocks in data, block k that of leaf[positions[k]] -> pwrite jobs [(buffer, offset)], one per
+    run of consecutive leaves, found in one C call (plan_runs: no Python per block)."""
     jobs = []
-    starts = _run_starts(leaves)
+    if not isinstance(positions, array.array):
+        positions = array.array("q", positions)
+    starts = native.plan_runs(leaf, positions)
     for i, j in zip(starts, starts[1:]):
-        off = leaves[i] * bs
+        off = leaf[positions[i]] * bs
         end = min(size, off + (j - i) * bs)  # the last block of an image whose size is not a multiple of it
         jobs.append((data[i * bs:i * bs + end - off], off))
     return jobs

@@ -54,6 +54,10 @@ when bs == len(buf).
     bloom_add(words, nbits, seeds, keys, keylen, step=None)   set the bits of the key at the start of
         every step bytes of keys in a pybloomfiltermmap3 filter's bit array (its u32 words), as its add() does
     equal(a, b) -> bool
+    plan_sweep(table, akeys, aaddrs, found, done) -> filled       a restore's plan of one window,
+    plan_order(found, live, refs, rs) -> (addrs, positions, keyed)  in whole arrays (reference.py
+    plan_cuts(addrs, gap, span, blocks, most) -> ends               says what each computes)
+    plan_runs(leaf, positions) -> starts
 
 unpack_many decodes a batch of records from one span of one arena: buf
 holds arena offsets [base, base + len(buf)), and every offset (any order,
@@ -151,3 +155,7 @@ tables_lookup = _impl.tables_lookup
 tables_absent = _impl.tables_absent
 bloom_add = _impl.bloom_add
 equal = _impl.equal
+plan_sweep = _impl.plan_sweep
+plan_order = _impl.plan_order
+plan_cuts = _impl.plan_cuts
+plan_runs = _impl.plan_runs

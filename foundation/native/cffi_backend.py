@@ -18,7 +18,7 @@ from foundation.native.checks import (API_VERSION, HEADER_SIZE, KEY_SIZE, SCORE_
 
 # C functions added within API_VERSION 1: a module built before them is stale too.
 _NEWEST = ("fdn_unpack_many", "fdn_check", "fdn_tables_absent", "fdn_scan_cols", "fdn_table_take",
-           "fdn_bloom_add")
+           "fdn_bloom_add", "fdn_plan_sweep")
 
 
 def _load_native():
@@ -478,6 +478,43 @@ class _Native:
     def equal(a, b):
         return bool(_lib.fdn_equal(_ro(a), checks.nbytes(a), _ro(b), checks.nbytes(b)))
 
+    # ---- a restore's plan of one window (csrc/plan.c) ----
+
+    @staticmethod
+    def plan_sweep(table, akeys, aaddrs, found, done):
+        if not isinstance(table, _Native.Table):
+            raise TypeError("plan_sweep needs a native Table")
+        n = checks.plan_sweep_args(table, akeys, aaddrs, found, done)
+        return _ok(_lib.fdn_plan_sweep(table._t, _ro(akeys), checks.nbytes(akeys), _u64(aaddrs), n,
+                                       _ffi.from_buffer("uint64_t[]", found, require_writable=True),
+                                       _rw(done), len(found)))
+
+    @staticmethod
+    def plan_order(found, live, refs, rs):
+        m = checks.plan_order_args(found, live, refs, rs)
+        addrs, positions, keyed = array.array("Q", bytes(8 * m)), array.array("q", bytes(8 * m)), bytearray(m * rs)
+        _ok(_lib.fdn_plan_order(_u64(found), m, _ffi.NULL if live is None else _i64(live), m if live is not None else 0,
+                                _ro(refs), checks.nbytes(refs), rs, _ffi.from_buffer("uint64_t[]", addrs),
+                                _ffi.from_buffer("int64_t[]", positions), _ffi.from_buffer(keyed), m * rs))
+        return addrs, positions, bytes(keyed)
+
+    @staticmethod
+    def plan_cuts(addrs, gap, span, blocks, most):
+        n = checks.plan_cuts_args(addrs, gap, span, blocks, most)
+        out = array.array("Q", bytes(8 * n))
+        k = _ok(_lib.fdn_plan_cuts(_u64(addrs), n, gap, span, blocks, most, _ffi.from_buffer("uint64_t[]", out), n))
+        del out[k:]
+        return out
+
+    @staticmethod
+    def plan_runs(leaf, positions):
+        n = checks.plan_runs_args(leaf, positions)
+        out = array.array("Q", bytes(8 * (n + 1)))
+        k = _ok(_lib.fdn_plan_runs(_i64(leaf), len(leaf), _i64(positions), n,
+                                   _ffi.from_buffer("uint64_t[]", out), n + 1))
+        del out[k:]
+        return out
+
 
 if _native is not None:
     _alloc = _ffi.new_allocator(should_clear_after_alloc=False)
@@ -529,6 +566,20 @@ def _offsets(offsets, base, size):
         return _ffi.new("uint64_t[]", offsets)
     except (TypeError, OverflowError):
         raise checks.outside(offsets, base, size) or ValueError("offsets must be integers") from None
+
+
+def _u64(a):
+    """An array of u64 for the C core: an array('Q') in place, else a copy."""
+    if isinstance(a, array.array) and a.itemsize == 8 and a.typecode in "QL":
+        return _ffi.from_buffer("uint64_t[]", a)
+    return _ffi.new("uint64_t[]", checks.addr_list(a))
+
+
+def _i64(a):
+    """An array of i64 for the C core: an array('q') in place, else a copy."""
+    if isinstance(a, array.array) and a.itemsize == 8 and a.typecode in "ql":
+        return _ffi.from_buffer("int64_t[]", a)
+    return _ffi.new("int64_t[]", list(a))
 
 
 def _give(buf):

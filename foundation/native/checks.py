@@ -5,6 +5,7 @@ every check is written once, here, and both call it before working;
 neither backend imports the other or the package that chooses between them.
 """
 
+import array
 import sys
 from typing import NamedTuple
 
@@ -23,7 +24,8 @@ MAX_THREADS = 64
 
 API = ("zero_flags", "scores", "weak_hashes", "Codec", "pack", "unpack", "unpack_many",
        "unpack_blocks", "scan", "scan_columns", "check_span", "bucket_home", "bucket_find", "sort_entries", "merge", "lookup", "Table",
-       "tables_lookup", "equal", "tables_absent", "bloom_add")
+       "tables_lookup", "equal", "tables_absent", "bloom_add",
+       "plan_sweep", "plan_order", "plan_cuts", "plan_runs")
 
 
 TAGS, DECODED, SCORED = 0, 1, 2   # how deep check_span checks: tags; and decoding; and scores
@@ -280,3 +282,54 @@ def lookup_count(tables, keys, skip, keylen):
     n = nbytes(keys) // keylen
     flags(skip, n)
     return n
+
+
+# ---- a restore's plan of one window (plan_sweep, plan_order, plan_cuts, plan_runs) ----
+
+def _count(a, what):
+    try:
+        return len(a)
+    except TypeError:
+        raise TypeError(f"{what} must be a sequence") from None
+
+
+def plan_sweep_args(table, akeys, aaddrs, found, done):
+    """plan_sweep's arguments checked -> how many summary records."""
+    n = _count(aaddrs, "aaddrs")
+    if nbytes(akeys) != n * table.keylen:
+        raise ValueError(f"akeys must be {table.keylen} bytes per addr ({n} addrs)")
+    if not (isinstance(found, array.array) and found.typecode in "QL" and found.itemsize == 8):
+        raise TypeError("found must be an array('Q')")
+    if not isinstance(done, bytearray) or len(done) != len(found):
+        raise ValueError("done must be a bytearray as long as found")
+    return n
+
+
+def plan_order_args(found, live, refs, rs):
+    """plan_order's arguments checked -> how many located blocks."""
+    m = _count(found, "found")
+    if not isinstance(rs, int) or rs < 1:
+        raise ValueError(f"rs must be positive, not {rs!r}")
+    if nbytes(refs) % rs:
+        raise ValueError(f"refs must be whole refs of {rs} bytes")
+    if live is not None and len(live) != m:
+        raise ValueError("live must hold one position a located block")
+    if live is None and m > nbytes(refs) // rs:
+        raise ValueError("more located blocks than refs")
+    return m  # a position outside refs: the C core refuses it (ValueError), as the reference does
+
+
+def plan_cuts_args(addrs, gap, span, blocks, most):
+    """plan_cuts's arguments checked -> how many addresses."""
+    for v, what in ((gap, "gap"), (span, "span"), (most, "most")):
+        uint(v, 1 << 63, what)
+    uint(blocks, 1 << 63, "blocks")
+    if blocks < 1 or span < most:
+        raise ValueError("plan_cuts needs blocks >= 1 and span >= most")
+    return _count(addrs, "addrs")
+
+
+def plan_runs_args(leaf, positions):
+    """plan_runs's arguments checked -> how many positions."""
+    _count(leaf, "leaf")
+    return _count(positions, "positions")  # a position outside leaf: ValueError from either backend

@@ -583,3 +583,77 @@ def _murmur3_x64_128_xor(key, seed):
 
 def equal(a, b):
     return bytes(a) == bytes(b)
+
+
+# ---- a restore's plan of one window: Python sees a window, never a block ----
+
+def plan_sweep(table, akeys, aaddrs, found, done):
+    """Take from one arena's summary (akeys, aaddrs: its records' keys and addresses, in order)
+    the address of every key of table not done yet: table maps a window's keys to their
+    positions; for each record whose key the table holds, its first position j gets
+    found[j] = the record's address and done[j] = 1 unless done[j] already (the first record
+    wins). -> how many positions were filled."""
+    if not isinstance(table, Table):
+        raise TypeError("plan_sweep needs a reference Table")
+    n = checks.plan_sweep_args(table, akeys, aaddrs, found, done)
+    akeys, kl, filled = bytes(akeys), table.keylen, 0
+    for i in range(n):
+        hit = table._map.get(akeys[i * kl:(i + 1) * kl])
+        if not hit:
+            continue
+        j = hit[0]
+        if j >= len(found):
+            raise ValueError("the table names a position past found")
+        if not done[j]:
+            found[j], done[j] = aaddrs[i], 1
+            filled += 1
+    return filled
+
+
+def plan_order(found, live, refs, rs):
+    """A window's located blocks sorted by log address -> (addresses array('Q'), positions
+    array('q'), their refs joined, in that order). found[x] is the address of the block at
+    position live[x] of refs (live None: position x); equal addresses keep the order of x."""
+    m = checks.plan_order_args(found, live, refs, rs)
+    refs, n = bytes(refs), checks.nbytes(refs) // rs
+    pos = list(range(m)) if live is None else list(live)
+    if any(not 0 <= p < n for p in pos):
+        raise ValueError("a position lies outside refs")
+    order = sorted(range(m), key=lambda x: found[x])
+    positions = array.array("q", (pos[x] for x in order))
+    return (array.array("Q", (found[x] for x in order)), positions,
+            b"".join(refs[p * rs:(p + 1) * rs] for p in positions))
+
+
+def plan_cuts(addrs, gap, span, blocks, most):
+    """Sorted log addresses -> array('Q') of where each span ends (its first index is where the
+    one before ended, 0 first). A span starting at index i ends at the first of: the first
+    address after a gap wider than gap, the first address above addrs[i] + span - most (a
+    record's largest size is most, so the span's bytes stay within span; a later arena's
+    addresses are above it too), index i + blocks, the end; and it holds one address at least."""
+    n = checks.plan_cuts_args(addrs, gap, span, blocks, most)
+    out, i = array.array("Q"), 0
+    while i < n:
+        hi = min(n, i + blocks)
+        j = i + 1
+        while j < hi and addrs[j] <= addrs[i] + span - most and addrs[j] - addrs[j - 1] <= gap:
+            j += 1
+        out.append(j)
+        i = j
+    return out
+
+
+def plan_runs(leaf, positions):
+    """Where each run of consecutive leaves starts in the blocks at positions (leaf[positions[k]]
+    one more than the one before: the same run), and len(positions) last -> array('Q')."""
+    n = checks.plan_runs_args(leaf, positions)
+    out, prev = array.array("Q"), None
+    for k in range(n):
+        p = positions[k]
+        if not 0 <= p < len(leaf):
+            raise ValueError("a position lies outside leaf")
+        if prev is None or leaf[p] != prev + 1:
+            out.append(k)
+        prev = leaf[p]
+    out.append(n)
+    return out

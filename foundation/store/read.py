@@ -13,7 +13,6 @@ visited once however the image's blocks are scattered over years.
 """
 
 import array
-import bisect
 import collections
 import concurrent.futures
 import errno
@@ -41,6 +40,7 @@ READ_ALIGN = 4096  # what O_DIRECT asks of a read's offset, length and buffer
 DIRECT_READS = True  # a large log-order pass reads sealed arenas with O_DIRECT
 DIRECT_MIN = 64 << 20  # bytes of spans from which a pass reads around the page cache: a smaller one
 # (an 8 MiB window of a vda.raw copy) is one of a stream that the kernel's read-ahead serves best
+SWEPT_KEEP = 32  # summaries (keys and addresses, ~250 KB each) kept between a restore's windows
 SWEEP_MIN = 16384  # refs from which _locate_all sweeps whole arenas (a restore's window, 64 MiB of
 # 4 KiB blocks); fewer (a vda.raw window) are asked of the summaries already loaded, then one by one
 
@@ -49,11 +49,6 @@ _pool = None
 _spare = []  # read buffers between passes (at most SPARE: what one pass has in flight)
 _spare_lock = threading.Lock()
 SPARE = AHEAD
-
-
-def _split(refs, rs, n):
-    """The n refs of rs bytes each in refs, as a tuple of bytes (one C call)."""
-    return struct.Struct(f"{rs}s" * n).unpack(refs) if n else ()
 
 
 def _workers():
@@ -340,22 +335,22 @@ class Reads:
         lists of Python ints and bytes: a restore holds two windows' plans (~20 MB less a pair)."""
         rs = self.ref_size
         flags = native.zero_flags(refs, rs)  # the null ref is all zeros
-        split = _split(refs, rs, n)
         if flags.count(0) == n:
             live, keys = range(n), refs
         else:  # C-level iterators: no Python frame per ref
-            keep = list(map(operator.not_, flags))
-            live = list(itertools.compress(range(n), keep))
-            keys = b"".join(itertools.compress(split, keep))
+            live = array.array("q", itertools.compress(range(n), map(operator.not_, flags)))
+            # the live refs side by side: plan_order of positions already sorted is a gather (no
+            # bytes object per ref)
+            keys = native.plan_order(array.array("Q", live), live, refs, rs)[2]
         if self.mode != "hash":
-            found = struct.unpack(f">{len(live)}Q", keys)
+            found = array.array("Q", struct.unpack(f">{len(live)}Q", keys))
         else:
             found = self._locate_all(keys)
+            if not isinstance(found, array.array):
+                found = array.array("Q", found)
         del keys
-        order = sorted(range(len(live)), key=found.__getitem__)
-        positions = array.array("q", map(live.__getitem__, order))
-        del live
-        return array.array("Q", map(found.__getitem__, order)), positions, b"".join(map(split.__getitem__, positions))
+        # the sort by address and the refs side by side in one C call (plan_order): no Python per block
+        return native.plan_order(found, None if isinstance(live, range) else live, refs, rs)
 
     def _locate_all(self, keys):
         """The log address of each 32-byte score in keys (NotFound/DataCorrupt for one nothing holds)."""
@@ -367,6 +362,7 @@ class Reads:
         found, which = native.tables_lookup(tables, keys, None)
         miss = list(itertools.compress(range(len(which)), map((0).__gt__, which)))  # C-level: no frame per key
         if sweep:
+            found = array.array("Q", found)
             self._sweep(keys, found, miss)
             return found
         self._promote(which)
@@ -448,41 +444,58 @@ class Reads:
         if n == oa.n:
             akeys, aaddrs = bytes(oa.keys), list(oa.addrs)
         else:
-            akeys, aaddrs = self._summary_arrays(n)[:2]
+            akeys, aaddrs = self._swept_arrays(n)
         if not aaddrs:
+            return
+        if not bad:  # the records in one C call (plan_sweep): no Python per record
+            native.plan_sweep(t, akeys, aaddrs if isinstance(aaddrs, array.array) else array.array("Q", aaddrs),
+                              found, done)
             return
         js, hit = native.tables_lookup([t], bytes(akeys), None)
         ys = list(itertools.compress(range(len(hit)), map(operator.not_, hit)))  # a hit is table 0, a miss -1
         for j, a in zip(map(js.__getitem__, ys), map(aaddrs.__getitem__, ys)):
-            if not done[j] and not (bad and a in bad):
+            if not done[j] and a not in bad:
                 found[j] = a
                 done[j] = 1
                 # a block the image holds twice is found by its first position; the loop over
                 # the misses copies it to the others
 
+    def _swept_arrays(self, n):
+        """(keys, addrs) of sealed arena n's summary for a sweep, the last SWEPT_KEEP kept: the
+        later days' arenas hold blocks of every window of a restore and are swept by each, and
+        loading a summary (read, checksum, trailer) cost as much as sweeping it."""
+        kept = self.__dict__.setdefault("_swept", collections.OrderedDict())
+        state = (self.log, len(self.bad))  # a refresh makes a new log; damage found drops records
+        got = kept.get(n)
+        if got is not None and got[0][0] is state[0] and got[0][1] == state[1]:
+            kept.move_to_end(n)
+            return got[1], got[2]
+        keys, addrs = self._summary_arrays(n)[:2]
+        if not isinstance(addrs, array.array):
+            addrs = array.array("Q", addrs)
+        kept[n] = (state, bytes(keys), addrs)
+        while len(kept) > SWEPT_KEEP:
+            kept.popitem(last=False)
+        return kept[n][1], addrs
+
     def _log_spans(self, addrs):
         """Sorted addresses -> [(arena, start, size, i, j)]: large reads, each in one arena, of addrs[i:j].
 
         A span ends at the first gap wider than LOG_GAP, before LOG_SPAN bytes or SPAN_BLOCKS
-        records (SMALL_SPAN times fewer for a small pass), or at the arena's end; the gaps are found in one pass of C-level iterators and
-        each end by bisection, so there is Python per span, not per block."""
+        records (SMALL_SPAN times fewer for a small pass), or at the arena's end; every end is
+        found in one C call (plan_cuts), so there is Python per span, not per block."""
         spans = []
         most = L.HEADER_SIZE + self.block_size  # a record's largest size
         n = len(addrs)
         cut = 1 if n >= SWEEP_MIN else SMALL_SPAN
         span, blocks = LOG_SPAN // cut, SPAN_BLOCKS // cut
-        gaps = list(itertools.compress(range(1, n), map(LOG_GAP.__lt__, map(operator.sub, addrs[1:], addrs))))
-        g = 0
+        if not isinstance(addrs, array.array):
+            addrs = array.array("Q", addrs)
         i = 0
-        while i < n:
+        for j in native.plan_cuts(addrs, LOG_GAP, span, blocks, most):  # one C call finds every span's end
             arena, start = F.split(addrs[i])
             limit = self.log._limit(arena)
             base = arena << 32
-            while g < len(gaps) and gaps[g] <= i:
-                g += 1
-            # the first address past the span's byte limit (past this arena's too: those are >= 1 << 32)
-            j = bisect.bisect_right(addrs, base + start + span - most, i + 1, min(n, i + blocks))
-            j = max(i + 1, min(j, gaps[g] if g < len(gaps) else n))
             if start >= limit:
                 raise DataCorrupt(f"arena {arena} offset {start}: no record there (beyond the end of the log)")
             spans.append((arena, start, min(addrs[j - 1] - base + most, limit) - start, i, j))
