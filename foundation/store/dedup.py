@@ -15,8 +15,9 @@ fresh blocks (compress, encrypt) runs in one thread while the caller
 feeds their keys to the Bloom filter (in C), reads, hashes and decides the
 next batch against the filter, the index cache and a table of the keys of
 the appends in flight; the caller then waits for the append and adds its
-index entries to the tables itself (no other thread ever changes them),
-and asks the index about what the filter says may be stored. The packed records are written by another thread while the next
+index entries to the tables itself (no other thread ever changes them);
+what the filter says may be stored it asks of the index and the older
+arenas' summaries while that append still packs (neither is the append's). The packed records are written by another thread while the next
 batch is packed (`Log.write_behind`). So reading, hashing, deciding,
 packing and writing overlap on every core, and the log is still written
 in order.
