@@ -17,7 +17,7 @@ each run compiles ~120 modules, ~0.1 CPU s). `--verify` restores the
 day from the last copy of each tree and checks its SHA-256 against the
 manifest. Results go to benchmarks/results/laterday-<time>.json.
 
-    sudo python benchmarks/bench_laterday.py --tree /path/to/main --tree . [--rounds 5] [--verify]
+    sudo python benchmarks/bench_laterday.py --tree /path/to/main --tree . [--rounds 5] [--verify] [--chrt]
 """
 
 import argparse
@@ -81,6 +81,8 @@ def main():
     ap.add_argument("--work", default=os.environ.get("TMPDIR", "/var/tmp"))
     ap.add_argument("--keep", action="store_true", help="keep the work directory (its base store is reused by --base)")
     ap.add_argument("--base", help="a work directory kept by --keep: its base store is used again")
+    ap.add_argument("--chrt", action="store_true", help="the day's import under SCHED_FIFO (chrt -f 10), so that "
+                    "other work on the machine takes less of its cores (the disk stays shared)")
     a = ap.parse_args()
     trees = [os.path.abspath(t) for t in a.tree]
     with open(os.path.join(a.days, "manifest.json")) as f:
@@ -113,7 +115,8 @@ def main():
                     shutil.copytree(state + ".base", state)
                     os.sync()
                     # cwd: `python -m` puts it first on sys.path, before PYTHONPATH
-                    m = measure.op(cmd(run, key, *day_args(a.days, man, day)), cwd=t, env=env(t, config),
+                    m = measure.op([*(("chrt", "-f", "10") if a.chrt else ()), *cmd(run, key, *day_args(a.days, man, day))],
+                                   cwd=t, env=env(t, config),
                                    cold=mode == "cold")
                     m["load"] = os.getloadavg()[0]
                     runs[t][mode].append(m)
@@ -132,7 +135,7 @@ def main():
                 rs = runs[t][mode]
                 runs[t][f"{mode} median"] = {k: statistics.median(x[k] for x in rs)
                                              for k in ("seconds", "cpu_seconds", "peak_rss")}
-        res = dict(days=a.days, day=day, rounds=a.rounds, trees=trees, runs=runs,
+        res = dict(days=a.days, day=day, rounds=a.rounds, trees=trees, runs=runs, chrt=a.chrt,
                    commits={t: subprocess.run(["git", "-C", t, "log", "-1", "--format=%h"], capture_output=True,
                                               text=True).stdout.strip() for t in trees})
         measure.save("laterday", res)

@@ -618,3 +618,50 @@ def test_pipelined_batch_repeating_the_one_in_flight_stores_each_block_once(make
     with op() as s:  # and the index cache the append left behind names them all
         assert s.write_blocks(batches[1] + batches[2]) == refs[1] + refs[2]
         assert s.counters["records"] == 200
+
+
+def test_older_duplicates_decided_beside_the_append_in_flight(make_store, monkeypatch):
+    """Inside pipelined(), a batch's duplicates of data the index holds are found while the batch
+    before is still appended: their arenas' trailers are read aside (own descriptors, the write
+    queue left alone), every duplicate is found, and what is stored reads back and verifies."""
+    from foundation.store.arena import Log
+    op = make_store("hash", encrypt=True)
+    old = blocks(600, seed=31)
+    with op() as s:
+        s.write_blocks(old)
+        s.flush()  # the index holds them: later duplicates are found through it and the summaries
+    asides = []
+    real = Log.trailer
+
+    def trailer(self, n, aside=False):
+        asides.append(aside)
+        return real(self, n, aside)
+    monkeypatch.setattr(Log, "trailer", trailer)
+    batches = [blocks(100, seed=40 + i) + old[i * 150 * BS:(i + 1) * 150 * BS] for i in range(4)]
+    with op() as s:
+        before = dict(s.counters)
+        with s.pipelined():
+            refs = [s.write_blocks(x) for x in batches]
+        assert s.counters["records"] - before["records"] == 400
+        assert s.counters["dup_blocks"] - before["dup_blocks"] == 600
+        assert True in asides  # (the first batch has no append before it: read the plain way)
+        assert [b"".join(s.read_blocks(r)) for r in refs] == batches
+        s.sync()
+        assert verify(s) == ([], 1000)
+
+
+def test_write_blocks_hashed_beforehand(make_store):
+    """write_blocks(hashed=hash_blocks(buf)) names and stores what write_blocks(buf) does (zero
+    blocks too); hashes of other blocks are refused."""
+    op = make_store("hash", encrypt=True)
+    data = blocks(30, seed=51) + bytes(BS * 3) + blocks(5, seed=52)
+    with op() as s:
+        plain = s.write_blocks(data)
+    with op() as s:
+        h = s.hash_blocks(data)
+        assert s.write_blocks(data, hashed=h) == plain
+        with pytest.raises(BadInput):
+            s.write_blocks(data[:BS * 10], hashed=h)
+        with pytest.raises(BadInput):
+            s.write_blocks(data, btype=BlockType.TREE, hashed=h)
+        assert b"".join(s.read_blocks(plain)) == data

@@ -290,8 +290,15 @@ def write_image(store, src, size, prev=None, changed=None, zeros=(), progress=No
     if sh.depth == 0 and base is not None and sh.nleaves:
         leaf0 = base.ref
 
-    def read_pieces(mv, pieces):
-        """Read (image offset, buffer position, length) pieces into mv."""
+    # A compare-by-hash store's blocks are hashed by the thread that read them, as soon as they
+    # are read: batch i+1 is hashed beside the decision of batch i (the caller, in Python) and
+    # the pack of batch i-1 (the append thread), not after the decision on the caller's thread.
+    prehash = getattr(store, "hash_blocks", None) if getattr(store, "mode", None) == "hash" else None
+    threads = getattr(getattr(store, "tuning", None), "threads", 1)  # (a batch read in one piece)
+
+    def read_pieces(mv, pieces, lo=0, hi=0, threads=1):
+        """Read (image offset, buffer position, length) pieces into mv; -> the hashes of
+        mv[lo:hi] (prehash), or None."""
         for off, pos, n in pieces:
             want = max(0, min(n, size - off))
             got = _readinto(src, off, mv[pos:pos + want]) if want else 0
@@ -299,6 +306,7 @@ def write_image(store, src, size, prev=None, changed=None, zeros=(), progress=No
                 mv[pos + got:pos + n] = bytes(n - got)
             for zs, ze in R.intersect([(off, off + n)], zrun):
                 mv[pos + zs - off:pos + ze - off] = bytes(ze - zs)
+        return prehash(mv[lo:hi], threads) if prehash is not None and hi > lo else None
 
     def read_batch(batch, buf):
         """Start reading the batch's leaves into `buf`, back to back -> (futures, memoryview of them).
@@ -314,7 +322,7 @@ def write_image(store, src, size, prev=None, changed=None, zeros=(), progress=No
                 pos += (e - s) * bs
         half = pos // 2 & -SPLIT  # a multiple of every block size (and of O_DIRECT's alignment)
         if not HALVES or not getattr(src, "parallel_reads", False) or not half:
-            return [pool.submit(read_pieces, mv, pieces)], mv[:pos]
+            return [pool.submit(read_pieces, mv, pieces, 0, pos, threads)], mv[:pos]
         first, second = [], []
         for off, p, n in pieces:
             if p + n <= half:
@@ -324,7 +332,8 @@ def write_image(store, src, size, prev=None, changed=None, zeros=(), progress=No
             else:
                 first.append((off, p, half - p))
                 second.append((off + half - p, half, n - (half - p)))
-        return [pool.submit(read_pieces, mv, first), pool.submit(read_pieces, mv, second)], mv[:pos]
+        return [pool.submit(read_pieces, mv, first, 0, half),
+                pool.submit(read_pieces, mv, second, half, pos)], mv[:pos]
 
     batches = list(_chunks(reads, nulls, max(1, batch // bs)))
     per = max(1, batch // bs) * bs
@@ -340,9 +349,7 @@ def write_image(store, src, size, prev=None, changed=None, zeros=(), progress=No
         pending = [read_batch(batches[0], free[0])] if batches else []
         for i, batch in enumerate(batches):
             futures, buf = pending.pop(0)
-            for f in futures:
-                f.result()
-            if i + 1 < len(batches):
+            if i + 1 < len(batches):  # (its buffer's batch, `keep` calls back, has been appended)
                 pending.append(read_batch(batches[i + 1], free[(i + 1) % len(free)]))
             if builder is not None and opened <= i:
                 # The old nodes of this batch and the next ones, up to AHEAD_NODES, in one read per
@@ -355,8 +362,16 @@ def write_image(store, src, size, prev=None, changed=None, zeros=(), progress=No
                         break
                     js.update(more)
                     opened += 1
-                builder.ensure(sorted(js))
-            refs = store.write_blocks(buf, btype=BlockType.DATA) if len(buf) else b""
+                builder.ensure(sorted(js))  # (the batch is read and hashed meanwhile)
+            hashed = [f.result() for f in futures]
+            hashed = None if None in hashed or not len(buf) else (
+                b"".join(h[0] for h in hashed), b"".join(h[1] for h in hashed))
+            if not len(buf):
+                refs = b""
+            elif hashed is not None:
+                refs = store.write_blocks(buf, btype=BlockType.DATA, hashed=hashed)
+            else:
+                refs = store.write_blocks(buf, btype=BlockType.DATA)
             if len(refs) != len(buf) // bs * rs:
                 raise RuntimeError("store returned the wrong number of refs")
             pos = 0

@@ -650,10 +650,20 @@ class Log:
             iv = self.header(n, b)[0].iv
         return iv
 
-    def trailer(self, n):
-        """The trailer of sealed arena n (either generation), or None if its file has none."""
+    def trailer(self, n, aside=False):
+        """The trailer of sealed arena n (either generation), or None if its file has none.
+        aside: read through a descriptor of its own, the queue and the descriptor cache left
+        alone (another thread appends meanwhile; n is an arena the index covers, long written)."""
+        if aside:
+            fd = os.open(self.path(n), os.O_RDONLY)
+            try:
+                return self._trailer(n, fd)
+            finally:
+                os.close(fd)
         self.drain()
-        fd = self.fd(n)
+        return self._trailer(n, self.fd(n))
+
+    def _trailer(self, n, fd):
         size = os.fstat(fd).st_size
         k = min(size - F.ARENA_HEADER_SIZE, F.MAX_TRAILER)
         if k < F.TRAILER_SIZE:

@@ -253,11 +253,17 @@ class IndexCache:
             if arena != n or keylen != self.keylen:
                 raise ValueError("summary of another arena")
             try:
-                tr = self.log.trailer(n)
+                tr = self.log.trailer(n, aside=self._aside)
             except DataCorrupt:
                 tr = None
+            except OSError:
+                if not self._aside:
+                    raise
+                self._quiet()  # read again the careful way, nothing beside it
+                return self.summary_records(n)
             if tr is not None and amac != tr.amac:   # e.g. a gc swap cut short by a power loss
                 from foundation.store.rebuild import rebuild_summary
+                self._quiet()
                 log.warning("summary of arena %d is of another version of the arena; rebuilding it", n)
                 try:
                     return rebuild_summary(self, n, write=self.writable)
@@ -266,6 +272,7 @@ class IndexCache:
             return keys, addrs, types
         except (OSError, ValueError) as e:
             from foundation.store.rebuild import rebuild_summary
+            self._quiet()
             if not isinstance(e, FileNotFoundError):
                 log.warning("summary of arena %d is damaged (%s); rebuilding it", n, e)
             return rebuild_summary(self, n, write=self.writable)
@@ -292,6 +299,14 @@ class IndexCache:
         while self.summary_entries > limit and len(self.summaries) > 1:
             _, old = self.summaries.popitem(last=False)
             self.summary_entries -= len(old)
+
+    # True while an append runs in another thread (dedup's older duplicates, decided beside it): the
+    # log is then read aside (own descriptors, its write queue left alone); anything more (a rebuild)
+    # first ends the append (_quiet).
+    _aside = False
+
+    def _quiet(self):
+        """Before a summary rebuild or an index replacement: no append may run beside it."""
 
     def _tables(self):
         return [self.open_table, self.wbuf] + list(reversed(self.summaries.values()))
@@ -324,11 +339,17 @@ class IndexCache:
             finally:
                 os.close(fd)
             try:
-                fd = self.log.fd(n)
-                size = os.fstat(fd).st_size
+                fd = os.open(self.log.path(n), os.O_RDONLY) if self._aside else self.log.fd(n)
             except (OSError, DataCorrupt):
                 continue
-            _willneed(fd, [(max(0, size - F.MAX_TRAILER), F.MAX_TRAILER)])
+            try:
+                size = os.fstat(fd).st_size
+                _willneed(fd, [(max(0, size - F.MAX_TRAILER), F.MAX_TRAILER)])
+            except OSError:
+                pass
+            finally:
+                if self._aside:
+                    os.close(fd)
 
     def forget_ahead(self):
         """The lookups prefetch kept are dropped (the index may change after this)."""
@@ -357,6 +378,7 @@ class IndexCache:
         try:
             addrs = self.index.lookup(key)
         except DerivedCorrupt as e:  # found damaged in use: it is derived, so made again and asked again
+            self._quiet()
             self.replace_index(e)
             addrs = self.index.lookup(key)
         if not addrs and not self.writable and self.index.h.covered < self.log.end_addr:

@@ -15,8 +15,9 @@ fresh blocks (compress, encrypt) runs in one thread while the caller
 feeds their keys to the Bloom filter (in C), reads, hashes and decides the
 next batch against the filter, the index cache and a table of the keys of
 the appends in flight; the caller then waits for the append and adds its
-index entries to the tables itself (no other thread ever changes them),
-and asks the index about what the filter says may be stored. The packed records are written by another thread while the next
+index entries to the tables itself (no other thread ever changes them);
+what the filter says may be stored it asks of the index and the older
+arenas' summaries while that append still packs (neither is the append's). The packed records are written by another thread while the next
 batch is packed (`Log.write_behind`). So reading, hashing, deciding,
 packing and writing overlap on every core, and the log is still written
 in order.
@@ -117,6 +118,12 @@ class Writes:
             q.popleft()
             self._index_added(*got)
 
+    def _quiet(self):
+        """A summary rebuilt or the index replaced while deciding beside an append: it ends first."""
+        if self._aside:
+            self._aside = False
+            self._settle_append()
+
     def _queued(self, *args):
         """One append in the append thread: none runs after one that failed (its arena's state is
         unknown), so nothing is appended past a failure."""
@@ -134,25 +141,46 @@ class Writes:
             raise BadInput(f"a block must hold 1 to {self.block_size} bytes, not {len(data)}")
         return self._write(data, len(data), btype)
 
-    def write_blocks(self, buf, btype=DATA):
-        """Store len(buf)//block_size whole blocks; returns their refs concatenated."""
+    def write_blocks(self, buf, btype=DATA, hashed=None):
+        """Store len(buf)//block_size whole blocks; returns their refs concatenated.
+        hashed: hash_blocks(buf) made beforehand (DATA blocks, compare-by-hash), or None."""
         bs = self.block_size
         if len(buf) % bs:
             raise BadInput(f"write_blocks needs whole blocks of {bs} bytes, got {len(buf)} bytes")
         if not buf:
             return b""
-        return self._write(buf, bs, btype)
+        if hashed is not None and (btype != DATA or self.mode != "hash" or len(hashed[0]) != len(buf) // bs
+                                   or len(hashed[1]) != len(buf) // bs * 32):
+            raise BadInput("write_blocks: `hashed` is not of these blocks (DATA, compare-by-hash)")
+        return self._write(buf, bs, btype, hashed)
 
-    def _write(self, buf, bs, btype):
+    def hash_blocks(self, buf, threads=1):
+        """(zero flags, scores) of buf's whole DATA blocks, as write_blocks makes them, for
+        write_blocks(buf, hashed=...) (compare-by-hash only). It touches nothing of the store, so
+        any thread may call it: an image's read threads hash each batch as soon as it is read,
+        beside the caller's decision of the batch before and the pack of the one before that."""
+        bs = self.block_size
+        if self.mode != "hash" or len(buf) % bs:
+            raise BadInput(f"hash_blocks needs a compare-by-hash store and whole blocks of {bs} bytes")
+        zero = native.zero_flags(buf, bs)
+        return zero, native.scores(buf, bs, DATA, key=self.keys.score, skip=zero, threads=threads)
+
+    def _write(self, buf, bs, btype, hashed=None):
         self._need_writable()
         self._recent = []
         n = len(buf) // bs
-        zero = native.zero_flags(buf, bs) if btype == DATA and bs == self.block_size else bytes(n)
+        if hashed is not None:
+            zero = hashed[0]
+        else:
+            zero = native.zero_flags(buf, bs) if btype == DATA and bs == self.block_size else bytes(n)
         c = self.counters
         c["offered_blocks"] += n
         c["offered_bytes"] += len(buf)
         if self.mode == "hash":
-            keys = native.scores(buf, bs, btype, key=self.keys.score, skip=zero, threads=self.tuning.threads)
+            if hashed is not None:
+                keys = hashed[1]
+            else:
+                keys = native.scores(buf, bs, btype, key=self.keys.score, skip=zero, threads=self.tuning.threads)
             if self.bloom is None or self.venti:
                 self._settle_here()  # the index must hold the batch before this one
             return self._write_hash(buf, bs, btype, zero, keys, n)
@@ -218,13 +246,23 @@ class Writes:
             if young:
                 maybe = []  # nothing older to find
         if maybe:  # a few fresh blocks the filter mistakes, and the duplicates of older data
-            self._settle_here()  # the index and summaries are read with no append in flight
-            if len(heads) > 1:  # their summaries and trailers asked for together, not one after another
-                left = set(maybe)
-                self.prefetch([k for k in heads if k in left])
+            # The index and the summaries of older arenas are read while the append in flight
+            # packs (the append thread would otherwise wait for these loads, ~1 ms each, a few
+            # a batch): they are the caller's alone, and the arenas they name are sealed and
+            # covered by the index, long written, so their trailers are read aside (_aside: own
+            # descriptors, the log's write queue left to the append thread). Venti's appends
+            # write the index itself: settled first.
+            aside = self._pipe is not None and not self.venti and any(f is not None for f, _ in self._inflight)
+            if not aside:
+                self._settle_here()
+            self._aside = aside
             try:
+                if len(heads) > 1:  # their summaries and trailers asked for together, not one after another
+                    left = set(maybe)
+                    self.prefetch([k for k in heads if k in left])
                 known.update(self._known_older(maybe))
             finally:
+                self._aside = False
                 self.forget_ahead()  # lookups kept by prefetch: none outlives this batch (a flush may follow)
         if known:
             kept = [(i, k) for i, k in zip(unknown, ks) if k not in known]
