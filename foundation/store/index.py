@@ -30,10 +30,9 @@ FILL = 0.9  # a new or grown index is sized for this load at its planned entries
 INITIAL = 32768  # entries a new store's index and Bloom filter are sized for
 GROW_LOAD = 0.75  # a flush past this load grows the index (linear probing stays short below it)
 # The three below bound a flush's memory beside the write buffer (each buffer ~ 2x: a sort's or
-# a merge's scratch): 5 MiB of entries, 4 MiB regions (1 MiB a flush); the passes stay sequential.
+# a merge's scratch): 5 MiB of entries, 1 MiB regions; the passes stay sequential.
 CHUNK = 1 << 17  # entries sorted and merged at a time while growing (5 MiB in hash mode)
-REGION = 1024  # buckets per read of a scan while growing (4 MiB)
-MERGE_REGION = 256  # at most this many buckets per read/write of a flush (1 MiB, one buffer reused)
+REGION = 256  # at most this many buckets per read/write of a flush or a scan (1 MiB)
 GAP = 128  # buckets (512 KiB): about what one seek costs in transfer time
 SLACK = 2  # extra buckets read after a region for entries that overflow
 CRASH_ENV = "FOUNDATION_INDEX_CRASH"  # tests: "index.grow" or "bloom.grow" exits before the new file is renamed
@@ -256,16 +255,16 @@ class Index:
             j = n if dense else i
             while j < n:
                 hj = native.bucket_home(bytes(mv[j * es:j * es + es]), h.nbuckets)
-                if hj - last > GAP or hj - first >= MERGE_REGION:
+                if hj - last > GAP or hj - first >= REGION:
                     break
                 last = hj
                 j += 1
-            count = min(MERGE_REGION if dense else last - first + 1 + SLACK, h.nfile - first)
+            count = min(REGION if dense else last - first + 1 + SLACK, h.nfile - first)
             stop = first + count
             j = self._first_home_at_or_after(mv, i, n, stop)
             batch = spill + bytes(mv[i * es:j * es])
             if buf is None:
-                buf = bytearray((MERGE_REGION + SLACK) * bs)
+                buf = bytearray((REGION + SLACK) * bs)
             region = memoryview(buf)[:count * bs]
             # Buckets a new index has not written yet are zeros: reading them is wasted time.
             known = max(0, min(count, self.zero_from - first)) * bs
@@ -299,7 +298,7 @@ class Index:
     def scan(self):
         """Every entry, region by region (bytes of whole entries), in one sequential pass."""
         h = self.h
-        for first in range(0, h.nfile, REGION):   # 4 MiB reads: sequential, and little memory
+        for first in range(0, h.nfile, REGION):   # 1 MiB reads: sequential, and little memory
             count = min(REGION, h.nfile - first)
             region = self.disk.pread(self.fd, "index", self._off(first), count * h.bucket_size)
             yield b"".join(_bucket_entries(region, count, h.bucket_size, self.entsize))
