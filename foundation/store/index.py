@@ -29,10 +29,10 @@ BUCKET_SIZE = 4096
 FILL = 0.9  # a new or grown index is sized for this load at its planned entries
 INITIAL = 32768  # entries a new store's index and Bloom filter are sized for
 GROW_LOAD = 0.75  # a flush past this load grows the index (linear probing stays short below it)
-# The two below bound a flush's memory beside the write buffer (each buffer ~ 2x: a sort's or
-# a merge's scratch): 5 MiB of entries, 4 MiB regions; the passes stay sequential.
+# The three below bound a flush's memory beside the write buffer (each buffer ~ 2x: a sort's or
+# a merge's scratch): 5 MiB of entries, 1 MiB regions; the passes stay sequential.
 CHUNK = 1 << 17  # entries sorted and merged at a time while growing (5 MiB in hash mode)
-REGION = 1024  # at most this many buckets per read/write of a flush (4 MiB)
+REGION = 256  # at most this many buckets per read/write of a flush or a scan (1 MiB)
 GAP = 128  # buckets (512 KiB): about what one seek costs in transfer time
 SLACK = 2  # extra buckets read after a region for entries that overflow
 CRASH_ENV = "FOUNDATION_INDEX_CRASH"  # tests: "index.grow" or "bloom.grow" exits before the new file is renamed
@@ -232,14 +232,14 @@ class Index:
             self.h.entries += len(chunk) // self.entsize
 
     def _merge(self, entries):
-        h, es = self.h, self.entsize
+        h, es, bs = self.h, self.entsize, self.h.bucket_size
         mv = memoryview(entries)
         n = len(entries) // es
         i = nxt = 0
         spill = b""  # entries carried over to the region starting at `nxt`
-        # One buffer for every region, read into in place: a fresh 4 MiB a region cost a page
-        # fault per 4 KiB and two copies (the read's bytes, then the region).
-        buf = None
+        # One buffer for every region, read into in place: a flush night's peak memory is the
+        # write's, not 4 MiB regions read as fresh bytes and copied (+8 MB on a 57 MB night).
+        buf = zeros = None
         # Many entries: one sequential pass in fixed regions; few: seek to each cluster.
         dense = n * GAP >= h.nfile
         while i < n or spill:
@@ -265,20 +265,19 @@ class Index:
             stop = first + count
             j = self._first_home_at_or_after(mv, i, n, stop)
             batch = spill + bytes(mv[i * es:j * es])
+            if buf is None:
+                buf = bytearray((REGION + SLACK) * bs)
+            region = memoryview(buf)[:count * bs]
             # Buckets a new index has not written yet are zeros: reading them is wasted time.
-            known = max(0, min(count, self.zero_from - first))
-            if buf is None or len(buf) < count * h.bucket_size:
-                buf = memoryview(bytearray(count * h.bucket_size))
-            region = buf[:count * h.bucket_size]
-            kb = known * h.bucket_size
-            if known:
-                got = self.disk.pread_into(self.fd, "index", self._off(first), region[:kb])
-                if got != kb:
-                    raise DerivedCorrupt("the index is damaged (shorter than its header says)")
-            if kb < len(region):
-                region[kb:] = bytes(len(region) - kb)
+            known = max(0, min(count, self.zero_from - first)) * bs
+            if known and self.disk.pread_into(self.fd, "index", self._off(first), region[:known]) < known:
+                raise DerivedCorrupt("the index is damaged (its file ends early)")
+            if known < count * bs:
+                if zeros is None:
+                    zeros = bytes(len(buf))
+                region[known:] = memoryview(zeros)[:count * bs - known]
             try:
-                spill = native.merge(region, first, count, h.bucket_size, h.keylen, batch, h.nbuckets)
+                spill = native.merge(region, first, count, bs, h.keylen, batch, h.nbuckets)
             except native.BucketError as e:
                 raise DerivedCorrupt(f"the index is damaged ({e})") from None
             self.disk.pwrite(self.fd, "index", self._off(first), region)
@@ -301,7 +300,7 @@ class Index:
     def scan(self):
         """Every entry, region by region (bytes of whole entries), in one sequential pass."""
         h = self.h
-        for first in range(0, h.nfile, REGION):   # 4 MiB reads: sequential, and little memory
+        for first in range(0, h.nfile, REGION):   # 1 MiB reads: sequential, and little memory
             count = min(REGION, h.nfile - first)
             region = self.disk.pread(self.fd, "index", self._off(first), count * h.bucket_size)
             yield b"".join(_bucket_entries(region, count, h.bucket_size, self.entsize))
