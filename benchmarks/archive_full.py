@@ -5,9 +5,12 @@ process and its children, peak RSS by GNU time); rounds alternate between the so
 
     python3 benchmarks/archive_full.py WORK --tree /work/main --tree . [--rounds 3] [--probe]
 
-With --probe every run also goes under memprobe/ (VmRSS every 5 ms, what held the peak), which
-costs CPU: probe rounds and timed rounds are best made apart. Nothing is restored: the nights and
-restores are archive_profile.py's.
+With --timeline each run goes through archive_timeline.py (its steps and the write path's waits,
+TIMELINE_WAITS) while every thread of the process tree has its CPU and run-queue wait sampled each
+50 ms (/proc/PID/task/*/stat and schedstat); --check restores each backup and compares it with the
+image (qemu-img compare). With --probe every run also goes under memprobe/ (VmRSS every 5 ms, what held the peak), which
+costs CPU: probe rounds and timed rounds are best made apart. Without --check nothing is
+restored: the nights and restores are archive_profile.py's.
 """
 
 import argparse
@@ -28,6 +31,75 @@ from workload import Workload  # noqa: E402
 GIB = 1 << 30
 
 
+class Sampler:
+    """utime + stime of every thread of this process's descendants, every 50 ms, in a thread."""
+
+    def __init__(self, every=0.05):
+        import threading
+        import time
+        self.rows, self.every, self.t0 = [], every, time.monotonic()
+        self.done = threading.Event()
+        self.th = threading.Thread(target=self._run, daemon=True)
+        self.th.start()
+
+    def _procs(self):
+        kids, me = {}, os.getpid()
+        for p in os.listdir("/proc"):
+            if p.isdigit():
+                try:
+                    with open(f"/proc/{p}/stat") as f:
+                        st = f.read()
+                except OSError:
+                    continue
+                kids.setdefault(int(st[st.rindex(")") + 2:].split()[1]), []).append(int(p))
+        out, todo = [], [me]
+        while todo:
+            for c in kids.get(todo.pop(), []):
+                out.append(c)
+                todo.append(c)
+        return out
+
+    def _run(self):
+        import time
+        tick = os.sysconf("SC_CLK_TCK")
+        while not self.done.wait(self.every):
+            row = {"t": round(time.monotonic() - self.t0, 3), "tasks": {}}
+            for pid in self._procs():
+                try:
+                    with open(f"/proc/{pid}/comm") as f:
+                        comm = f.read().strip()
+                    for tid in os.listdir(f"/proc/{pid}/task"):
+                        with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                            st = f.read()
+                        v = st[st.rindex(")") + 2:].split()
+                        with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                            run, wait = f.read().split()[:2]       # ns on a CPU, ns runnable but waiting
+                        row["tasks"][f"{comm}:{pid}:{tid}"] = [(int(v[11]) + int(v[12])) / tick,
+                                                               int(run) / 1e9, int(wait) / 1e9]
+                except OSError:
+                    continue
+            self.rows.append(row)
+
+    def stop(self):
+        self.done.set()
+        self.th.join()
+        return self.rows
+
+
+def _check(tree, cfg, name, d, base):
+    """Restore the newest backup of the domain and compare it with the image archived."""
+    env = {"PYTHONPATH": tree}
+    out = subprocess.run([sys.executable, "-m", "foundation", "--config", cfg, "list", "--json", name], cwd=tree,
+                         env=dict(os.environ, **env), capture_output=True, check=True).stdout
+    snap = sorted(json.loads(out), key=lambda s: s["time"])[-1]
+    raw = os.path.join(d, "restore.raw")
+    subprocess.run([sys.executable, "-m", "foundation", "--config", cfg, "restore", f"{name}@{snap['time']}", raw],
+                   cwd=tree, env=dict(os.environ, **env), check=True, capture_output=True)
+    same = subprocess.run(["qemu-img", "compare", "-q", "-f", "raw", "-F", "qcow2", raw, base]).returncode == 0
+    os.unlink(raw)
+    return same
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("work")
@@ -37,6 +109,9 @@ def main():
     p.add_argument("--data", type=int, default=3 * GIB // 2)
     p.add_argument("--probe", action="store_true", help="run under memprobe/ (probes in WORK/probes)")
     p.add_argument("--label", default="full")
+    p.add_argument("--check", action="store_true", help="restore each backup and compare it with the image")
+    p.add_argument("--timeline", action="store_true",
+                   help="run through archive_timeline.py and sample every thread's CPU each 50 ms")
     a = p.parse_args()
     trees = [os.path.abspath(t) for t in a.tree]
     work = os.path.abspath(a.work)
@@ -73,8 +148,20 @@ def main():
                     probe = os.path.join(work, "probes", f"{os.path.basename(tree)}-{r}.json")
                     os.makedirs(os.path.dirname(probe), exist_ok=True)
                     env = {"PYTHONPATH": f"{tree}:{os.path.join(HERE, 'memprobe')}", "MEMPROBE": probe}
-                m = measure.op([sys.executable, "-m", "foundation", "--config", cfg, "archive"], cwd=tree, env=env)
+                cmd = [sys.executable, "-m", "foundation", "--config", cfg, "archive"]
+                sampler = None
+                if a.timeline:
+                    cmd[1:3] = [os.path.join(HERE, "archive_timeline.py")]
+                    sampler = Sampler()
+                    env = dict(env, TIMELINE_ERR=os.path.join(d, "timeline.txt"), TIMELINE_WAITS="1")
+                m = measure.op(cmd, cwd=tree, env=env)
                 m.update(tree=tree, round=r, load=round(os.getloadavg()[0], 2), probe=a.probe)
+                if sampler is not None:
+                    m["threads"] = sampler.stop()
+                    with open(os.path.join(d, "timeline.txt")) as f:
+                        m["timeline"] = f.read().splitlines()
+                if a.check:
+                    m["restored_equal"] = _check(tree, cfg, name, d, base)
                 print(json.dumps(m), flush=True)
                 res["runs"].append(m)
                 dom = conn.lookupByName(name)

@@ -70,17 +70,74 @@ def _patch():
     v.swap.find_swap = importlib.import_module("foundation.vm.swap").find_swap
 
 
+WAITS = {}   # (thread, what) -> [calls, seconds]
+
+
+def _waits():
+    """Sum the waits of the write path: futures waited for (by the function that waits), the
+    append thread's work and the C calls that release the GIL (their time includes taking it back)."""
+    import concurrent.futures
+    from foundation import native
+    from foundation.store import dedup
+
+    def add(what, dt):
+        th = threading.current_thread().name
+        w = WAITS.setdefault((th, what), [0, 0.0])
+        w[0] += 1
+        w[1] += dt
+
+    res = concurrent.futures.Future.result
+
+    def result(self, timeout=None):
+        t = time.perf_counter()
+        try:
+            return res(self, timeout)
+        finally:
+            add("wait in " + sys._getframe(1).f_code.co_name, time.perf_counter() - t)
+    concurrent.futures.Future.result = result
+    for mod, names in ((native, ["scores", "pack", "tables_lookup", "zero_flags", "bloom_add", "scan_columns"]),
+                       (dedup.Writes, ["_queued", "_gather", "_index_added",
+                                                                            "_write_hash", "_bloom_add"])):
+        if mod is None:
+            continue
+        for n in names:
+            fn = getattr(mod, n, None)
+            if fn is None:
+                continue
+
+            def wrap(fn=fn, n=n):
+                @functools.wraps(fn)
+                def timed(*a, **k):
+                    t = time.perf_counter()
+                    try:
+                        return fn(*a, **k)
+                    finally:
+                        add(n, time.perf_counter() - t)
+                return timed
+            setattr(mod, n, wrap())
+
+
 def main():
     t = time.monotonic()
     import foundation.cli
     _patch()
+    import os
+    if os.environ.get("TIMELINE_WAITS"):
+        _waits()
     EVENTS.append((t - T0, time.monotonic() - T0, "imports (cli, vm, store)"))
     sys.argv = ["foundation", *sys.argv[1:]]
     try:
         return foundation.cli.main()
     finally:
+        import os
+        path = os.environ.get("TIMELINE_ERR")   # a file instead of stderr (for a harness that keeps it)
+        out = open(path, "w") if path else sys.stderr
         for s, e, w in sorted(EVENTS):
-            print(f"{s * 1e3:8.1f} {e * 1e3:8.1f} {(e - s) * 1e3:7.1f}  {w}", file=sys.stderr)
+            print(f"{s * 1e3:8.1f} {e * 1e3:8.1f} {(e - s) * 1e3:7.1f}  {w}", file=out)
+        for (th, what), (n, dt) in sorted(WAITS.items(), key=lambda x: -x[1][1]):
+            print(f"waits {dt * 1e3:9.1f} ms {n:6d} calls  {what} [{th}]", file=out)
+        if path:
+            out.close()
 
 
 if __name__ == "__main__":
