@@ -35,7 +35,8 @@ SPAN_BLOCKS = 1024  # most blocks a span decodes into one buffer (4 MiB of 4 KiB
 SMALL_SPAN = 2  # a small pass (fewer than SWEEP_MIN refs: a vda.raw window) cuts spans this many
 # times shorter: its span buffers, held by a mount as long as a copy runs, are that much smaller
 LOG_GAP = 256 << 10  # records closer than this share a read: the bytes between cost less than a seek
-AHEAD = 2  # spans read and decoded ahead of the consumer, in as many threads
+AHEAD = 4  # spans read and decoded ahead of the consumer, in as many threads: with 2, both often
+# waited on the disk at once (a cold 2 GiB restore 2.84 -> 2.43 s on a quiet machine, +17 MB peak)
 READ_ALIGN = 4096  # what O_DIRECT asks of a read's offset, length and buffer
 DIRECT_READS = True  # a large log-order pass reads sealed arenas with O_DIRECT
 DIRECT_MIN = 64 << 20  # bytes of spans from which a pass reads around the page cache: a smaller one
