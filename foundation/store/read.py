@@ -29,11 +29,12 @@ from foundation.store import format as F
 from foundation.store import layout as L
 from foundation.store.arena import MAX_FDS, Log, read_head
 
-LOG_SPAN = 4 << 20  # largest single read of a log-order pass: a restore holds ~8 spans' buffers (read
-# and decoded), so 8 MiB cost 30 MB more peak memory for no gain in CPU or wall (benchmarks/README.md)
-SPAN_BLOCKS = 1024  # most blocks a span decodes into one buffer (4 MiB of 4 KiB blocks)
-SMALL_SPAN = 2  # a small pass (fewer than SWEEP_MIN refs: a vda.raw window) cuts spans this many
-# times shorter: its span buffers, held by a mount as long as a copy runs, are that much smaller
+LOG_SPAN = 2 << 20  # largest single read of a log-order pass: a restore holds ~2 AHEAD spans' buffers
+# (read and decoded); four 2 MiB spans in flight restore as fast as four of 4 MiB in 20 MB less, and
+# 8 MiB cost 30 MB more for no gain (benchmarks/README.md)
+SPAN_BLOCKS = 512  # most blocks a span decodes into one buffer (2 MiB of 4 KiB blocks)
+SMALL_SPAN = 1  # a small pass (fewer than SWEEP_MIN refs: a vda.raw window) cuts spans this many
+# times shorter: its span buffers are held by a mount as long as a copy runs (2 MiB already)
 LOG_GAP = 256 << 10  # records closer than this share a read: the bytes between cost less than a seek
 AHEAD = 4  # spans read and decoded ahead of the consumer, in as many threads: with 2, both often
 # waited on the disk at once (a cold 2 GiB restore 2.84 -> 2.43 s on a quiet machine, +17 MB peak)
