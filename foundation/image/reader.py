@@ -52,7 +52,6 @@ DIRECT_WRITES = False  # O_DIRECT for a restore's file: up to 0.4 CPU s less a 2
 # (wall 4.6-7.0 s against 3.3-3.7 s on the benchmark machine; benchmarks/README.md)
 DIRECT_ALIGN = 4096  # what O_DIRECT asks of a write's offset, length and buffer (a page covers every disk)
 SPAN_BYTES = 2 << 20  # the largest span the store decodes into one buffer (store.read.SPAN_BLOCKS of 4 KiB)
-SMALL_SPAN_BYTES = 2 << 20  # the same for a small pass (a window: store.read.SMALL_SPAN times less)
 SPAN_BUFFERS = 5  # more than the spans the store decodes ahead of the one handed out (store.read.AHEAD)
 
 
@@ -175,8 +174,8 @@ class ImageReader:
 
         def alloc(size):  # a span's buffer is free again once it is copied out: a few serve them all
             ring.append(ring.pop(0))
-            if len(ring[-1]) < size:  # mapped, so its pages leave with it; at least a small pass's span
-                ring[-1] = mmap.mmap(-1, max(size, SMALL_SPAN_BYTES))
+            if len(ring[-1]) < size:  # mapped, so its pages leave with it; at least a whole span
+                ring[-1] = mmap.mmap(-1, max(size, SPAN_BYTES))
             return ring[-1]
 
         for positions, data in self.s.read_blocks_in_log_order(refs, alloc, plan):

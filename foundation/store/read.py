@@ -33,8 +33,6 @@ LOG_SPAN = 2 << 20  # largest single read of a log-order pass: a restore holds ~
 # (read and decoded); four 2 MiB spans in flight restore as fast as four of 4 MiB in 20 MB less, and
 # 8 MiB cost 30 MB more for no gain (benchmarks/README.md)
 SPAN_BLOCKS = 512  # most blocks a span decodes into one buffer (2 MiB of 4 KiB blocks)
-SMALL_SPAN = 1  # a small pass (fewer than SWEEP_MIN refs: a vda.raw window) cuts spans this many
-# times shorter: its span buffers are held by a mount as long as a copy runs (2 MiB already)
 LOG_GAP = 256 << 10  # records closer than this share a read: the bytes between cost less than a seek
 AHEAD = 4  # spans read and decoded ahead of the consumer, in as many threads: with 2, both often
 # waited on the disk at once (a cold 2 GiB restore 2.84 -> 2.43 s on a quiet machine, +17 MB peak)
@@ -484,17 +482,14 @@ class Reads:
         """Sorted addresses -> [(arena, start, size, i, j)]: large reads, each in one arena, of addrs[i:j].
 
         A span ends at the first gap wider than LOG_GAP, before LOG_SPAN bytes or SPAN_BLOCKS
-        records (SMALL_SPAN times fewer for a small pass), or at the arena's end; every end is
+        records, or at the arena's end (a vda.raw window's spans alike); every end is
         found in one C call (plan_cuts), so there is Python per span, not per block."""
         spans = []
         most = L.HEADER_SIZE + self.block_size  # a record's largest size
-        n = len(addrs)
-        cut = 1 if n >= SWEEP_MIN else SMALL_SPAN
-        span, blocks = LOG_SPAN // cut, SPAN_BLOCKS // cut
         if not isinstance(addrs, array.array):
             addrs = array.array("Q", addrs)
         i = 0
-        for j in native.plan_cuts(addrs, LOG_GAP, span, blocks, most):  # one C call finds every span's end
+        for j in native.plan_cuts(addrs, LOG_GAP, LOG_SPAN, SPAN_BLOCKS, most):  # one C call finds every span's end
             arena, start = F.split(addrs[i])
             limit = self.log._limit(arena)
             base = arena << 32
