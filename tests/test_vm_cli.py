@@ -106,6 +106,21 @@ def test_missing_store_touches_no_vm(make_vm, store, tmp_path):
     assert vm.overlays() == [] and not os.path.exists(store.state)
 
 
+def test_libvirt_connects_beside_the_store_but_the_store_decides_first(store, tmp_path):
+    """libvirt's connection opens in a thread while the store opens (cli/archive.py _Connecting):
+    with both the store missing and libvirt unreachable, the store's error is the one reported;
+    with the store there, libvirt's, raised where connecting raised it before (code 41)."""
+    bad = ["--libvirt-uri", "qemu+unix:///system?socket=" + str(tmp_path / "no-socket")]
+    e = dict(os.environ, PYTHONPATH=ROOT)
+    run = lambda args: subprocess.run([sys.executable, "-m", "foundation", *args, "archive", "--state-dir",
+                                       store.state, *bad, "vm"], capture_output=True, text=True, env=e, timeout=60)
+    missing = ["--store", str(tmp_path / "not-mounted"), "--key-file", store.key_file]
+    p = run(missing)
+    assert p.returncode == 10 and "does not exist or is not mounted" in p.stderr, p.stderr
+    p = run(store.args)
+    assert p.returncode == 41 and "Cannot reach libvirt" in p.stderr, p.stderr
+
+
 def test_empty_mountpoint_touches_no_vm(make_vm, store, tmp_path):
     """The store's directory exists but the disk is not mounted there: nothing is touched."""
     vm = make_vm([DiskSpec("vda")])
