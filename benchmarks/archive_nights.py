@@ -1,19 +1,20 @@
-"""Nights of `foundation archive` from two source trees on one running domain, cold and warm, A A B B.
+"""Nights of `foundation archive` from two source trees, paired: two identical running domains, one per tree.
 
-The domain is benchmarks/peer_domains.py's (2 GiB qcow2 of workload
-content, no guest OS, each night 64 × 1 MiB written through QEMU's
-monitor); only Foundation's half of the pair is started. After the full
-backup (from the first tree), the nights go to the trees two by two
-(A A B B ...), so each tree's second night follows one of its own; the
-page cache is dropped before each night unless the schedule says warm
-(`--warm`: every other block of four nights runs warm: the store and the
-libraries then stay cached from the night before, as on a host that
-archives often). Each night is measured (wall, CPU s of the command and
-its children, peak RSS) and, with `--timeline`, run through
-archive_timeline.py (its per-step ms recorded). The last night of each
-tree, and every `--check`-th night, is restored and compared byte for byte.
+The domains are benchmarks/peer_domains.py's pair (2 GiB qcow2 of
+workload content, no guest OS), each with a store, config and state
+directory of its own: tree A archives the first, tree B the second. Each
+night the same 64 × 1 MiB is written into both (through QEMU's monitor),
+then both trees archive it (A first two nights, then B first two: each tree first and
+second on cold and on warm nights), the page
+cache dropped before each archive (`--warm`: every other night not
+dropped, for both). So both trees see the same nights, including those
+whose writes fall where the file listings were read from (those list the
+slow way). Each archive is measured (wall, CPU s of the command and its
+children, peak RSS) and, with `--timeline`, run through
+archive_timeline.py (its per-step ms recorded). Every `--check`-th night
+and the last are restored from both stores and compared byte for byte.
 
-    python3 benchmarks/archive_nights.py WORK --tree /var/tmp/base --tree . --nights 16 [--warm] [--timeline]
+    python3 benchmarks/archive_nights.py WORK --tree /var/tmp/base --tree . --nights 10 [--warm] [--timeline]
 """
 
 import argparse
@@ -36,57 +37,68 @@ GIB, MIB = 1 << 30, 1 << 20
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("work")
-    p.add_argument("--tree", action="append", required=True)
-    p.add_argument("--nights", type=int, default=16)
+    p.add_argument("--tree", action="append", required=True, help="two source trees (A, then B)")
+    p.add_argument("--nights", type=int, default=10)
     p.add_argument("--change", type=int, default=64 * MIB)
-    p.add_argument("--warm", action="store_true")
+    p.add_argument("--warm", action="store_true", help="every other night with the page cache kept")
     p.add_argument("--timeline", action="store_true")
-    p.add_argument("--check", type=int, default=4, help="restore and compare every N-th night (0: the last ones)")
+    p.add_argument("--check", type=int, default=5, help="restore and compare every N-th night (and the last)")
     p.add_argument("--label", default="nights")
     a = p.parse_args()
-    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)   # else each run recompiles every module it imports
     trees = [os.path.abspath(t) for t in a.tree]
+    if len(trees) != 2:
+        p.error("give two --tree")
     for t in trees:
         subprocess.run([sys.executable, "-m", "compileall", "-q", "foundation"], cwd=t, check=True)
     work = os.path.join(a.work, "domains")
     subprocess.run(["rm", "-rf", work], check=True)
     os.makedirs(work)
     pair = peer_domains.Pair(work, 2 * GIB, 3 * GIB // 2, print)
-    pair.names = {"foundation": f"fdnnight-{os.getpid()}"}
+    pid = os.getpid()
+    pair.names = {"foundation": f"fdnA-{pid}", "virtnbdbackup": f"fdnB-{pid}"}
     res = {"label": a.label, "trees": trees, "runs": []}
-    env0 = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     try:
         pair.setup()
-        name = pair.names["foundation"]
+        # tree B's own store, config and state directory, for the second domain
+        confs = [pair.config, os.path.join(work, "b.toml")]
+        store_b = os.path.join(work, "store-b")
+        key_b = os.path.join(work, "b.key")
+        measure.run([sys.executable, "-m", "foundation", "--key-file", key_b, "init", store_b])
+        with open(confs[1], "w") as f:
+            f.write(f'store = "{store_b}"\nkey_file = "{key_b}"\nstate_dir = "{work}/state-b"\n'
+                    f'vms = ["{pair.names["virtnbdbackup"]}"]\n')
+        names = [pair.names["foundation"], pair.names["virtnbdbackup"]]
         for n in range(a.nights + 1):
             ref = sha256_file(pair.ref) if n == 0 else pair.night(n, a.change)
-            tree = trees[0] if n == 0 else trees[(n - 1) // 2 % len(trees)]
-            cold = n == 0 or not (a.warm and (n - 1) // (2 * len(trees)) % 2 == 1)
-            cmd = pair.fdn("archive")
-            env = dict(env0, PYTHONPATH=tree)
-            tl = os.path.join(work, "timeline.txt")
-            if a.timeline and n > 0:
-                cmd[1:3] = [os.path.join(HERE, "archive_timeline.py")]
-                env["TIMELINE_ERR"] = tl
-            m = measure.op(cmd, cwd=tree, env=env, cold=cold)
-            m.update(night=n, tree=tree, cold=cold, second=n > 0 and (n - 1) % 2 == 1, load=os.getloadavg()[0])
-            if a.timeline and n > 0:
-                with open(tl) as f:
-                    m["timeline"] = f.read().splitlines()
-            last = n > a.nights - 2 * len(trees)
-            if n == 0 or last or (a.check and n % a.check == 0):
-                out = os.path.join(work, "restore.raw")
-                snaps = sorted(json.loads(subprocess.run(pair.fdn("list", "--json", name), capture_output=True,
-                                                         check=True, cwd=tree, env=env).stdout),
-                               key=lambda s: s["time"])
-                subprocess.run(pair.fdn("restore", f"{name}@{snaps[n]['time']}", out), check=True,
-                               capture_output=True, cwd=tree, env=env)
-                m["restored_equal"] = sha256_file(out) == ref
-                os.unlink(out)
-                if not m["restored_equal"]:
-                    raise SystemExit(f"night {n}: the restore differs from the reference")
-            print(json.dumps({k: v for k, v in m.items() if k != "timeline"}), flush=True)
-            res["runs"].append(m)
+            cold = n == 0 or not (a.warm and n % 2 == 0)
+            order = (0, 1) if n % 4 in (1, 2) else (1, 0)   # who goes first: A A B B, across cold and warm
+            for i in order:
+                tree, env = trees[i], {"PYTHONPATH": trees[i]}
+                cmd = [sys.executable, "-m", "foundation", "--config", confs[i], "archive"]
+                tl = os.path.join(work, "timeline.txt")
+                if a.timeline and n > 0:
+                    cmd[1:3] = [os.path.join(HERE, "archive_timeline.py")]
+                    env["TIMELINE_ERR"] = tl
+                m = measure.op(cmd, cwd=tree, env=env, cold=cold)
+                m.update(night=n, tree=tree, cold=cold, first=i == order[0], load=os.getloadavg()[0])
+                if a.timeline and n > 0:
+                    with open(tl) as f:
+                        m["timeline"] = f.read().splitlines()
+                if n == 0 or n == a.nights or (a.check and n % a.check == 0):
+                    out = os.path.join(work, "restore.raw")
+                    base = [sys.executable, "-m", "foundation", "--config", confs[i]]
+                    snaps = sorted(json.loads(subprocess.run(base + ["list", "--json", names[i]], capture_output=True,
+                                                             check=True, cwd=tree, env=dict(os.environ, **env)).stdout),
+                                   key=lambda s: s["time"])
+                    subprocess.run(base + ["restore", f"{names[i]}@{snaps[n]['time']}", out], check=True,
+                                   capture_output=True, cwd=tree, env=dict(os.environ, **env))
+                    m["restored_equal"] = sha256_file(out) == ref
+                    os.unlink(out)
+                    if not m["restored_equal"]:
+                        raise SystemExit(f"night {n}, tree {tree}: the restore differs from the reference")
+                print(json.dumps({k: v for k, v in m.items() if k != "timeline"}), flush=True)
+                res["runs"].append(m)
     finally:
         pair.close()
     for t in trees:
@@ -97,6 +109,15 @@ def main():
                 res.setdefault("medians", {}).setdefault(t, {})["cold" if cold else "warm"] = dict(med, n=len(ns))
                 print(f"{t} {'cold' if cold else 'warm'}: {len(ns)} nights, median {med['seconds']:.3f} s wall, "
                       f"{med['cpu_seconds']:.3f} CPU s, {med['peak_rss'] / 1e6:.1f} MB peak")
+    # paired: the night's difference B - A, same night, same content
+    diffs = {}
+    for n in range(1, a.nights + 1):
+        r = {x["tree"]: x for x in res["runs"] if x["night"] == n}
+        if len(r) == 2:
+            for k in ("seconds", "cpu_seconds", "peak_rss"):
+                diffs.setdefault(k, []).append(r[trees[1]][k] - r[trees[0]][k])
+    res["paired_median_diff_b_minus_a"] = {k: statistics.median(v) for k, v in diffs.items()}
+    print("paired median B - A:", res["paired_median_diff_b_minus_a"])
     print(measure.save(f"archive-nights-{a.label}", res))
 
 

@@ -69,33 +69,6 @@ def start(argv, env=os.environ):
         pass
 
 
-def load_libraries(libraries, modules=()):
-    """Load shared objects a command needs later, now, in the calling thread: libvirt's library
-    pulls in ~40 others, whose cold reads and relocations (~50-70 ms cold, ~10 warm) the dynamic
-    loader otherwise does inside `import libvirt` with the GIL held. Called through ctypes, dlopen
-    runs with the GIL released, so a thread doing this runs beside the interpreter's work; the
-    import then finds them loaded. glibc loads one object at a time (a lock): a caller starts it
-    once its own imports of extension modules are done, or they wait for it. Then each extension
-    module's file, found as the import finds it. A hint: what is not found is skipped, and the
-    import that needs it reports it as without this. FOUNDATION_WARMUP=0 turns it off."""
-    if os.environ.get(SWITCH) == "0":
-        return
-    try:
-        import ctypes
-        from importlib.machinery import PathFinder
-
-        dlopen = ctypes.CDLL(None).dlopen
-        dlopen.restype, dlopen.argtypes = ctypes.c_void_p, (ctypes.c_char_p, ctypes.c_int)
-        for name in libraries:
-            dlopen(name.encode(), os.RTLD_NOW)
-        for name in modules:
-            spec = PathFinder.find_spec(name)
-            if spec is not None and spec.origin and spec.origin.endswith(".so"):
-                dlopen(os.fsencode(spec.origin), sys.getdlopenflags())
-    except Exception:  # noqa: BLE001 - a hint: the import runs the same without it
-        pass
-
-
 def _ask(files):
     for path, length in files:
         try:

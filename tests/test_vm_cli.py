@@ -106,10 +106,9 @@ def test_missing_store_touches_no_vm(make_vm, store, tmp_path):
     assert vm.overlays() == [] and not os.path.exists(store.state)
 
 
-def test_libvirt_connects_beside_the_store_but_the_store_decides_first(store, tmp_path):
-    """libvirt's connection opens in a thread while the store opens (cli/archive.py _Connecting):
-    with both the store missing and libvirt unreachable, the store's error is the one reported;
-    with the store there, libvirt's, raised where connecting raised it before (code 41)."""
+def test_the_store_is_checked_before_libvirt(store, tmp_path):
+    """With both the store missing and libvirt unreachable, the store's error is the one reported;
+    with the store there, libvirt's (code 41)."""
     bad = ["--libvirt-uri", "qemu+unix:///system?socket=" + str(tmp_path / "no-socket")]
     e = dict(os.environ, PYTHONPATH=ROOT)
     run = lambda args: subprocess.run([sys.executable, "-m", "foundation", *args, "archive", "--state-dir",

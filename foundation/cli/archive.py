@@ -55,8 +55,6 @@ def run(args):
     conf = settings(args).config
     if args.vms and args.all:
         raise UsageError("give VM names or --all, not both")
-    # libvirt's library loads and the connection opens while the store opens (_Connecting)
-    conn = None if args.check else _Connecting(settings(args).libvirt_uri)
     # The store first: nothing is touched if it is missing, unmounted, locked or the key is wrong.
     results, beside = [], None
     try:
@@ -65,7 +63,7 @@ def run(args):
                 how = "encrypted, the key fits" if store.conf.get("encrypted") else "not encrypted"
                 print(f"store {store_path(args)} is present ({how})")
                 return 0
-            beside = _archive_all(args, conf, store, results, conn.result())
+            beside = _archive_all(args, conf, store, results)
     except Error as e:
         record_run(settings(args).state_dir, results, e)     # for `foundation notify`
         raise
@@ -83,41 +81,12 @@ def run(args):
     return 0 if all(r.status in ("ok", "unchanged") for r in results) else 1
 
 
-class _Connecting:
-    """The libvirt connection, opened in a thread while the main one opens the store (which it
-    only waits for: a missing or locked store or a wrong key still stops the run before any VM is
-    touched; a connection is not a touch). libvirt's ~40 shared libraries are loaded first through
-    dlopen with the GIL released (foundation/warmup.py): `import libvirt` loading them itself held
-    the GIL through their cold reads, ~50-70 ms, and a thread doing that slowed the store's open
-    as much as it hid. `result()` returns the connection or raises what connecting raised."""
+def _archive_all(args, conf, store, results):
+    from foundation.vm import Archiver, StoreSink, connect
 
-    def __init__(self, uri):
-        import threading
-
-        self.uri, self._conn, self._error = uri, None, None
-        self._thread = threading.Thread(target=self._run, name="libvirt-connect", daemon=True)
-        self._thread.start()
-
-    def _run(self):
-        from foundation import warmup
-        from foundation.vm import connect
-
-        try:
-            warmup.load_libraries(("libvirt.so.0",), ("libvirtmod",))
-            self._conn = connect(self.uri)
-        except BaseException as e:   # noqa: BLE001 -- raised in the main thread by result()
-            self._error = e
-
-    def result(self):
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        return self._conn
-
-
-def _archive_all(args, conf, store, results, conn):
-    from foundation.vm import Archiver, StoreSink
-
+    # (connecting in a thread beside the store's open was tried: a cold import of libvirt's ~40
+    # libraries holds the GIL while it reads them, and the nights came out slower, not faster)
+    conn = connect(settings(args).libvirt_uri)
     names = _names(args, conf, conn)
     if not names:
         print("no VM to archive (libvirt knows none, or all are excluded)")
