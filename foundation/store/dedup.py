@@ -10,8 +10,10 @@ it by its log address and checks every candidate byte for byte, read in
 sorted batches. `Writes` is the part of Store that does this.
 
 Inside `pipelined()` (an image being archived), a compare-by-hash write
-returns as soon as its blocks are named and decided: the append of its
-fresh blocks (compress, encrypt) runs in one thread while the caller
+returns as soon as its blocks are named and decided: its fresh blocks are
+compressed by one thread (native.fill) and their records sealed and
+appended by another (native.seal: laid out, encrypted, tagged), so the
+compression of a batch runs beside the seal of the one before, while the caller
 feeds their keys to the Bloom filter (in C), reads, hashes and decides the
 next batch against the filter, the index cache and a table of the keys of
 the appends in flight; the caller then waits for the append and adds its
