@@ -89,7 +89,9 @@ int64_t fdn_pack(fdn_codec *c, uint32_t arena, const uint8_t *iv,
  * where its records go (the compression of one batch then runs beside the
  * sealing of the one before). fdn_fill decides each of the n blocks of buf
  * as fdn_pack would: codecs[i] and sizes[i] its stored codec and length, a
- * zstd payload at scratch[i * blen] (scratch: n * blen bytes). fdn_seal then
+ * zstd payload at scratch[i * blen] (scratch: n * blen bytes; it may be buf
+ * itself, whose compressed blocks are then replaced by their payloads: no
+ * buffer but the blocks' own). fdn_seal then
  * writes the records of blocks [first, first + k) at arena offset `offset`
  * into out, the most that fit in min(room, outcap) bytes (k may be 0), each
  * one's arena offset to offs and tag to tags (16 bytes each; both with room

@@ -372,6 +372,29 @@ static int fill_range(void *arg, size_t lo, size_t hi)
 	return rc;
 }
 
+/* fill_range with scratch == buf: each payload made aside, then put over its own block (which is
+ * read by then); a raw block stays where it is. */
+static int fill_in_place(void *arg, size_t lo, size_t hi)
+{
+	packjob *j = arg;
+	work *w = work_get(j->c);
+	int rc = w ? FDN_OK : FDN_ENOMEM;
+
+	if (rc == FDN_OK && w->tmpcap < j->blen) {
+		free(w->tmp);
+		w->tmpcap = 0;
+		if ((w->tmp = malloc(j->blen)) == NULL)
+			rc = FDN_ENOMEM;
+		else
+			w->tmpcap = j->blen;
+	}
+	for (size_t i = lo; i < hi && rc == FDN_OK; i++)
+		if ((rc = fill(j, w, i, w->tmp, 0)) == FDN_OK && j->codec[i] == FDN_CODEC_ZSTD)
+			memcpy(j->scratch + i * j->blen, w->tmp, j->slen[i]);
+	work_put(j->c, w);
+	return rc;
+}
+
 static int seal_range(void *arg, size_t lo, size_t hi)
 {
 	packjob *j = arg;
@@ -459,6 +482,10 @@ int fdn_fill(fdn_codec *c, const uint8_t *buf, size_t len, size_t bs,
 	if (fdn_nblocks(len, bs, &k) != FDN_OK || k != n || j.blen == 0 || j.blen > UINT32_MAX ||
 	    scratch == NULL || scratchcap / j.blen < n)
 		return FDN_EARG;
+	if (scratch == buf)
+		return fdn_share(threads, n, GRAIN, fill_in_place, &j);
+	if ((uintptr_t)scratch < (uintptr_t)buf + len && (uintptr_t)buf < (uintptr_t)scratch + n * j.blen)
+		return FDN_EARG;	/* overlapping, but not the blocks themselves */
 	return fdn_share(threads, n, GRAIN, fill_range, &j);
 }
 

@@ -367,6 +367,11 @@ def test_fill_seal_is_pack(impl, enc):
             got, got_offs, tags, first, off = got + bytes(r), got_offs + o, tags + t, first + len(o), off + len(r)
         assert (got, got_offs) == (bytes(recs), offs)
         assert tags == impl.scan_columns(c, 3, IV, recs, 4096 + 5)[0].tags
+    inplace = bytearray(buf)  # the payloads over their own blocks: the same records
+    f = impl.fill(c, inplace, bs, 2, scratch=inplace)
+    r, o, _ = impl.seal(c, 3, IV, 4096 + 5, 1, inplace, bs, keys, f, threads=2)
+    assert (bytes(r), o) == (bytes(recs), offs)
+    assert inplace != buf
     out = bytearray(len(recs) + 10)  # into the caller's buffer, limited by its size too
     r, o, t = impl.seal(c, 3, IV, 4096 + 5, 1, buf, bs, keys, impl.fill(c, buf, bs), out=out[:len(recs) - 1])
     assert len(o) == n - 1 and bytes(r) == bytes(recs[:offs[-1] - 4096 - 5])

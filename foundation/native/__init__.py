@@ -35,7 +35,9 @@ when bs == len(buf).
     seal(codec, arena, iv, offset, btype, buf, bs, keys, filled, first=0, room=ARENA_LIMIT, out=None,
          threads=1) -> (records, offsets, tags)   compressed (fill) before it is known where its record
         goes; seal writes the records of blocks first, ... that fit in room bytes (and out), each
-        byte for byte pack's, with their tags (16 bytes each, end to end)
+        byte for byte pack's, with their tags (16 bytes each, end to end). fill's scratch (>= n * bs
+        bytes, else a new one) takes the zstd payloads; it may be buf itself (writable): each
+        compressed block is then replaced by its payload, and seal is handed that same buf
     unpack(codec, arena, iv, offset, rec) -> (btype, key32, data)   or RecordError
     unpack_many(codec, arena, iv, buf, base, offsets, threads=1) -> [(btype, key32, data) | RecordError]
     unpack_blocks(codec, arena, iv, buf, base, offsets, bs, out=None, threads=1)

@@ -66,7 +66,7 @@ class Writes:
         fresh blocks are appended. The caller leaves the buffer it passed as it
         is until `ahead` more write_blocks calls have returned (or another store
         call) and does not read it again (its fresh blocks may be moved to its
-        front), and calls settle() before any store call but write_blocks; leaving
+        front and replaced by their compressed forms), and calls settle() before any store call but write_blocks; leaving
         the scope settles. expect: about how many blocks will be written (a hint)."""
         if self.mode != "hash" or self._pipe is not None:
             yield self
@@ -477,8 +477,12 @@ class Writes:
         self.counters["dup_blocks"] += dups
 
     def _fill(self, data, bs):
-        """native.fill of a batch's fresh blocks, into one of `ahead` + 1 payload buffers used in
-        turn: the batches in flight (`ahead` at most) hold the others until they are settled."""
+        """native.fill of a batch's fresh blocks: in place, each compressed block replaced by its
+        payload (the caller's buffer is the store's until `ahead` more calls, never read again),
+        so no buffer more than the batch itself; a read-only batch (a caller's bytes) into one
+        of `ahead` + 1 payload buffers used in turn (the batches in flight hold the others)."""
+        if not memoryview(data).readonly:
+            return native.fill(self.codec, data, bs, self.tuning.threads, data)
         ring = self._fills
         if len(ring) != self.ahead + 1:
             ring[:] = [None] * (self.ahead + 1)
