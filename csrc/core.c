@@ -159,7 +159,10 @@ static struct {
 	pthread_cond_t done;	/* a claimed ticket is done */
 	ticket *head, *tail;
 	int helpers;
-} pool = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, NULL, 0 };
+	int wanted;		/* the helpers the calls under way could use: the sum of their threads - 1 */
+} pool = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, NULL, 0, 0 };
+
+enum { HELPERS_MAX = 16 };	/* (calls beside each other: the image's readers, a fill, a seal) */
 
 static void unlink_ticket(ticket *t)
 {
@@ -199,7 +202,7 @@ static void after_fork(void)
 	pthread_cond_init(&pool.work, NULL);
 	pthread_cond_init(&pool.done, NULL);
 	pool.head = pool.tail = NULL;
-	pool.helpers = 0;
+	pool.helpers = pool.wanted = 0;
 }
 
 static pthread_once_t forked = PTHREAD_ONCE_INIT;
@@ -228,7 +231,10 @@ int fdn_share(int threads, size_t n, size_t grain, fdn_job fn, void *arg)
 	s.slice = n / (8 * k) > grain ? n / (8 * k) : grain;
 	pthread_once(&forked, on_fork);
 	pthread_mutex_lock(&pool.mu);
-	while ((size_t)pool.helpers < k - 1) {
+	/* as many helpers as every call under way may use at once, as when each call started its
+	 * own: the process's share of busy cores does not shrink when several calls overlap */
+	pool.wanted += (int)(k - 1);
+	while (pool.helpers < pool.wanted && pool.helpers < HELPERS_MAX) {
 		pthread_t tid;
 		pthread_attr_t a;
 		int ok;
@@ -263,6 +269,7 @@ int fdn_share(int threads, size_t n, size_t grain, fdn_job fn, void *arg)
 		while (t[i].state != DONE)
 			pthread_cond_wait(&pool.done, &pool.mu);
 	}
+	pool.wanted -= (int)(k - 1);
 	pthread_mutex_unlock(&pool.mu);
 	pthread_mutex_destroy(&s.lock);
 	return s.rc;
