@@ -95,7 +95,7 @@ def _waits():
         finally:
             add("wait in " + sys._getframe(1).f_code.co_name, time.perf_counter() - t)
     concurrent.futures.Future.result = result
-    for mod, names in ((native, ["scores", "pack", "tables_lookup", "zero_flags", "bloom_add", "scan_columns"]),
+    for mod, names in ((native, ["scores", "pack", "tables_lookup", "zero_flags", "bloom_add", "scan_columns", "fill", "seal"]),
                        (dedup.Writes, ["_queued", "_gather", "_index_added",
                                                                             "_write_hash", "_bloom_add"])):
         if mod is None:

@@ -8,7 +8,9 @@
  * contexts a codec pools. Results never depend on the number of threads.
  * fdn_share hands the ranges out a slice at a time instead, so a thread
  * whose core is taken by other work (the image being read and hashed
- * beside an append, another process) holds up no one: the others take more.
+ * beside an append, another process) holds up no one: the others take more;
+ * its helpers are threads kept for the process (see below), not started
+ * per call.
  */
 #include <pthread.h>
 #include "internal.h"
@@ -132,24 +134,145 @@ static int take(void *p, size_t lo, size_t hi)
 	}
 }
 
+/*
+ * The helpers of fdn_share: threads started once per process, each waiting
+ * for a ticket (a share of someone's job). A caller posts its tickets, works
+ * through the slices itself, then takes back the tickets no helper has
+ * claimed (every slice is taken by then: there is nothing left for them) and
+ * waits only for the helpers that are still on a slice. So a busy machine
+ * never makes a caller wait for a thread to be scheduled just to find no
+ * work, and no thread is started or joined per call (a day 0 makes ~2,000
+ * such calls). A forked child starts with no helpers (its caller then does
+ * the whole job: no ticket it posts can be left unclaimed for long).
+ */
+typedef struct ticket {
+	shared *s;
+	struct ticket *prev, *next;
+	int state;		/* QUEUED, CLAIMED, DONE */
+} ticket;
+
+enum { QUEUED, CLAIMED, DONE };
+
+static struct {
+	pthread_mutex_t mu;
+	pthread_cond_t work;	/* a ticket was posted */
+	pthread_cond_t done;	/* a claimed ticket is done */
+	ticket *head, *tail;
+	int helpers;
+	int wanted;		/* the helpers the calls under way could use: the sum of their threads - 1 */
+} pool = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, NULL, 0, 0 };
+
+enum { HELPERS_MAX = 16 };	/* (calls beside each other: the image's readers, a fill, a seal) */
+
+static void unlink_ticket(ticket *t)
+{
+	if (t->prev)
+		t->prev->next = t->next;
+	else
+		pool.head = t->next;
+	if (t->next)
+		t->next->prev = t->prev;
+	else
+		pool.tail = t->prev;
+	t->prev = t->next = NULL;
+}
+
+static void *helper(void *unused)
+{
+	(void)unused;
+	pthread_mutex_lock(&pool.mu);
+	for (;;) {
+		ticket *t;
+		while ((t = pool.head) == NULL)
+			pthread_cond_wait(&pool.work, &pool.mu);
+		unlink_ticket(t);
+		t->state = CLAIMED;
+		pthread_mutex_unlock(&pool.mu);
+		take(t->s, 0, 0);
+		pthread_mutex_lock(&pool.mu);
+		t->state = DONE;
+		pthread_cond_broadcast(&pool.done);
+	}
+	return NULL;
+}
+
+static void after_fork(void)
+{
+	pthread_mutex_init(&pool.mu, NULL);
+	pthread_cond_init(&pool.work, NULL);
+	pthread_cond_init(&pool.done, NULL);
+	pool.head = pool.tail = NULL;
+	pool.helpers = pool.wanted = 0;
+}
+
+static pthread_once_t forked = PTHREAD_ONCE_INIT;
+
+static void on_fork(void)
+{
+	pthread_atfork(NULL, NULL, after_fork);
+}
+
 /* Run fn over [0, n) in slices of at least grain items taken by up to
  * threads threads as they come free; the first failure in item order is
  * returned (slices after it may be skipped). */
 int fdn_share(int threads, size_t n, size_t grain, fdn_job fn, void *arg)
 {
 	shared s = { fn, arg, n, 0, 0, n, FDN_OK, PTHREAD_MUTEX_INITIALIZER };
-	size_t k = threads < 1 ? 1 : (size_t)threads;
-	int rc;
+	ticket t[FDN_MAX_THREADS];
+	size_t k = threads < 1 ? 1 : (size_t)threads, i;
 
 	if (grain == 0)
 		grain = 1;
+	if (k > FDN_MAX_THREADS)
+		k = FDN_MAX_THREADS;
 	if (k <= 1 || n < 2 * grain)
 		return fn(arg, 0, n);
 	/* about eight slices a thread: small enough to even out, big enough to stay cheap */
 	s.slice = n / (8 * k) > grain ? n / (8 * k) : grain;
-	rc = fdn_parallel(threads, k, 1, take, &s);
+	pthread_once(&forked, on_fork);
+	pthread_mutex_lock(&pool.mu);
+	/* as many helpers as every call under way may use at once, as when each call started its
+	 * own: the process's share of busy cores does not shrink when several calls overlap */
+	pool.wanted += (int)(k - 1);
+	while (pool.helpers < pool.wanted && pool.helpers < HELPERS_MAX) {
+		pthread_t tid;
+		pthread_attr_t a;
+		int ok;
+		pthread_attr_init(&a);
+		pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+		ok = pthread_create(&tid, &a, helper, NULL) == 0;
+		pthread_attr_destroy(&a);
+		if (!ok)
+			break;	/* fewer helpers: the caller does more */
+		pool.helpers++;
+	}
+	for (i = 0; i + 1 < k; i++) {
+		t[i] = (ticket){ &s, pool.tail, NULL, QUEUED };
+		if (pool.tail)
+			pool.tail->next = &t[i];
+		else
+			pool.head = &t[i];
+		pool.tail = &t[i];
+	}
+	if (k == 2)
+		pthread_cond_signal(&pool.work);
+	else
+		pthread_cond_broadcast(&pool.work);
+	pthread_mutex_unlock(&pool.mu);
+	take(&s, 0, 0);
+	pthread_mutex_lock(&pool.mu);
+	for (i = 0; i + 1 < k; i++) {
+		if (t[i].state == QUEUED) {	/* every slice is taken: nothing left for it */
+			unlink_ticket(&t[i]);
+			t[i].state = DONE;
+		}
+		while (t[i].state != DONE)
+			pthread_cond_wait(&pool.done, &pool.mu);
+	}
+	pool.wanted -= (int)(k - 1);
+	pthread_mutex_unlock(&pool.mu);
 	pthread_mutex_destroy(&s.lock);
-	return rc != FDN_OK ? rc : s.rc;
+	return s.rc;
 }
 
 enum { SHA256_BLOCK = 64 };

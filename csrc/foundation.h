@@ -84,6 +84,29 @@ int64_t fdn_pack(fdn_codec *c, uint32_t arena, const uint8_t *iv,
 	uint64_t offset, int btype, const uint8_t *buf, size_t len, size_t bs,
 	const uint8_t *keys, size_t keyslen, uint8_t *out, size_t outcap,
 	uint64_t *offs, size_t noffs, int threads, uint8_t *scratch, size_t scratchcap);
+/*
+ * fdn_pack in two steps, so that a batch is compressed before it is known
+ * where its records go (the compression of one batch then runs beside the
+ * sealing of the one before). fdn_fill decides each of the n blocks of buf
+ * as fdn_pack would: codecs[i] and sizes[i] its stored codec and length, a
+ * zstd payload at scratch[i * blen] (scratch: n * blen bytes; it may be buf
+ * itself, whose compressed blocks are then replaced by their payloads: no
+ * buffer but the blocks' own). fdn_seal then
+ * writes the records of blocks [first, first + k) at arena offset `offset`
+ * into out, the most that fit in min(room, outcap) bytes (k may be 0), each
+ * one's arena offset to offs and tag to tags (16 bytes each; both with room
+ * for n - first), *count = k; returns the bytes written. The records are
+ * byte for byte those fdn_pack writes at the same offsets.
+ */
+int fdn_fill(fdn_codec *c, const uint8_t *buf, size_t len, size_t bs,
+	uint8_t *scratch, size_t scratchcap, uint32_t *sizes, uint8_t *codecs,
+	size_t n, int threads);
+int64_t fdn_seal(fdn_codec *c, uint32_t arena, const uint8_t *iv,
+	uint64_t offset, int btype, const uint8_t *buf, size_t len, size_t bs,
+	const uint8_t *keys, size_t keyslen, const uint8_t *scratch, size_t scratchcap,
+	const uint32_t *sizes, const uint8_t *codecs, size_t n, size_t first,
+	uint64_t room, uint8_t *out, size_t outcap, uint64_t *offs, uint8_t *tags,
+	size_t *count, int threads);
 int64_t fdn_unpack(fdn_codec *c, uint32_t arena, const uint8_t *iv,
 	uint64_t offset, const uint8_t *rec, size_t reclen, fdn_entry *e,
 	uint8_t *out, size_t outcap);

@@ -251,6 +251,7 @@ typedef struct {
 	uint32_t *slen;
 	uint8_t *codec;
 	uint8_t *scratch;	/* batch pack: block i's compressed payload at i * blen */
+	uint8_t *tags;		/* fdn_seal: each record's tag, 16 bytes each, or NULL */
 } packjob;
 
 /*
@@ -353,6 +354,8 @@ static int seal(packjob *j, work *w, size_t i, uint64_t pos, const uint8_t *src)
 	if ((rc = tag(j->c, w, j->arena, off, h, h + FDN_HEADER_SIZE, S, t)) != FDN_OK)
 		return rc;
 	memcpy(h + FDN_H_TAG, t, FDN_TAG_SIZE);
+	if (j->tags != NULL)
+		memcpy(j->tags + i * FDN_TAG_SIZE, t, FDN_TAG_SIZE);
 	j->pos[i] = off;
 	return FDN_OK;
 }
@@ -365,6 +368,29 @@ static int fill_range(void *arg, size_t lo, size_t hi)
 
 	for (size_t i = lo; i < hi && rc == FDN_OK; i++)
 		rc = fill(j, w, i, j->scratch + i * j->blen, 0);
+	work_put(j->c, w);
+	return rc;
+}
+
+/* fill_range with scratch == buf: each payload made aside, then put over its own block (which is
+ * read by then); a raw block stays where it is. */
+static int fill_in_place(void *arg, size_t lo, size_t hi)
+{
+	packjob *j = arg;
+	work *w = work_get(j->c);
+	int rc = w ? FDN_OK : FDN_ENOMEM;
+
+	if (rc == FDN_OK && w->tmpcap < j->blen) {
+		free(w->tmp);
+		w->tmpcap = 0;
+		if ((w->tmp = malloc(j->blen)) == NULL)
+			rc = FDN_ENOMEM;
+		else
+			w->tmpcap = j->blen;
+	}
+	for (size_t i = lo; i < hi && rc == FDN_OK; i++)
+		if ((rc = fill(j, w, i, w->tmp, 0)) == FDN_OK && j->codec[i] == FDN_CODEC_ZSTD)
+			memcpy(j->scratch + i * j->blen, w->tmp, j->slen[i]);
 	work_put(j->c, w);
 	return rc;
 }
@@ -388,7 +414,7 @@ int64_t fdn_pack(fdn_codec *c, uint32_t arena, const uint8_t *iv,
 	uint64_t *offs, size_t noffs, int threads, uint8_t *scratch, size_t scratchcap)
 {
 	packjob j = { c, arena, iv, offset, (uint8_t)btype, buf, bs == len ? len : bs,
-		keys, out, offs, NULL, NULL, NULL };
+		keys, out, offs, NULL, NULL, NULL, NULL };
 	uint64_t pos = 0;
 	size_t n, i;
 	work *w;
@@ -443,6 +469,66 @@ out:
 	free(j.slen);
 	free(j.codec);
 	return rc == FDN_OK ? (int64_t)pos : rc;
+}
+
+int fdn_fill(fdn_codec *c, const uint8_t *buf, size_t len, size_t bs,
+	uint8_t *scratch, size_t scratchcap, uint32_t *sizes, uint8_t *codecs,
+	size_t n, int threads)
+{
+	packjob j = { c, 0, NULL, 0, 0, buf, bs == len ? len : bs, NULL, NULL, NULL,
+		sizes, codecs, scratch, NULL };
+	size_t k;
+
+	if (fdn_nblocks(len, bs, &k) != FDN_OK || k != n || j.blen == 0 || j.blen > UINT32_MAX ||
+	    scratch == NULL || scratchcap / j.blen < n)
+		return FDN_EARG;
+	if (scratch == buf)
+		return fdn_share(threads, n, GRAIN, fill_in_place, &j);
+	if ((uintptr_t)scratch < (uintptr_t)buf + len && (uintptr_t)buf < (uintptr_t)scratch + n * j.blen)
+		return FDN_EARG;	/* overlapping, but not the blocks themselves */
+	return fdn_share(threads, n, GRAIN, fill_range, &j);
+}
+
+int64_t fdn_seal(fdn_codec *c, uint32_t arena, const uint8_t *iv,
+	uint64_t offset, int btype, const uint8_t *buf, size_t len, size_t bs,
+	const uint8_t *keys, size_t keyslen, const uint8_t *scratch, size_t scratchcap,
+	const uint32_t *sizes, const uint8_t *codecs, size_t n, size_t first,
+	uint64_t room, uint8_t *out, size_t outcap, uint64_t *offs, uint8_t *tags,
+	size_t *count, int threads)
+{
+	size_t blen = bs == len ? len : bs, k, m;
+	uint64_t pos = 0, limit = room < outcap ? room : outcap;
+	packjob j;
+
+	*count = 0;
+	if (fdn_nblocks(len, bs, &m) != FDN_OK || m != n || first > n || btype < 0 || btype > 255 ||
+	    keyslen != n * FDN_SCORE_SIZE || blen == 0 || blen > UINT32_MAX || scratchcap / blen < n ||
+	    (c->enc && iv == NULL) || offset > FDN_ARENA_MAX)
+		return FDN_EARG;
+	if (limit > FDN_ARENA_MAX - offset)
+		limit = FDN_ARENA_MAX - offset;
+	/* the layout: each record's place from the sizes alone, as many as fit */
+	for (k = first; k < n; k++) {
+		uint64_t rec = FDN_HEADER_SIZE + (uint64_t)sizes[k];
+		if (codecs[k] == FDN_CODEC_RAW ? sizes[k] != blen :
+		    codecs[k] != FDN_CODEC_ZSTD || sizes[k] >= blen)
+			return FDN_EARG;	/* not what fdn_fill leaves */
+		if (rec > limit - pos)
+			break;
+		offs[k - first] = pos;
+		pos += rec;
+	}
+	j = (packjob){ c, arena, iv, offset, (uint8_t)btype, buf + first * blen, blen,
+		keys + first * FDN_SCORE_SIZE, out, offs, (uint32_t *)sizes + first,
+		(uint8_t *)codecs + first, (uint8_t *)scratch + first * blen, tags };
+	k -= first;
+	if (k > 0) {
+		int rc = fdn_share(threads, k, GRAIN, seal_range, &j);
+		if (rc != FDN_OK)
+			return rc;
+	}
+	*count = k;
+	return (int64_t)pos;
 }
 
 static int decode(fdn_codec *c, work *w, const uint8_t *iv, const fdn_entry *e,

@@ -344,6 +344,62 @@ def test_pack_threads_identical(impl):
             assert impl.pack(c, 1, IV, 77, 1, buf, bs, keys, threads=t) == one
 
 
+@pytest.mark.parametrize("enc", [None, ENC])
+def test_fill_seal_is_pack(impl, enc):
+    """fill then seal, in pieces cut by room (an arena's end), gives pack's records byte for byte,
+    their offsets and the tags scan reads; one short block too; the other backend agrees."""
+    bs, n = 4096, 300
+    buf = mixed(n, bs, seed=5)
+    keys = keys_for(n)
+    c = impl.Codec(enc, MAC, 1)
+    recs, offs = impl.pack(c, 3, IV, 4096 + 5, 1, buf, bs, keys, threads=2)
+    for threads in (1, 2, 3):
+        f = impl.fill(c, buf, bs, threads, scratch=bytearray(n * bs))
+        assert (f.n, f.blen, len(f.sizes)) == (n, bs, n) and set(f.codecs) == {0, 1}
+        got, got_offs, tags, first, off, rng = b"", [], b"", 0, 4096 + 5, random.Random(threads)
+        while first < n:
+            room = rng.randrange(H + 1, 200_000)
+            r, o, t = impl.seal(c, 3, IV, off, 1, buf, bs, keys, f, first, room, threads=threads)
+            assert len(r) <= room and len(o) * N.TAG_SIZE == len(t)
+            if not o:  # the next record alone does not fit
+                assert H + f.sizes[first] > room and len(r) == 0
+                continue
+            got, got_offs, tags, first, off = got + bytes(r), got_offs + o, tags + t, first + len(o), off + len(r)
+        assert (got, got_offs) == (bytes(recs), offs)
+        assert tags == impl.scan_columns(c, 3, IV, recs, 4096 + 5)[0].tags
+    inplace = bytearray(buf)  # the payloads over their own blocks: the same records
+    f = impl.fill(c, inplace, bs, 2, scratch=inplace)
+    r, o, _ = impl.seal(c, 3, IV, 4096 + 5, 1, inplace, bs, keys, f, threads=2)
+    assert (bytes(r), o) == (bytes(recs), offs)
+    assert inplace != buf
+    out = bytearray(len(recs) + 10)  # into the caller's buffer, limited by its size too
+    r, o, t = impl.seal(c, 3, IV, 4096 + 5, 1, buf, bs, keys, impl.fill(c, buf, bs), out=out[:len(recs) - 1])
+    assert len(o) == n - 1 and bytes(r) == bytes(recs[:offs[-1] - 4096 - 5])
+    short = b"tiny block" * 7
+    f = impl.fill(c, short, len(short))
+    r, o, t = impl.seal(c, 0, IV, 0, 2, short, len(short), keys[:32], f)
+    r2, o2 = impl.pack(c, 0, IV, 0, 2, short, len(short), keys[:32])
+    assert (bytes(r), o) == (bytes(r2), o2)
+
+
+def test_fill_seal_arguments(impl, other):
+    c = impl.Codec(ENC, MAC, 1)
+    bs, n = 1024, 8
+    buf, keys = mixed(n, bs), keys_for(n)
+    f = impl.fill(c, buf, bs)
+    with pytest.raises(ValueError):  # a fill of other blocks
+        impl.seal(c, 0, IV, 0, 1, buf[:bs * 4], bs, keys[:4 * 32], f)
+    with pytest.raises(ValueError):
+        impl.seal(c, 0, IV, 0, 1, buf, bs, keys, f, first=n + 1)
+    with pytest.raises(ValueError):
+        impl.seal(c, 0, IV, 0, 1, buf, bs, keys[:-1], f)
+    bad = f._replace(sizes=array.array("I", [bs - 1] * n), codecs=bytearray(n))  # raw, yet shorter
+    with pytest.raises(ValueError):
+        impl.seal(c, 0, IV, 0, 1, buf, bs, keys, bad)
+    with pytest.raises(TypeError):
+        impl.fill(other.Codec(None, MAC, 0), buf, bs)
+
+
 def test_pack_arguments(impl, other):
     c = impl.Codec(None, MAC, 0)
     buf = bytes(64)

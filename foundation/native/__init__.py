@@ -31,6 +31,13 @@ when bs == len(buf).
         is then a memoryview of it); None: records is new bytes. scratch: a writable buffer of
         >= n * blen bytes a pack on several threads may use (its contents unspecified after),
         kept by a caller that packs often; None (or too small): the pack allocates its own
+    fill(codec, buf, bs, threads=1, scratch=None) -> Filled        pack in two steps: each block
+    seal(codec, arena, iv, offset, btype, buf, bs, keys, filled, first=0, room=ARENA_LIMIT, out=None,
+         threads=1) -> (records, offsets, tags)   compressed (fill) before it is known where its record
+        goes; seal writes the records of blocks first, ... that fit in room bytes (and out), each
+        byte for byte pack's, with their tags (16 bytes each, end to end). fill's scratch (>= n * bs
+        bytes, else a new one) takes the zstd payloads; it may be buf itself (writable): each
+        compressed block is then replaced by its payload, and seal is handed that same buf
     unpack(codec, arena, iv, offset, rec) -> (btype, key32, data)   or RecordError
     unpack_many(codec, arena, iv, buf, base, offsets, threads=1) -> [(btype, key32, data) | RecordError]
     unpack_blocks(codec, arena, iv, buf, base, offsets, bs, out=None, threads=1)
@@ -93,10 +100,12 @@ import os
 from foundation.native import cffi_backend
 from foundation.native.checks import (  # the API's sizes and errors, one definition for both backends
     API, API_VERSION, ARENA_LIMIT, HEADER_SIZE, IV_SIZE, KEY_SIZE, MAX_THREADS, RECORD_MAGIC, SCORE_SIZE,
-    DECODED, SCORED, TAG_SIZE, TAGS, WEAK_SIZE, ZLEVEL_MAX, ZLEVEL_MIN, BucketError, Checked, RecordError, Scanned)
+    DECODED, SCORED, TAG_SIZE, TAGS, WEAK_SIZE, ZLEVEL_MAX, ZLEVEL_MIN, BucketError, Checked, Filled, RecordError,
+    Scanned)
 
 __all__ = ["API", "API_VERSION", "ARENA_LIMIT", "HEADER_SIZE", "IV_SIZE", "KEY_SIZE", "MAX_THREADS", "RECORD_MAGIC",
-           "SCORE_SIZE", "TAG_SIZE", "WEAK_SIZE", "ZLEVEL_MAX", "ZLEVEL_MIN", "BucketError", "Checked", "RecordError",
+           "SCORE_SIZE", "TAG_SIZE", "WEAK_SIZE", "ZLEVEL_MAX", "ZLEVEL_MIN", "BucketError", "Checked", "Filled",
+           "RecordError",
            "Scanned",
            "TAGS", "DECODED", "SCORED", "backend", "get", "native_impl", "reference_impl", *API]
 
@@ -139,6 +148,8 @@ scores = _impl.scores
 weak_hashes = _impl.weak_hashes
 Codec = _impl.Codec
 pack = _impl.pack
+fill = _impl.fill
+seal = _impl.seal
 unpack = _impl.unpack
 unpack_many = _impl.unpack_many
 unpack_blocks = _impl.unpack_blocks

@@ -13,12 +13,12 @@ import struct
 import threading
 
 from foundation.native import checks
-from foundation.native.checks import (API_VERSION, HEADER_SIZE, KEY_SIZE, SCORE_SIZE, TAG_SIZE, WEAK_SIZE, BucketError,
+from foundation.native.checks import (API_VERSION, ARENA_LIMIT, HEADER_SIZE, KEY_SIZE, SCORE_SIZE, TAG_SIZE, WEAK_SIZE, BucketError,
                                       RecordError)
 
 # C functions added within API_VERSION 1: a module built before them is stale too.
 _NEWEST = ("fdn_unpack_many", "fdn_check", "fdn_tables_absent", "fdn_scan_cols", "fdn_table_take",
-           "fdn_bloom_add", "fdn_plan_sweep")
+           "fdn_bloom_add", "fdn_plan_sweep", "fdn_fill", "fdn_seal")
 
 
 def _load_native():
@@ -122,6 +122,43 @@ class _Native:
             return _ffi.buffer(out, size)[:], _ffi.unpack(offs, n)
         finally:
             _give(out)
+
+    @staticmethod
+    def fill(codec, buf, bs, threads=1, scratch=None):
+        n, blen = checks.blocks(buf, bs)
+        threads = checks.thread_count(threads)
+        payloads = checks.fill_scratch(scratch, n, blen)
+        sizes, codecs = array.array("I", bytes(4 * n)), bytearray(n)
+        _ok(_lib.fdn_fill(_codec(codec, _Native), _ro(buf), checks.nbytes(buf), bs, _rw(payloads),
+                          checks.nbytes(payloads), _ffi.from_buffer("uint32_t[]", sizes), _rw(codecs), n, threads))
+        return checks.Filled(n, blen, sizes, codecs, payloads)
+
+    @staticmethod
+    def seal(codec, arena, iv, offset, btype, buf, bs, keys, filled, first=0, room=ARENA_LIMIT, out=None,
+             threads=1):
+        n, blen = checks.seal_args(arena, iv, offset, btype, buf, bs, keys, filled, first, room)
+        threads = checks.thread_count(threads)
+        left = n - first
+        offs = _alloc("uint64_t[]", max(1, left))
+        tags = bytearray(left * TAG_SIZE)
+        count = _ffi.new("size_t *")
+        cap = min(room, left * (HEADER_SIZE + blen))
+        if out is not None:
+            checks.pack_out(out, 0)
+            dst, cap = _rw(out), min(cap, checks.nbytes(out))
+        else:
+            dst = _take(cap)
+        try:
+            size = _ok(_lib.fdn_seal(_codec(codec, _Native), arena, _ro(iv), offset, btype, _ro(buf),
+                                     checks.nbytes(buf), bs, _ro(keys), n * SCORE_SIZE, _ro(filled.payloads),
+                                     checks.nbytes(filled.payloads), _ffi.from_buffer("uint32_t[]", filled.sizes),
+                                     _ro(filled.codecs), n, first, room, dst, cap, offs, _rw(tags), count, threads))
+            k = count[0]
+            recs = memoryview(out)[:size] if out is not None else _ffi.buffer(dst, size)[:]
+        finally:
+            if out is None:
+                _give(dst)
+        return recs, _ffi.unpack(offs, k), bytes(tags[:k * TAG_SIZE])
 
     @staticmethod
     def unpack(codec, arena, iv, offset, rec):

@@ -22,7 +22,7 @@ ARENA_LIMIT = 1 << 32  # arena offsets are u32
 ZLEVEL_MIN, ZLEVEL_MAX = -(1 << 17), 22  # zstd's own bounds; 0 = never compress
 MAX_THREADS = 64
 
-API = ("zero_flags", "scores", "weak_hashes", "Codec", "pack", "unpack", "unpack_many",
+API = ("zero_flags", "scores", "weak_hashes", "Codec", "pack", "fill", "seal", "unpack", "unpack_many",
        "unpack_blocks", "scan", "scan_columns", "check_span", "bucket_home", "bucket_find", "sort_entries", "merge", "lookup", "Table",
        "tables_lookup", "equal", "tables_absent", "bloom_add",
        "plan_sweep", "plan_order", "plan_cuts", "plan_runs")
@@ -34,6 +34,18 @@ TAGS, DECODED, SCORED = 0, 1, 2   # how deep check_span checks: tags; and decodi
 def depth(value):
     if value not in (TAGS, DECODED, SCORED):
         raise ValueError(f"depth must be TAGS, DECODED or SCORED (0, 1, 2), not {value!r}")
+
+
+class Filled(NamedTuple):
+    """A batch fill() decided, for seal(): n blocks of blen bytes, each one's stored length
+    (sizes, an array of u32) and codec (codecs: 0 raw, 1 zstd), a zstd payload at
+    payloads[i * blen]. Made by one backend, sealed by the same one."""
+
+    n: int
+    blen: int
+    sizes: object
+    codecs: bytearray
+    payloads: object
 
 
 class Checked(NamedTuple):
@@ -162,6 +174,29 @@ def pack_args(arena, iv, offset, btype, buf, bs, keys):
         raise ValueError(f"keys must be {SCORE_SIZE} bytes per block ({n} blocks)")
     if offset + n * (HEADER_SIZE + blen) > ARENA_LIMIT:
         raise ValueError("the records could run past the 4 GiB arena limit")
+    return n, blen
+
+
+def fill_scratch(scratch, n, blen):
+    """fill's payload buffer: the caller's (writable, at least n * blen bytes), or a new one."""
+    if scratch is None or nbytes(scratch) < n * blen:
+        return bytearray(n * blen)
+    if memoryview(scratch).readonly:
+        raise TypeError("fill's scratch must be a writable buffer")
+    return scratch
+
+
+def seal_args(arena, iv, offset, btype, buf, bs, keys, filled, first, room):
+    """seal's arguments, checked -> (n, blen)."""
+    where(arena, iv, offset)
+    byte(btype, "btype")
+    n, blen = blocks(buf, bs)
+    if not isinstance(filled, Filled) or (filled.n, filled.blen) != (n, blen):
+        raise ValueError(f"filled is not fill()'s of these {n} blocks of {blen} bytes")
+    if nbytes(keys) != n * SCORE_SIZE:
+        raise ValueError(f"keys must be {SCORE_SIZE} bytes per block ({n} blocks)")
+    uint(first, n + 1, "first")
+    uint(room, 1 << 64, "room")
     return n, blen
 
 

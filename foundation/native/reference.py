@@ -197,6 +197,58 @@ def pack(codec, arena, iv, offset, btype, buf, bs, keys, threads=1, out=None, sc
     return bytes(out), offsets
 
 
+def fill(codec, buf, bs, threads=1, scratch=None):
+    """pack's first half: each block's codec and stored length decided as pack decides them, a
+    zstd payload put at payloads[i * blen] -> checks.Filled, for seal()."""
+    n, blen = checks.blocks(buf, bs)
+    checks.thread_count(threads)
+    codec, data = _codec(codec), bytes(buf)
+    payloads = checks.fill_scratch(scratch, n, blen)
+    z = zstandard.ZstdCompressor(level=codec.zlevel, write_content_size=True) if codec.zlevel else None
+    sizes, codecs = array.array("I", [blen] * n), bytearray(n)
+    for i in range(n):
+        block = data[i * blen:(i + 1) * blen]
+        if z is not None and blen > 1 and not flat(block):
+            small = z.compress(block)
+            if len(small) < blen:
+                memoryview(payloads)[i * blen:i * blen + len(small)] = small
+                sizes[i], codecs[i] = len(small), ZSTD
+    return checks.Filled(n, blen, sizes, codecs, payloads)
+
+
+def seal(codec, arena, iv, offset, btype, buf, bs, keys, filled, first=0, room=ARENA_LIMIT, out=None, threads=1):
+    """pack's second half: the records of blocks first, first + 1, ... that fit in room bytes (and
+    in out, if given) at arena offset `offset` -> (records, offsets, tags): the bytes pack writes."""
+    n, blen = checks.seal_args(arena, iv, offset, btype, buf, bs, keys, filled, first, room)
+    checks.thread_count(threads)
+    if out is not None:
+        checks.pack_out(out, 0)
+        room = min(room, checks.nbytes(out))
+    room = min(room, ARENA_LIMIT - offset)
+    codec, data, keys, iv = _codec(codec), bytes(buf), bytes(keys), bytes(iv)
+    recs, offsets, tags, pos = bytearray(), [], bytearray(), offset
+    for i in range(first, n):
+        size, kind = filled.sizes[i], filled.codecs[i]
+        if (size != blen) if kind == RAW else (kind != ZSTD or size >= blen):
+            raise ValueError("filled is not what fill() leaves")
+        if len(recs) + HEADER_SIZE + size > room:
+            break
+        payload = (data[i * blen:(i + 1) * blen] if kind == RAW else
+                   bytes(memoryview(filled.payloads)[i * blen:i * blen + size]))
+        if codec.enc_key is not None:
+            payload = ctr(codec.enc_key, iv, pos + HEADER_SIZE, payload)
+        head = HEAD.pack(RECORD_MAGIC, btype, kind, 0, size, blen, keys[i * SCORE_SIZE:(i + 1) * SCORE_SIZE])
+        t = tag(codec, arena, pos, head, payload)
+        recs += head + t + payload
+        tags += t
+        offsets.append(pos)
+        pos += HEADER_SIZE + size
+    if out is not None:
+        memoryview(out)[:len(recs)] = recs
+        return memoryview(out)[:len(recs)], offsets, bytes(tags)
+    return bytes(recs), offsets, bytes(tags)
+
+
 def _check(codec, arena, offset, rec, verify):
     """The header fields of the record at offset whose bytes rec begins with."""
     if len(rec) < 4:

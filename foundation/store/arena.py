@@ -712,15 +712,17 @@ class Log:
 
     # ---- writing ---------------------------------------------------------------
 
-    def append(self, btype, buf, bs, keys, threads=1):
+    def append(self, btype, buf, bs, keys, threads=1, filled=None):
         """Append len(buf)//bs blocks (or one short block) as records; return their
-        addresses and the summary entries [(key, addr, btype)] of the new records."""
+        addresses. filled: native.fill() of buf made beforehand (in another thread), or None."""
         n = max(1, len(buf) // bs)
         addrs = []
         i = 0
         mv = memoryview(buf)  # each pack is handed its blocks in place, not a copy of them
         if self.torn is not None:
             self.seal()
+        if filled is not None:
+            return self._append_filled(btype, mv, bs, keys, threads, filled, n)
         while i < n:
             oa = self.open
             room = self.arena_size - F.TRAILER_SIZE - oa.end
@@ -758,6 +760,39 @@ class Log:
             first = len(oa.addrs)
             oa.add_packed(self._tags(oa, recs, offs, k, used), offs[:k], btype, keys[i * 32:(i + k) * 32],
                           self.keylen)
+            addrs += oa.addrs[first:]
+            oa.end += used
+            i += k
+        return addrs
+
+    def _append_filled(self, btype, mv, bs, keys, threads, filled, n):
+        """append() of blocks compressed already: each arena takes exactly the records that fit
+        (their sizes are known), none is packed twice, and the tags come with the records."""
+        addrs, i = [], 0
+        while i < n:
+            oa = self.open
+            room = self.arena_size - F.TRAILER_SIZE - oa.end
+            if room < RH + 16:
+                self.seal()
+                continue
+            d = self._direct_for(oa)
+            lead = len(d.carry) if d else 0  # the partial page before oa.end, sealed behind it
+            out = self._pack_buffer(lead + min(room, (n - i) * (RH + filled.blen)))
+            if lead:
+                out[:lead] = d.carry
+            recs, offs, tags = native.seal(self.codec, oa.n, oa.header.iv, oa.end, btype, mv, bs, keys, filled,
+                                           i, room, out=memoryview(out)[lead:] if d else out, threads=threads)
+            k, used = len(offs), len(recs)
+            if k == 0:
+                self.spare.append(out)
+                self.seal()
+                continue
+            if d:
+                self._put_direct(d, out, lead + used)
+            else:
+                self._put(oa.fd, oa.end, recs, out)
+            first = len(oa.addrs)
+            oa.add_packed(tags, offs, btype, keys[i * 32:(i + k) * 32], self.keylen)
             addrs += oa.addrs[first:]
             oa.end += used
             i += k

@@ -10,8 +10,10 @@ it by its log address and checks every candidate byte for byte, read in
 sorted batches. `Writes` is the part of Store that does this.
 
 Inside `pipelined()` (an image being archived), a compare-by-hash write
-returns as soon as its blocks are named and decided: the append of its
-fresh blocks (compress, encrypt) runs in one thread while the caller
+returns as soon as its blocks are named and decided: its fresh blocks are
+compressed by one thread (native.fill) and their records sealed and
+appended by another (native.seal: laid out, encrypted, tagged), so the
+compression of a batch runs beside the seal of the one before, while the caller
 feeds their keys to the Bloom filter (in C), reads, hashes and decides the
 next batch against the filter, the index cache and a table of the keys of
 the appends in flight; the caller then waits for the append and adds its
@@ -50,6 +52,7 @@ class Writes:
     """Store's write path (mixed into foundation.store.store.Store)."""
 
     _pipe = None      # the append thread of a pipelined() scope
+    _filler = None    # the thread that compresses a batch's fresh blocks ahead of its append
     _inflight = ()    # the write_blocks calls of the scope not yet settled, oldest first: (future of
     # its append, table of its keys, which the next batches are decided against), (None, None) for
     # a call that appended nothing (it still counts: the caller's buffers turn over per call)
@@ -63,7 +66,7 @@ class Writes:
         fresh blocks are appended. The caller leaves the buffer it passed as it
         is until `ahead` more write_blocks calls have returned (or another store
         call) and does not read it again (its fresh blocks may be moved to its
-        front), and calls settle() before any store call but write_blocks; leaving
+        front and replaced by their compressed forms), and calls settle() before any store call but write_blocks; leaving
         the scope settles. expect: about how many blocks will be written (a hint)."""
         if self.mode != "hash" or self._pipe is not None:
             yield self
@@ -76,7 +79,9 @@ class Writes:
         with contextlib.ExitStack() as stack:
             stack.enter_context(self.log.write_behind())  # left last: its writes are drained
             self._pipe = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="store-append")
+            self._filler = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="store-fill")
             self._inflight, self._broken, self._spare_tables = collections.deque(), None, []
+            self._fills, self._nfill = [], 0
             stack.callback(self._stop_pipe)
             yield self
             self.settle()
@@ -91,7 +96,9 @@ class Writes:
                 break
             self._index_added(*f.result())  # its records are in the log: the index cache names them
         self._pipe.shutdown()
-        self._pipe = None
+        self._filler.shutdown()  # (a fill whose append failed before it ended is not left running)
+        self._pipe = self._filler = None
+        self._fills = []  # ~4 MiB each: not held past the scope
 
     def settle(self):
         """Wait for the append in flight and the log's writes, if any; a failure is raised here."""
@@ -279,14 +286,19 @@ class Writes:
             # more gathered batches than appends in flight are held.
             # A call that appends nothing counts as one all the same: the caller reuses its buffer
             # `ahead` calls later, whose append (maybe of that very buffer) must have ended.
-            self._settle_here(self.ahead - 1)
+            # Its fresh blocks are compressed first (native.fill) by a thread of their own while
+            # the append thread still seals and writes the batch before and this one decides the
+            # next: the append thread then only lays out, encrypts and tags (native.seal), a third
+            # of a pack, and no step waits for another's whole batch.
             data = self._gather(buf, bs, fresh) if fresh else None
+            filled = self._filler.submit(self._fill, data, bs) if fresh else None
+            self._settle_here(self.ahead - 1)
             if not fresh:
                 self._inflight.append((None, None))
         if fresh:
             fkeys = keys if len(fresh) == n else b"".join(ks)
             if self._pipe is not None:
-                f = self._pipe.submit(self._queued, data, bs, btype, None, fkeys, True)
+                f = self._pipe.submit(self._queued, data, bs, btype, None, fkeys, True, filled)
                 # (its addresses are never read: the keys answer.) A settled batch's table is
                 # reused: a fresh one per batch cost its mappings' mmap and munmap, ~0.6 ms of
                 # waiting each on the address space's lock while the other threads fault pages in.
@@ -464,13 +476,31 @@ class Writes:
         self.counters["zero_blocks"] += zeros
         self.counters["dup_blocks"] += dups
 
-    def _append(self, buf, bs, btype, fresh, fkeys, later=False):
+    def _fill(self, data, bs):
+        """native.fill of a batch's fresh blocks: in place, each compressed block replaced by its
+        payload (the caller's buffer is the store's until `ahead` more calls, never read again),
+        so no buffer more than the batch itself; a read-only batch (a caller's bytes) into one
+        of `ahead` + 1 payload buffers used in turn (the batches in flight hold the others)."""
+        if not memoryview(data).readonly:
+            return native.fill(self.codec, data, bs, self.tuning.threads, data)
+        ring = self._fills
+        if len(ring) != self.ahead + 1:
+            ring[:] = [None] * (self.ahead + 1)
+        self._nfill = k = (self._nfill + 1) % len(ring)
+        if ring[k] is None or len(ring[k]) < len(data):
+            ring[k] = mmap.mmap(-1, max(len(data), GATHER))
+        return native.fill(self.codec, data, bs, self.tuning.threads, ring[k])
+
+    def _append(self, buf, bs, btype, fresh, fkeys, later=False, filled=None):
         """Append the fresh blocks (fkeys: their 32-byte key fields) to the log and index them;
         returns their addresses. fresh: the blocks of buf to append, None for all of them. The
         Bloom filter takes their keys too, unless `later`: the caller gives them (_bloom_add)
-        and indexes the records when it settles (the append thread's returns are for that)."""
+        and indexes the records when it settles (the append thread's returns are for that).
+        filled: native.fill() of the blocks to append, made by the caller, or None."""
         data = buf if fresh is None else self._gather(buf, bs, fresh)
-        addrs = self.log.append(btype, data, bs, fkeys, self.tuning.threads)
+        if isinstance(filled, concurrent.futures.Future):
+            filled = filled.result()  # (the fill thread's: batches are filled in the order appended)
+        addrs = self.log.append(btype, data, bs, fkeys, self.tuning.threads, filled=filled)
         packed = array.array("Q", addrs)  # the tables take it without a check per entry
         kl = self.keylen
         ks = bytes(fkeys[:len(addrs) * 32]) if kl == 32 else b"".join(
