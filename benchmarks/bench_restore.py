@@ -189,13 +189,18 @@ def main():
                 print(f"{label:12} night {night:3}  {how:22} {med:6.2f} s ({cpu:5.2f} s CPU)  {runs[0]['reads']:5} reads  "
                       f"{runs[0]['discontiguous_reads']:5} discontiguous  {runs[0]['mb_read']:7.1f} MB read  "
                       f"correct={ok}", flush=True)
-        ratio = {}
+        ratio, per_mb = {}, {}
         for how in readers:
             t = {r["day"]: r["median_s"] for r in rows if r["reader"] == how}
+            mb = {r["day"]: r["allocated_mb"] for r in rows if r["reader"] == how}
             ratio[how] = t["newest"] / t["first month"]
-            print(f"{how}: newest / first month = {ratio[how]:.2f}")
+            # the days need not hold the same bytes: a year of nights writes data over the zeros
+            # the first month still had, so the seconds a MB of data restored are compared too
+            per_mb[how] = ratio[how] * mb["first month"] / mb["newest"]
+            print(f"{how}: newest / first month = {ratio[how]:.2f} ({mb['newest']:.0f} against "
+                  f"{mb['first month']:.0f} MB of data: {per_mb[how]:.2f} a MB)")
         res = dict(nights=a.nights, first_night=first, reused=build_s is None, load_average=os.getloadavg(), vms=a.vms, mb=a.mb, build_seconds=build_s, rows=rows,
-                   newest_over_first_month=ratio, cpus=os.cpu_count(),
+                   newest_over_first_month=ratio, newest_over_first_month_per_mb=per_mb, cpus=os.cpu_count(),
                    store_mb=sum(os.path.getsize(os.path.join(store, "arenas", f))
                                 for f in os.listdir(os.path.join(store, "arenas"))) / 1e6)
         os.makedirs(os.path.join(HERE, "results"), exist_ok=True)

@@ -490,6 +490,26 @@ def test_restore_windows_grow_from_a_small_first_one(store, tmp_path, monkeypatc
     assert sizes == expect and len(sizes) >= 2, sizes
 
 
+def test_restore_of_an_image_that_fits_one_window_is_one_pass(store, tmp_path, monkeypatch):
+    """An image no larger than WINDOW is planned as one window, not cut into a small first one and
+    the rest: each arena its blocks lie in is then read once, front to back."""
+    from foundation.image import reader as reader_mod
+
+    img = bytearray(content(seeded(43), 2 << 20))
+    img[BS * 10:BS * 40] = bytes(BS * 30)
+    root = full(store, img)
+    sizes = []
+    plan = reader_mod._plan
+    monkeypatch.setattr(reader_mod, "_plan",
+                        lambda s, runs: sizes.append(sum(c for _, c, _ in runs)) or plan(s, runs))
+    monkeypatch.setattr(reader_mod, "WINDOW", len(img))
+    monkeypatch.setattr(reader_mod, "FIRST_WINDOW_PART", 4)
+    out = tmp_path / "out.raw"
+    restore_image(store, root, out)
+    assert out.read_bytes() == img
+    assert sizes == [len(img) // BS], sizes
+
+
 def test_cold_restore_sweeps_each_arena_once(tmp_path, monkeypatch):
     """A store opened cold knows none of the image's blocks: they are located by sweeping each
     arena the index names (one index lookup and one summary read an arena, not one a block), a

@@ -41,7 +41,10 @@ from foundation.store.cache import give_back
 BATCH = 8192  # leaves per read_blocks call
 WINDOW = 256 << 20  # bytes of image whose blocks one restore pass reads in log order: its plan (a
 # few Python lists of its 64 k blocks) is held twice (this window's, the next one's); 1 GiB cost 44 MB
-FIRST_WINDOW_PART = 4  # a restore's first window is this part of WINDOW (the pipeline fills sooner)
+FIRST_WINDOW_PART = 4  # a restore's first window is this part of WINDOW (the pipeline fills sooner),
+# unless the whole image fits one window: then one pass, each arena read once, front to back (a newest
+# day scattered over a year of arenas, cut 1/4 + 1/2 + 1/4, read them three times: 28 % more reads,
+# 0.15 CPU s more for a 256 MiB disk)
 NODE_CACHE = 1024  # interior nodes a reader keeps (4 MiB, the level above 512 MiB of image): a
 # whole copy of a 2 GiB disk through the tree held all 4096 (16 MiB), and the store's block cache
 # the same ones again; a sequential reader needs a few, a booting guest the few hundred it touches
@@ -338,7 +341,7 @@ def write_raw(store, root, fd, sparse=True, progress=None, window=None, direct=N
             if jobs:
                 pending.append(pool.submit(out.write, jobs, buf))
 
-        grow = [max(1, per // FIRST_WINDOW_PART)]
+        grow = [per if -(-size // bs) <= per else max(1, per // FIRST_WINDOW_PART)]
         leaves = r.iter_leaves(batch=grow[0])
 
         def plan():  # the planner thread: the next window's leaf runs, its blocks located

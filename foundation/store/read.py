@@ -360,7 +360,7 @@ class Reads:
         # summary in turn costs more than the sweep
         tables = self._tables()[:2] if sweep else self._tables()
         found, which = native.tables_lookup(tables, keys, None)
-        miss = list(itertools.compress(range(len(which)), map((0).__gt__, which)))  # C-level: no frame per key
+        miss = array.array("q", itertools.compress(range(len(which)), map((0).__gt__, which)))  # C-level: no frame per key
         if sweep:
             found = array.array("Q", found)
             self._sweep(keys, found, miss)
@@ -382,11 +382,15 @@ class Reads:
             if t is not None and i < len(miss) and not any(t is c for c in checked):
                 checked.append(t)
                 rest = miss[i:]
-                got, hit = native.tables_lookup([t], b"".join(keys[k * 32:(k + 1) * 32] for k in rest), None)
-                for x, k in enumerate(rest):
-                    if hit[x] >= 0:
-                        found[k] = got[x]
-                miss, i = [k for x, k in enumerate(rest) if hit[x] < 0], 0
+                # the misses' keys gathered and the answers spread back by C-level iterators: a
+                # newest day scattered over a year of arenas asks every arena's summary in turn,
+                # and a Python frame per key and arena cost more CPU than the restore's decode
+                sub = native.plan_order(array.array("Q", rest), rest, keys, 32)[2]  # positions ascending: a gather
+                got, hit = native.tables_lookup([t], sub, None)
+                held = list(map((0).__le__, hit))
+                for k, a in zip(itertools.compress(rest, held), itertools.compress(got, held)):
+                    found[k] = a
+                miss, i = array.array("q", itertools.compress(rest, map(operator.not_, held))), 0
         return found
 
     def _promote(self, which):
