@@ -16,8 +16,11 @@ of the /snapshot tree and of booted clones: interior nodes stay in an LRU
 cache, and a run of sequential reads grows a read-ahead window up to 8 MiB,
 read in log order like a restore once it holds LOG_ORDER_MIN blocks;
 `read_window` hands a whole window to a caller that keeps it (the tree's
-stream of a sequentially read vda.raw), and plans the next window while
-this one's spans decode.
+stream of a sequentially read vda.raw): windows asked for one after the
+other are one stream of spans (`store.log_order_stream`), the next
+window planned and its first spans decoding while this one's last are,
+each span decoded where it belongs in its window when its blocks follow
+each other in the image.
 """
 
 import array
@@ -52,6 +55,8 @@ DIRECT_WRITES = False  # O_DIRECT for a restore's file: up to 0.4 CPU s less a 2
 # (wall 4.6-7.0 s against 3.3-3.7 s on the benchmark machine; benchmarks/README.md)
 DIRECT_ALIGN = 4096  # what O_DIRECT asks of a write's offset, length and buffer (a page covers every disk)
 SPAN_BYTES = 2 << 20  # the largest span the store decodes into one buffer (store.read.SPAN_BLOCKS of 4 KiB)
+STREAM_DIRECT = True  # a stream's spans read sealed arenas with O_DIRECT, as a restore's do: its
+# spans ahead run on across windows, so they keep the disk busy without the page cache's read-ahead
 SPAN_BUFFERS = 5  # more than the spans the store decodes ahead of the one handed out (store.read.AHEAD)
 
 
@@ -80,7 +85,7 @@ class ImageReader:
         self._seq = None  # offset where the last read ended
         self._win = (0, b"")  # read-ahead window: first leaf, its blocks' data (never mutated)
         self._ring = [bytearray() for _ in range(SPAN_BUFFERS)]  # spans decoded for a window, reused
-        self._planned = None  # (first leaf, end, store's log, refs, plan or None): a stream's next window, planned ahead
+        self._stream = None  # _Stream: the windows read one after the other
         self._lock = threading.Lock()
 
     # ---- interior nodes -------------------------------------------------------
@@ -145,16 +150,9 @@ class ImageReader:
         return b"".join(parts)
 
     # ---- data -----------------------------------------------------------------------
-    def _fetch(self, b0, b1, ahead=0):
-        """Data of leaves b0..b1-1, one buffer of (b1 - b0) blocks. ahead: a stream's window, whose
-        next `ahead` leaves are planned while this one's spans decode (_plan_ahead)."""
-        got, plan = self._planned, None
-        if got is not None and got[0] == b0 and got[1] == b1 and got[2] is self.s.log:  # not across a refresh
-            refs, plan = got[3], got[4]
-            self._planned = None
-        else:
-            refs = self.leaf_refs(b0, b1)
-        nxt = (b1, min(self.sh.nleaves, b1 + ahead)) if ahead and b1 < self.sh.nleaves else None
+    def _fetch(self, b0, b1):
+        """Data of leaves b0..b1-1, one buffer of (b1 - b0) blocks."""
+        refs = self.leaf_refs(b0, b1)
         bs, rs = self.sh.bs, self.sh.rs
         n = len(refs) // rs
         out = bytearray(n * bs)  # null blocks stay zeros
@@ -170,42 +168,9 @@ class ImageReader:
                 view[i * bs:(i + 1) * bs] = data
             return out
         # a read-ahead window: the log read front to back in large spans, as a restore does
-        ring = self._ring
-
-        def alloc(size):  # a span's buffer is free again once it is copied out: a few serve them all
-            ring.append(ring.pop(0))
-            if len(ring[-1]) < size:  # mapped, so its pages leave with it; at least a whole span
-                ring[-1] = mmap.mmap(-1, max(size, SPAN_BYTES))
-            return ring[-1]
-
-        for positions, data in self.s.read_blocks_in_log_order(refs, alloc, plan):
-            if nxt is not None:  # the decoders have their spans: plan the next window meanwhile
-                self._plan_ahead(*nxt)
-                nxt = None
-            src = memoryview(data)
-            starts = _run_starts(positions)
-            for i, j in zip(starts, starts[1:]):  # a run of blocks that follow each other in the image is one copy
-                p = positions[i]
-                view[p * bs:(p + j - i) * bs] = src[i * bs:j * bs]
-            del src
+        for positions, data in self.s.read_blocks_in_log_order(refs, _ring_alloc(self._ring)):
+            _put(view, bs, positions, data)
         return out
-
-    def _plan_ahead(self, b0, b1):
-        """Locate the blocks of leaves b0..b1-1 for the _fetch that will ask for them: a stream's
-        next window, planned in the thread that runs the store's Python anyway, while the
-        decoders (C, the GIL released) work on this window's spans; planned at the next window's
-        own turn, no decode ran meanwhile (~5 ms a window, 256 windows a 2 GiB copy). A block that
-        cannot be located is left to that turn, which names it."""
-        try:
-            refs = self.leaf_refs(b0, b1)
-            n = len(refs) // self.sh.rs
-            live = n - native.zero_flags(refs, self.sh.rs).count(1)
-            plan = self.s.log_order_plan(refs) if live >= LOG_ORDER_MIN else None
-            if plan is not None:
-                self.s.will_read(plan)  # its spans come from the disk while this window decodes
-        except (Error, OSError):
-            return
-        self._planned = (b0, b1, self.s.log, refs, plan)
 
     def read(self, offset, length):
         """`length` bytes from `offset`, fewer at the end of the image."""
@@ -238,16 +203,32 @@ class ImageReader:
         lo = offset - w0 * bs
         return bytes(memoryview(wdata)[lo:lo + end - offset])
 
-    def read_window(self, offset, length):
-        """`length` bytes from a block-aligned `offset` as one buffer, read in log order when large;
-        kept by the caller, not by this reader's own window."""
+    def read_window(self, offset, length, alloc=None):
+        """`length` bytes from a block-aligned `offset` as one buffer, read in log order; kept by
+        the caller, not by this reader's own window. Windows of one size asked for one after the
+        other are one stream (_Stream). alloc(nbytes), when given, supplies the window buffers
+        (a caller that recycles them; their old bytes are overwritten)."""
         bs = self.sh.bs
         end = min(offset + length, self.size)
         if offset % bs or offset >= end:
             return self.read(offset, length)
-        with self._lock:  # _fetch's span buffers are the reader's own
+        with self._lock:  # the stream's buffers are the reader's own
             b0, b1 = offset // bs, -(-end // bs)
-            return memoryview(self._fetch(b0, b1, ahead=b1 - b0))[:end - offset]
+            st = self._stream
+            if st is None or not st.follows(b0, b1):
+                self._end_stream()
+                st = self._stream = _Stream(self, b0, b1 - b0, alloc)
+            try:
+                return memoryview(st.take(b0))[:end - offset]
+            except BaseException:
+                self._end_stream()
+                raise
+
+    def _end_stream(self):
+        """Drop the stream: its spans in flight finish first (they write into its buffers)."""
+        st, self._stream = self._stream, None
+        if st is not None:
+            st.gen.close()
 
     # ---- whole-tree walk ----------------------------------------------------------
     def iter_leaves(self, b0=0, b1=None, batch=BATCH):
@@ -294,6 +275,93 @@ class ImageReader:
                     yield (run_start, sum(len(x) for x in run) // rs, b"".join(run))
 
         yield from walk(sh.depth, 0, self.root.ref)
+
+
+class _Stream:
+    """An ImageReader's windows of `per` leaves read one after the other from leaf b0: one
+    log_order_stream whose passes are the windows, each planned (tree walk, blocks located) when
+    the spans ahead reach it, so the decoders go on with the next window while the caller copies
+    this one out. A window that cannot be planned fails at its own turn, not the one before."""
+
+    def __init__(self, r, b0, per, alloc):
+        self.r, self.next, self.per, self.log = r, b0, per, r.s.log
+        self.alloc = alloc or bytearray
+        self.outs = {}  # first leaf of a window planned -> (its buffer, a view of it, its spans placed)
+        self.ring = [bytearray() for _ in range(SPAN_BUFFERS)]  # spans that are not one run, until copied
+        self.gen = r.s.log_order_stream(self._plans(b0), _ring_alloc(self.ring), STREAM_DIRECT)
+
+    def follows(self, b0, b1):
+        """Is [b0, b1) the window this stream reads next (of its size, or the image's last)?"""
+        r = self.r
+        return (b0 == self.next and b1 == min(r.sh.nleaves, b0 + self.per) and self.log is r.s.log)
+
+    def _plans(self, b0):
+        r, bs, rs = self.r, self.r.sh.bs, self.r.sh.rs
+        for w0 in range(b0, r.sh.nleaves, self.per):
+            w1 = min(r.sh.nleaves, w0 + self.per)
+            try:
+                refs = r.leaf_refs(w0, w1)
+                plan = r.s.log_order_plan(refs)
+            except (Error, OSError) as e:  # named at this window's turn
+                yield w0, None, None, e
+                return
+            n = w1 - w0
+            out = self.alloc(n * bs)
+            view = memoryview(out)
+            flags = native.zero_flags(refs, rs)
+            if flags.count(1):  # a recycled buffer holds old bytes: the null blocks' runs are zeroed
+                nulls = list(itertools.compress(range(n), flags))
+                starts = _run_starts(nulls)
+                zero = bytes(max(j - i for i, j in zip(starts, starts[1:])) * bs)
+                for i, j in zip(starts, starts[1:]):
+                    view[nulls[i] * bs:(nulls[i] + j - i) * bs] = zero[:(j - i) * bs]
+            positions, placed = plan[2], {}
+
+            def place(i, j, positions=positions, placed=placed, view=view):
+                # a span whose blocks follow each other in the image decodes where they belong
+                p = positions[i]
+                if positions[j - 1] - p != j - 1 - i or _run_starts(positions[i:j]) != [0, j - i]:
+                    return None
+                v = placed[p] = view[p * bs:(p + j - i) * bs]
+                return v
+
+            self.outs[w0] = (out, view, placed)
+            yield w0, plan, place, None
+
+    def take(self, b0):
+        """The buffer of the window at leaf b0 (the next one), its spans all in place."""
+        bs = self.r.sh.bs
+        for tag, pos, data in self.gen:
+            if pos is None:
+                if data is not None:
+                    raise data
+                out = self.outs.pop(tag)[0]
+                if tag != b0:  # never: the windows end in the order they were planned
+                    raise RuntimeError(f"a stream's window {tag} ended before {b0}")
+                self.next = b0 + self.per
+                return out
+            _, view, placed = self.outs[tag]
+            if placed.pop(pos[0], None) is not data:  # not decoded where it belongs: copied there
+                _put(view, bs, pos, data)
+        raise RuntimeError(f"a stream ended before its window at leaf {b0}")
+
+
+def _ring_alloc(ring):
+    def alloc(size):  # a span's buffer is free again once it is copied out: a few serve them all
+        ring.append(ring.pop(0))
+        if len(ring[-1]) < size:  # mapped, so its pages leave with it; at least a whole span
+            ring[-1] = mmap.mmap(-1, max(size, SPAN_BYTES))
+        return ring[-1]
+    return alloc
+
+
+def _put(view, bs, positions, data):
+    """Copy a span's blocks (data, in log order) to their positions in view, a run with one copy."""
+    src = memoryview(data)
+    starts = _run_starts(positions)
+    for i, j in zip(starts, starts[1:]):  # a run of blocks that follow each other in the image is one copy
+        p = positions[i]
+        view[p * bs:(p + j - i) * bs] = src[i * bs:j * bs]
 
 
 def write_raw(store, root, fd, sparse=True, progress=None, window=None, direct=None):
