@@ -19,8 +19,7 @@ read in log order like a restore once it holds LOG_ORDER_MIN blocks;
 stream of a sequentially read vda.raw): windows asked for one after the
 other are one stream of spans (`store.log_order_stream`), the next
 window planned and its first spans decoding while this one's last are,
-each span decoded where it belongs in its window when its blocks follow
-each other in the image.
+every block decoded straight to its place in its window (no copy).
 """
 
 import array
@@ -286,9 +285,8 @@ class _Stream:
     def __init__(self, r, b0, per, alloc):
         self.r, self.next, self.per, self.log = r, b0, per, r.s.log
         self.alloc = alloc or bytearray
-        self.outs = {}  # first leaf of a window planned -> (its buffer, a view of it, its spans placed)
-        self.ring = [bytearray() for _ in range(SPAN_BUFFERS)]  # spans that are not one run, until copied
-        self.gen = r.s.log_order_stream(self._plans(b0), _ring_alloc(self.ring), STREAM_DIRECT)
+        self.outs = {}  # first leaf of a window planned -> (its buffer, a view of it)
+        self.gen = r.s.log_order_stream(self._plans(b0), None, STREAM_DIRECT)
 
     def follows(self, b0, b1):
         """Is [b0, b1) the window this stream reads next (of its size, or the image's last)?"""
@@ -315,18 +313,8 @@ class _Stream:
                 zero = bytes(max(j - i for i, j in zip(starts, starts[1:])) * bs)
                 for i, j in zip(starts, starts[1:]):
                     view[nulls[i] * bs:(nulls[i] + j - i) * bs] = zero[:(j - i) * bs]
-            positions, placed = plan[2], {}
-
-            def place(i, j, positions=positions, placed=placed, view=view):
-                # a span whose blocks follow each other in the image decodes where they belong
-                p = positions[i]
-                if positions[j - 1] - p != j - 1 - i or _run_starts(positions[i:j]) != [0, j - i]:
-                    return None
-                v = placed[p] = view[p * bs:(p + j - i) * bs]
-                return v
-
-            self.outs[w0] = (out, view, placed)
-            yield w0, plan, place, None
+            self.outs[w0] = (out, view)
+            yield w0, plan, view, None
 
     def take(self, b0):
         """The buffer of the window at leaf b0 (the next one), its spans all in place."""
@@ -340,8 +328,8 @@ class _Stream:
                     raise RuntimeError(f"a stream's window {tag} ended before {b0}")
                 self.next = b0 + self.per
                 return out
-            _, view, placed = self.outs[tag]
-            if placed.pop(pos[0], None) is not data:  # not decoded where it belongs: copied there
+            view = self.outs[tag][1]
+            if data is not view:  # read again after damage: copied to its place
                 _put(view, bs, pos, data)
         raise RuntimeError(f"a stream ended before its window at leaf {b0}")
 

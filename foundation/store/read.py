@@ -259,20 +259,21 @@ class Reads:
 
     def log_order_stream(self, plans, alloc=None, direct=True):
         """Like read_blocks_in_log_order over a series of passes that run on without a pause:
-        plans yields (tag, plan, place, error), a pass's plan (log_order_plan) or the error that
+        plans yields (tag, plan, target, error), a pass's plan (log_order_plan) or the error that
         kept it from being made, asked for only when the spans ahead reach it, so the next
         pass's first spans are read and decoded while the consumer is still in this one's last
         (a vda.raw stream's windows: each alone left the decoders idle at its end). Yields
         (tag, positions, data) for each span and (tag, None, error or None) at each pass's end.
-        place(i, j), when given with a plan, may return a writable buffer of the span's j - i
-        blocks (positions[i:j]) to decode into (a window that takes them where they belong);
-        that buffer is then the data yielded. direct: sealed arenas read with O_DIRECT (None: a
-        pass from DIRECT_MIN bytes)."""
+        A pass's target, when given, is a writable buffer of the blocks of its refs in their
+        order (a window of the image): each span decodes straight into it, block k to
+        positions[k] (native.unpack_blocks's slots), and data is then target itself (a span
+        read again after damage is not: the caller copies it). direct: sealed arenas read with
+        O_DIRECT (None: a pass from DIRECT_MIN bytes)."""
         rs, bs = self.ref_size, self.block_size
         lg = self.log
         pool = _workers()
         reads = None
-        queue = collections.deque()  # (pass, span) not yet submitted; a pass: (tag, plan, place, low)
+        queue = collections.deque()  # (pass, span) not yet submitted; a pass: (tag, plan, target, low)
         pending = collections.deque()  # (pass, span, future) submitted, in log order
         ends = 0  # passes planned and not yet ended: a window's buffer each, so at most two
 
@@ -283,7 +284,7 @@ class Reads:
             got = next(plans, None)
             if got is None:
                 return False
-            tag, plan, place, err = got
+            tag, plan, target, err = got
             ends += 1
             if err is not None or not plan[3]:
                 queue.append(((tag, None, None, err), None))
@@ -293,7 +294,7 @@ class Reads:
                 most = max(sp[2] for sp in spans) if direct is None else max(LOG_SPAN, max(sp[2] for sp in spans))
                 reads = _SpanReads(self, sum(sp[2] for sp in spans), most, direct)
             low = array.array("Q", map((0xFFFFFFFF).__and__, plan[1]))  # arena offsets, for every span at once
-            ps = (tag, plan, place, low)
+            ps = (tag, plan, target, low)
             queue.extend((ps, sp) for sp in spans)
             queue.append((ps, None))  # the pass's end
             return True
@@ -306,6 +307,9 @@ class Reads:
                 return None, None, True
             # A read short of the span's end is the end of the arena's file (a span reaches a
             # record's largest size past its last one): unpack_blocks finds a record cut short.
+            if ps[2] is not None:  # straight into the pass's target, each block where it belongs
+                return native.unpack_blocks(self.codec, arena, lg.iv(arena), b, start, ps[3][i:j], bs, ps[2],
+                                            lg.threads, ps[1][2][i:j])
             return native.unpack_blocks(self.codec, arena, lg.iv(arena), b, start, ps[3][i:j], bs, out, lg.threads)
 
         def fill():  # keep AHEAD spans in flight, across passes
@@ -318,8 +322,8 @@ class Reads:
                     continue
                 reads.open(sp[0])
                 rb = reads.buffer()
-                out = ps[2](sp[3], sp[4]) if ps[2] is not None else None
-                if out is None and alloc is not None:
+                out = None
+                if ps[2] is None and alloc is not None:
                     out = alloc((sp[4] - sp[3]) * bs)
                 f = pool.submit(decode, ps, sp, out, rb)
                 f.rb = rb
