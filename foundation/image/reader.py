@@ -39,6 +39,7 @@ from foundation.errors import DataCorrupt, Error, NotFound
 from foundation.image import qemuimg
 from foundation.image.shape import Shape, split_refs
 from foundation.store.cache import give_back
+from foundation.store.read import DIRECT_MIN
 
 BATCH = 8192  # leaves per read_blocks call
 WINDOW = 256 << 20  # bytes of image whose blocks one restore pass reads in log order: its plan (a
@@ -412,20 +413,44 @@ def write_raw(store, root, fd, sparse=True, progress=None, window=None, direct=N
             return _plan(store, runs) if runs else None
 
         with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="restore-plan") as planner:
-            ahead = planner.submit(plan)
-            while True:
-                w = ahead.result()
-                if w is None:
-                    break
-                # The next window is planned (tree read, blocks located: Python and small reads)
-                # while this one's spans are read and decoded (C, the GIL released).
-                ahead = planner.submit(plan)
-                _window(store, w, bs, size, rs, zero, submit, alloc, progress)
-                del w
-                # the window's plan and the spans' keys were freed in every thread's heap, which
-                # glibc keeps for reuse (a restore peaked ~60 MB higher): hand the pages back
-                give_back()
-            ahead.cancel()
+            ahead = [planner.submit(plan)]
+            wins = {}
+
+            def plans():  # the windows, each as the stream's spans reach it
+                k = 0
+                while True:
+                    w = ahead[0].result()
+                    if w is None:
+                        return
+                    # The next window is planned (tree read, blocks located: Python and small reads)
+                    # while this one's spans are read and decoded (C, the GIL released).
+                    ahead[0] = planner.submit(plan)
+                    k += 1
+                    wins[k] = w
+                    _zeros(w, bs, size, rs, zero, submit)
+                    yield k, w[3], None, None
+
+            try:
+                # One stream over the windows: the next window's first spans are read and decoded
+                # while this one's last are, so the decoders never wait at a window's end.
+                for k, positions, data in store.log_order_stream(plans(), alloc, None if size < DIRECT_MIN else True):
+                    w = wins[k]
+                    if positions is None:  # the window's end
+                        if data is not None:
+                            raise data
+                        del wins[k]
+                        if progress is not None:
+                            progress(min(size, sum(c for _, c, _ in w[0]) * bs))
+                        del w
+                        # the window's plan and the spans' keys were freed in every thread's heap,
+                        # which glibc keeps for reuse (a restore peaked ~60 MB higher): hand the
+                        # pages back
+                        give_back()
+                        continue
+                    submit(_runs(w[1], positions, memoryview(data), bs, size),
+                           data if isinstance(data, (bytearray, mmap.mmap)) else None)
+            finally:
+                ahead[0].cancel()
         while pending:
             pending.popleft().result()
 
@@ -444,27 +469,23 @@ def _plan(store, runs):
     return runs, leaf, nulls, store.log_order_plan(refs) if refs else None
 
 
-def _window(store, w, bs, size, rs, zero, submit, alloc, progress):
-    """Restore one planned window (_plan)."""
+def _zeros(w, bs, size, rs, zero, submit):
+    """A planned window's (_plan) null blocks written as zeros when zero is given (a device keeps
+    whatever it held); a file leaves them holes."""
+    if not zero:
+        return
     runs, leaf, nulls, plan = w
     refs = plan[0] if plan else b""
-    if zero:  # a device keeps whatever it held: write the zeros too
-        flags = native.zero_flags(refs, rs) if refs else b""  # the null ref is all zeros
-        nulls += [(leaf[i], 1) for i in range(len(flags)) if flags[i]]
-        jobs = []
-        for start, count in nulls:
-            off, end = start * bs, min(size, (start + count) * bs)
-            while off < end:
-                m = min(len(zero), end - off)
-                jobs.append((zero[:m], off))
-                off += m
-        submit(jobs)
-    if refs:
-        for positions, data in store.read_blocks_in_log_order(refs, alloc, plan):
-            submit(_runs(leaf, positions, memoryview(data), bs, size),
-                   data if isinstance(data, (bytearray, mmap.mmap)) else None)
-    if progress is not None:
-        progress(min(size, sum(c for _, c, _ in runs) * bs))
+    flags = native.zero_flags(refs, rs) if refs else b""  # the null ref is all zeros
+    nulls += [(leaf[i], 1) for i in range(len(flags)) if flags[i]]
+    jobs = []
+    for start, count in nulls:
+        off, end = start * bs, min(size, (start + count) * bs)
+        while off < end:
+            m = min(len(zero), end - off)
+            jobs.append((zero[:m], off))
+            off += m
+    submit(jobs)
 
 
 def _runs(leaf, positions, data, bs, size):

@@ -286,7 +286,7 @@ class Reads:
                 return False
             tag, plan, target, err = got
             ends += 1
-            if err is not None or not plan[3]:
+            if err is not None or plan is None or not plan[3]:
                 queue.append(((tag, None, None, err), None))
                 return True
             spans = plan[3]
