@@ -93,8 +93,14 @@ class RawStream:
             # request's reply that spans two windows may hold one across an await)
             if sys.getrefcount(self.spare[k]) <= 2 and len(self.spare[k]) >= n:
                 return self.spare.pop(k)  # (only this thread takes from the list)
-        # private: a shared anonymous map is shmem, slower to fault in and to unmap
-        return mmap.mmap(-1, max(n, WINDOW), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        # private: a shared anonymous map is shmem, slower to fault in and to unmap; huge pages
+        # where the kernel gives them: the kernel walks the window's pages for every reply
+        b = mmap.mmap(-1, max(n, WINDOW), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        try:
+            b.madvise(mmap.MADV_HUGEPAGE)
+        except (AttributeError, OSError):
+            pass
+        return b
 
     async def _fetch(self, w, ev, fs):
         try:
