@@ -2,9 +2,10 @@
 
 A user copying a past disk (`cp`, `dd bs=1M`) reads it front to back: as
 soon as reads follow each other, the stream reads the disk in aligned
-windows of WINDOW bytes, each the image reader's log-order pass (each
-arena once, decoded on every core in the C core into one buffer), AHEAD
-windows ahead of the reader, while the event loop answers the kernel's
+windows of WINDOW bytes, one log-order stream of the image reader's (each
+arena once a window, decoded on every core in the C core straight into
+the window, the next window's spans under way while this one's last decode),
+AHEAD windows ahead of the reader, while the event loop answers the kernel's
 requests from windows already decoded, without a trip to the worker
 thread. A guest booting from a past day reads small pieces here and there:
 those go straight to the image reader, block by block through the store's
@@ -20,7 +21,9 @@ import sys
 
 import trio
 
-WINDOW = 4 << 20  # bytes of image a sequential window decodes at once
+WINDOW = 4 << 20  # bytes of image a sequential window decodes at once: the windows are one stream
+# of spans (ImageReader.read_window), so a small one leaves the decoders no pause at its end, and
+# the windows held (KEEP here, two in the stream, SPARE) cost 16 MB less than at 8 MiB
 AHEAD = 2  # windows fetched ahead of a sequential reader
 KEEP = AHEAD + 1  # decoded windows kept per open file (the one read, those ahead of it)
 SEQUENTIAL = 2  # consecutive reads that make a reader sequential
