@@ -444,9 +444,14 @@ def test_windows_one_after_the_other_are_one_stream(store, monkeypatch):
         return bufs[len(used) % 4]  # a window's buffer comes back dirty
 
     r = ImageReader(store, root)
+    fds = []
     for off in range(0, len(img), step):
         assert bytes(r.read_window(off, step, alloc)) == img[off:off + step]
+        fds.append(len(os.listdir("/proc/self/fd")))
     assert len(plans) == len(img) // step == len(used)  # once a window
+    # the O_DIRECT descriptors of arenas passed are closed as the stream goes on (the log's own
+    # descriptors stay, as many as it keeps)
+    assert max(fds) <= fds[0] + 1  # (without: one more for every arena passed)
     plans.clear()
     assert bytes(r.read_window(0, step)) == img[:step]  # not the next window: a stream of its own
     assert bytes(r.read_window(3 * step, step)) == img[3 * step:4 * step]  # not the next either
@@ -539,9 +544,10 @@ def test_cold_restore_sweeps_each_arena_once(tmp_path, monkeypatch):
 
         monkeypatch.setattr(read_mod._SpanReads, "read", short)
         direct = []  # the passes' O_DIRECT descriptors (None where the file system refuses one)
-        span_close = read_mod._SpanReads.close
-        monkeypatch.setattr(read_mod._SpanReads, "close",
-                            lambda self: direct.extend(self.direct.values()) or span_close(self))
+        span_open = read_mod._SpanReads.open
+        monkeypatch.setattr(read_mod._SpanReads, "open",
+                            lambda self, arena: span_open(self, arena) or
+                            (arena in self.direct and direct.append(self.direct[arena])))
         slow = []  # refs read block by block (tree nodes; a span's blocks only after damage)
         read_blocks = read_mod.Reads.read_blocks
         monkeypatch.setattr(read_mod.Reads, "read_blocks",

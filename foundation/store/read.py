@@ -115,6 +115,14 @@ class _SpanReads:
         got = disk.pread_into(self.store.log.fd(arena), "arena", start, mv[:size])
         return mv[:got]
 
+    def retire(self, keep):
+        """Close the O_DIRECT descriptors of the arenas not in keep (those spans still to come read):
+        a stream over a whole image must not hold one for every arena it passed."""
+        for arena in [a for a in self.direct if a not in keep]:
+            fd = self.direct.pop(arena)
+            if fd is not None:
+                os.close(fd)
+
     def close(self):
         with _spare_lock:
             _spare.extend(self.free)
@@ -337,6 +345,9 @@ class Reads:
                 if sp is None:  # a pass's end (or the error that kept it from being planned)
                     ends -= 1
                     fill()
+                    if reads is not None:
+                        reads.retire({x[1][0] for x in pending if x[1] is not None} |
+                                     {x[1][0] for x in queue if x[1] is not None})
                     yield tag, None, ps[3] if plan is None else None
                     continue
                 data, keys, bad = f.result()
