@@ -124,6 +124,11 @@ int64_t fdn_unpack_many(fdn_codec *c, uint32_t arena, const uint8_t *iv,
 	const uint8_t *buf, size_t len, uint64_t base, const uint64_t *offs,
 	size_t n, uint8_t *out, size_t outcap, uint64_t *pos, int32_t *errs,
 	uint8_t *btypes, uint8_t *keys, size_t keyslen, int threads);
+/* fdn_unpack_many of one-block records, record i's data at out + slots[i] * bs. */
+int64_t fdn_unpack_at(fdn_codec *c, uint32_t arena, const uint8_t *iv,
+	const uint8_t *buf, size_t len, uint64_t base, const uint64_t *offs,
+	size_t n, uint8_t *out, size_t outcap, const uint64_t *slots, size_t bs,
+	int32_t *errs, uint8_t *btypes, uint8_t *keys, size_t keyslen, int threads);
 int64_t fdn_scan(fdn_codec *c, uint32_t arena, const uint8_t *buf,
 	size_t len, uint64_t base, int verify, fdn_entry *ents, size_t nents,
 	uint64_t *end, int *err);

@@ -608,6 +608,8 @@ typedef struct {
 	uint8_t *keys;
 	size_t n;
 	size_t next;		/* the first record no thread has taken */
+	const uint64_t *slots;	/* fdn_unpack_at: record i's data at out + slots[i] * bs */
+	size_t bs;
 } manyjob;
 
 /* Check and decode record i; a bad record is no failure, only its errs[i]. */
@@ -623,10 +625,11 @@ static int many_one(manyjob *j, work *w, size_t i)
 	if (j->errs[i] != FDN_OK)
 		return FDN_OK;	/* FDN_ESPACE: too big to plan for */
 	rc = check(j->c, w, j->arena, j->offs[i], j->buf + at, j->len - at, 1, &e);
-	if (rc == FDN_OK && e.rlen != j->pos[i + 1] - j->pos[i])
+	if (rc == FDN_OK && e.rlen != (j->slots ? j->bs : j->pos[i + 1] - j->pos[i]))
 		rc = FDN_ESPACE;	/* the header changed since it was planned */
 	if (rc == FDN_OK)
-		rc = decode(j->c, w, j->iv, &e, j->buf + at + FDN_HEADER_SIZE, j->out + j->pos[i]);
+		rc = decode(j->c, w, j->iv, &e, j->buf + at + FDN_HEADER_SIZE,
+			j->slots ? j->out + j->slots[i] * j->bs : j->out + j->pos[i]);
 	if (rc == FDN_OK) {
 		j->btypes[i] = e.btype;
 		memcpy(key, e.key, FDN_SCORE_SIZE);
@@ -670,7 +673,7 @@ int64_t fdn_unpack_many(fdn_codec *c, uint32_t arena, const uint8_t *iv,
 	size_t n, uint8_t *out, size_t outcap, uint64_t *pos, int32_t *errs,
 	uint8_t *btypes, uint8_t *keys, size_t keyslen, int threads)
 {
-	manyjob j = { c, arena, iv, buf, len, base, offs, out, pos, errs, btypes, keys, 0, 0 };
+	manyjob j = { c, arena, iv, buf, len, base, offs, out, pos, errs, btypes, keys, 0, 0, NULL, 0 };
 	uint64_t total = 0;
 	size_t k;
 	fdn_entry e;
@@ -707,6 +710,36 @@ int64_t fdn_unpack_many(fdn_codec *c, uint32_t arena, const uint8_t *iv,
 	if ((rc = fdn_parallel(threads, k, GRAIN, many_range, &j)) != FDN_OK)
 		return rc;
 	return (int64_t)k;
+}
+
+/*
+ * fdn_unpack_many for records of one block each, decoded straight to where
+ * the caller wants them: record i's bs bytes at out + slots[i] * bs (a
+ * window of an image, in image order, while the records come in log order),
+ * so no copy follows. A record of another length is left undecoded with
+ * FDN_ESPACE in errs[i] (the caller decodes it alone); a bad one has its code
+ * there, as in fdn_unpack_many. Returns n, or FDN_EARG.
+ */
+int64_t fdn_unpack_at(fdn_codec *c, uint32_t arena, const uint8_t *iv,
+	const uint8_t *buf, size_t len, uint64_t base, const uint64_t *offs,
+	size_t n, uint8_t *out, size_t outcap, const uint64_t *slots, size_t bs,
+	int32_t *errs, uint8_t *btypes, uint8_t *keys, size_t keyslen, int threads)
+{
+	manyjob j = { c, arena, iv, buf, len, base, offs, out, NULL, errs, btypes, keys, n, 0, slots, bs };
+	size_t k;
+	int rc;
+
+	if ((c->enc && iv == NULL) || base > FDN_ARENA_MAX || len > FDN_ARENA_MAX - base ||
+	    n > SIZE_MAX / FDN_SCORE_SIZE || keyslen != n * FDN_SCORE_SIZE || bs == 0)
+		return FDN_EARG;
+	for (k = 0; k < n; k++) {
+		if (offs[k] < base || offs[k] - base >= len || slots[k] >= outcap / bs)
+			return FDN_EARG;
+		errs[k] = FDN_OK;	/* a length other than bs: many_one finds it (FDN_ESPACE) */
+	}
+	if ((rc = fdn_parallel(threads, n, GRAIN, many_range, &j)) != FDN_OK)
+		return rc;
+	return (int64_t)n;
 }
 
 static int zero(const uint8_t *p, size_t n)

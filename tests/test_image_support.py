@@ -95,9 +95,6 @@ class MemStore:
         """Like Store.log_order_plan: whatever read_blocks_in_log_order takes back as `plan`."""
         return (bytes(refs),)
 
-    def will_read(self, plan):
-        """Like Store.will_read: a hint, nothing to read ahead in memory."""
-
     def read_blocks_in_log_order(self, refs, alloc=None, plan=None):
         """One batch as one buffer of blocks, in write order, like Store.read_blocks_in_log_order."""
         self.calls["read_blocks_in_log_order"] += 1

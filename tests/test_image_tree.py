@@ -415,15 +415,14 @@ def test_a_stream_of_windows_recycles_its_read_buffers(store, monkeypatch):
     assert 0 < len(made) <= read_mod.AHEAD and len(read_mod._spare) <= read_mod.SPARE
 
 
-def test_a_stream_plans_its_next_window_while_this_one_decodes(store, monkeypatch):
-    """read_window plans the next aligned window during this one's pass, and the next call takes
-    that plan instead of locating its blocks again; a call for another window, or after the store
-    was refreshed, plans its own. Every window exact."""
-    from foundation.image import reader as reader_mod
-
-    monkeypatch.setattr(reader_mod, "LOG_ORDER_MIN", 4)  # these windows go the log-order way whatever their zeros
+def test_windows_one_after_the_other_are_one_stream(store, monkeypatch):
+    """read_window's windows asked for one after the other are one log-order stream: each window
+    planned once, the next one's spans under way while this one ends; a window that is not the
+    next, or one after the store was refreshed, starts a stream of its own. Recycled buffers
+    (old bytes in them) come back exact, null blocks zeroed. Every window exact."""
     rng = seeded(11)
     img = bytearray(content(rng, 6 << 20))
+    img[(1 << 20) + 3 * BS:(1 << 20) + 9 * BS] = bytes(6 * BS)  # null blocks inside a window
     root = full(store, img)
     for _ in range(4):  # later days scatter the blocks over the log
         ch = mutate(rng, img)
@@ -436,19 +435,32 @@ def test_a_stream_plans_its_next_window_while_this_one_decodes(store, monkeypatc
         return made(self, refs)
 
     monkeypatch.setattr(type(store), "log_order_plan", spy)
-    r = ImageReader(store, root)
     step = 1 << 20
+    bufs = [bytearray(b"\xaa" * step) for _ in range(4)]
+    used = []
+
+    def alloc(n):
+        used.append(n)
+        return bufs[len(used) % 4]  # a window's buffer comes back dirty
+
+    r = ImageReader(store, root)
+    fds = []
     for off in range(0, len(img), step):
-        assert bytes(r.read_window(off, step)) == img[off:off + step]
-    assert len(plans) == len(img) // step  # once a window: the first at its turn, each next ahead
-    assert r._planned is None  # the last window has no next one
+        assert bytes(r.read_window(off, step, alloc)) == img[off:off + step]
+        fds.append(len(os.listdir("/proc/self/fd")))
+    assert len(plans) == len(img) // step == len(used)  # once a window
+    # the O_DIRECT descriptors of arenas passed are closed as the stream goes on (the log's own
+    # descriptors stay, as many as it keeps)
+    assert max(fds) <= fds[0] + 1  # (without: one more for every arena passed)
     plans.clear()
-    assert bytes(r.read_window(0, step)) == img[:step]  # its own plan, and the next one's
-    assert bytes(r.read_window(3 * step, step)) == img[3 * step:4 * step]  # not the one planned: its own
-    assert len(plans) == 4 and r._planned[0] == 4 * step // BS
-    r._planned = r._planned[:2] + (object(),) + r._planned[3:]  # as if the store had been refreshed
-    assert bytes(r.read_window(4 * step, step)) == img[4 * step:5 * step]
-    assert len(plans) == 6  # the stale plan not taken
+    assert bytes(r.read_window(0, step)) == img[:step]  # not the next window: a stream of its own
+    assert bytes(r.read_window(3 * step, step)) == img[3 * step:4 * step]  # not the next either
+    st = r._stream
+    assert bytes(r.read_window(4 * step, step)) == img[4 * step:5 * step]  # the next one: the same stream
+    assert r._stream is st
+    st.log = object()  # as if the store had been refreshed
+    assert bytes(r.read_window(5 * step, step)) == img[5 * step:6 * step]
+    assert r._stream is not st
     # a block of the next window that cannot be located fails that window at its own turn, loudly,
     # not the window being read
     bad = bytes(r.leaf_refs(2 * step // BS, 3 * step // BS))
@@ -461,9 +473,11 @@ def test_a_stream_plans_its_next_window_while_this_one_decodes(store, monkeypatc
     monkeypatch.setattr(type(store), "log_order_plan", lost)
     r = ImageReader(store, root)
     assert bytes(r.read_window(step, step)) == img[step:2 * step]
-    assert r._planned is None
     with pytest.raises(DataCorrupt, match="block lost"):
         r.read_window(2 * step, step)
+    assert r._stream is None
+    monkeypatch.setattr(type(store), "log_order_plan", made)
+    assert bytes(r.read_window(3 * step, step)) == img[3 * step:4 * step]  # the stream starts again
 
 
 def test_restore_windows_grow_from_a_small_first_one(store, tmp_path, monkeypatch):
@@ -550,9 +564,10 @@ def test_cold_restore_sweeps_each_arena_once(tmp_path, monkeypatch):
 
         monkeypatch.setattr(read_mod._SpanReads, "read", short)
         direct = []  # the passes' O_DIRECT descriptors (None where the file system refuses one)
-        span_close = read_mod._SpanReads.close
-        monkeypatch.setattr(read_mod._SpanReads, "close",
-                            lambda self: direct.extend(self.direct.values()) or span_close(self))
+        span_open = read_mod._SpanReads.open
+        monkeypatch.setattr(read_mod._SpanReads, "open",
+                            lambda self, arena: span_open(self, arena) or
+                            (arena in self.direct and direct.append(self.direct[arena])))
         slow = []  # refs read block by block (tree nodes; a span's blocks only after damage)
         read_blocks = read_mod.Reads.read_blocks
         monkeypatch.setattr(read_mod.Reads, "read_blocks",

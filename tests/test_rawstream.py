@@ -39,7 +39,7 @@ class Disk:
         self._check(off, n)
         return self.data[off:off + n]
 
-    def window(self, off, n):
+    def window(self, off, n, alloc=None):
         self.windows.append(off)
         self._check(off, n)
         return memoryview(self.data)[off:off + n]
@@ -118,13 +118,13 @@ def test_a_store_image_read_through_windows_in_log_order(tmp_path, monkeypatch):
 
     monkeypatch.setattr(reader_mod, "LOG_ORDER_MIN", 4)  # these small windows go the log-order way too
     passes = []
-    log_order = Store.read_blocks_in_log_order
+    log_order = Store.log_order_plan
 
-    def spy(self, refs, alloc=None, plan=None):
+    def spy(self, refs):
         passes.append(len(refs))
-        return log_order(self, refs, alloc, plan)
+        return log_order(self, refs)
 
-    monkeypatch.setattr(Store, "read_blocks_in_log_order", spy)
+    monkeypatch.setattr(Store, "log_order_plan", spy)
     path = make_store(tmp_path / "store", mode="hash")
     rng = random.Random(5)
     img = bytearray(rng.randbytes(3 * WIN + 3 * BS))

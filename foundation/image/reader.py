@@ -16,8 +16,10 @@ of the /snapshot tree and of booted clones: interior nodes stay in an LRU
 cache, and a run of sequential reads grows a read-ahead window up to 8 MiB,
 read in log order like a restore once it holds LOG_ORDER_MIN blocks;
 `read_window` hands a whole window to a caller that keeps it (the tree's
-stream of a sequentially read vda.raw), and plans the next window while
-this one's spans decode.
+stream of a sequentially read vda.raw): windows asked for one after the
+other are one stream of spans (`store.log_order_stream`), the next
+window planned and its first spans decoding while this one's last are,
+every block decoded straight to its place in its window (no copy).
 """
 
 import array
@@ -37,6 +39,7 @@ from foundation.errors import DataCorrupt, Error, NotFound
 from foundation.image import qemuimg
 from foundation.image.shape import Shape, split_refs
 from foundation.store.cache import give_back
+from foundation.store.read import DIRECT_MIN
 
 BATCH = 8192  # leaves per read_blocks call
 WINDOW = 256 << 20  # bytes of image whose blocks one restore pass reads in log order: its plan (a
@@ -55,6 +58,8 @@ DIRECT_WRITES = False  # O_DIRECT for a restore's file: up to 0.4 CPU s less a 2
 # (wall 4.6-7.0 s against 3.3-3.7 s on the benchmark machine; benchmarks/README.md)
 DIRECT_ALIGN = 4096  # what O_DIRECT asks of a write's offset, length and buffer (a page covers every disk)
 SPAN_BYTES = 2 << 20  # the largest span the store decodes into one buffer (store.read.SPAN_BLOCKS of 4 KiB)
+STREAM_DIRECT = True  # a stream's spans read sealed arenas with O_DIRECT, as a restore's do: its
+# spans ahead run on across windows, so they keep the disk busy without the page cache's read-ahead
 SPAN_BUFFERS = 5  # more than the spans the store decodes ahead of the one handed out (store.read.AHEAD)
 
 
@@ -83,7 +88,7 @@ class ImageReader:
         self._seq = None  # offset where the last read ended
         self._win = (0, b"")  # read-ahead window: first leaf, its blocks' data (never mutated)
         self._ring = [bytearray() for _ in range(SPAN_BUFFERS)]  # spans decoded for a window, reused
-        self._planned = None  # (first leaf, end, store's log, refs, plan or None): a stream's next window, planned ahead
+        self._stream = None  # _Stream: the windows read one after the other
         self._lock = threading.Lock()
 
     # ---- interior nodes -------------------------------------------------------
@@ -148,16 +153,9 @@ class ImageReader:
         return b"".join(parts)
 
     # ---- data -----------------------------------------------------------------------
-    def _fetch(self, b0, b1, ahead=0):
-        """Data of leaves b0..b1-1, one buffer of (b1 - b0) blocks. ahead: a stream's window, whose
-        next `ahead` leaves are planned while this one's spans decode (_plan_ahead)."""
-        got, plan = self._planned, None
-        if got is not None and got[0] == b0 and got[1] == b1 and got[2] is self.s.log:  # not across a refresh
-            refs, plan = got[3], got[4]
-            self._planned = None
-        else:
-            refs = self.leaf_refs(b0, b1)
-        nxt = (b1, min(self.sh.nleaves, b1 + ahead)) if ahead and b1 < self.sh.nleaves else None
+    def _fetch(self, b0, b1):
+        """Data of leaves b0..b1-1, one buffer of (b1 - b0) blocks."""
+        refs = self.leaf_refs(b0, b1)
         bs, rs = self.sh.bs, self.sh.rs
         n = len(refs) // rs
         out = bytearray(n * bs)  # null blocks stay zeros
@@ -173,42 +171,9 @@ class ImageReader:
                 view[i * bs:(i + 1) * bs] = data
             return out
         # a read-ahead window: the log read front to back in large spans, as a restore does
-        ring = self._ring
-
-        def alloc(size):  # a span's buffer is free again once it is copied out: a few serve them all
-            ring.append(ring.pop(0))
-            if len(ring[-1]) < size:  # mapped, so its pages leave with it; at least a whole span
-                ring[-1] = mmap.mmap(-1, max(size, SPAN_BYTES))
-            return ring[-1]
-
-        for positions, data in self.s.read_blocks_in_log_order(refs, alloc, plan):
-            if nxt is not None:  # the decoders have their spans: plan the next window meanwhile
-                self._plan_ahead(*nxt)
-                nxt = None
-            src = memoryview(data)
-            starts = _run_starts(positions)
-            for i, j in zip(starts, starts[1:]):  # a run of blocks that follow each other in the image is one copy
-                p = positions[i]
-                view[p * bs:(p + j - i) * bs] = src[i * bs:j * bs]
-            del src
+        for positions, data in self.s.read_blocks_in_log_order(refs, _ring_alloc(self._ring)):
+            _put(view, bs, positions, data)
         return out
-
-    def _plan_ahead(self, b0, b1):
-        """Locate the blocks of leaves b0..b1-1 for the _fetch that will ask for them: a stream's
-        next window, planned in the thread that runs the store's Python anyway, while the
-        decoders (C, the GIL released) work on this window's spans; planned at the next window's
-        own turn, no decode ran meanwhile (~5 ms a window, 256 windows a 2 GiB copy). A block that
-        cannot be located is left to that turn, which names it."""
-        try:
-            refs = self.leaf_refs(b0, b1)
-            n = len(refs) // self.sh.rs
-            live = n - native.zero_flags(refs, self.sh.rs).count(1)
-            plan = self.s.log_order_plan(refs) if live >= LOG_ORDER_MIN else None
-            if plan is not None:
-                self.s.will_read(plan)  # its spans come from the disk while this window decodes
-        except (Error, OSError):
-            return
-        self._planned = (b0, b1, self.s.log, refs, plan)
 
     def read(self, offset, length):
         """`length` bytes from `offset`, fewer at the end of the image."""
@@ -241,16 +206,32 @@ class ImageReader:
         lo = offset - w0 * bs
         return bytes(memoryview(wdata)[lo:lo + end - offset])
 
-    def read_window(self, offset, length):
-        """`length` bytes from a block-aligned `offset` as one buffer, read in log order when large;
-        kept by the caller, not by this reader's own window."""
+    def read_window(self, offset, length, alloc=None):
+        """`length` bytes from a block-aligned `offset` as one buffer, read in log order; kept by
+        the caller, not by this reader's own window. Windows of one size asked for one after the
+        other are one stream (_Stream). alloc(nbytes), when given, supplies the window buffers
+        (a caller that recycles them; their old bytes are overwritten)."""
         bs = self.sh.bs
         end = min(offset + length, self.size)
         if offset % bs or offset >= end:
             return self.read(offset, length)
-        with self._lock:  # _fetch's span buffers are the reader's own
+        with self._lock:  # the stream's buffers are the reader's own
             b0, b1 = offset // bs, -(-end // bs)
-            return memoryview(self._fetch(b0, b1, ahead=b1 - b0))[:end - offset]
+            st = self._stream
+            if st is None or not st.follows(b0, b1):
+                self._end_stream()
+                st = self._stream = _Stream(self, b0, b1 - b0, alloc)
+            try:
+                return memoryview(st.take(b0))[:end - offset]
+            except BaseException:
+                self._end_stream()
+                raise
+
+    def _end_stream(self):
+        """Drop the stream: its spans in flight finish first (they write into its buffers)."""
+        st, self._stream = self._stream, None
+        if st is not None:
+            st.gen.close()
 
     # ---- whole-tree walk ----------------------------------------------------------
     def iter_leaves(self, b0=0, b1=None, batch=BATCH):
@@ -297,6 +278,82 @@ class ImageReader:
                     yield (run_start, sum(len(x) for x in run) // rs, b"".join(run))
 
         yield from walk(sh.depth, 0, self.root.ref)
+
+
+class _Stream:
+    """An ImageReader's windows of `per` leaves read one after the other from leaf b0: one
+    log_order_stream whose passes are the windows, each planned (tree walk, blocks located) when
+    the spans ahead reach it, so the decoders go on with the next window while the caller copies
+    this one out. A window that cannot be planned fails at its own turn, not the one before."""
+
+    def __init__(self, r, b0, per, alloc):
+        self.r, self.next, self.per, self.log = r, b0, per, r.s.log
+        self.alloc = alloc or bytearray
+        self.outs = {}  # first leaf of a window planned -> (its buffer, a view of it)
+        self.gen = r.s.log_order_stream(self._plans(b0), None, STREAM_DIRECT)
+
+    def follows(self, b0, b1):
+        """Is [b0, b1) the window this stream reads next (of its size, or the image's last)?"""
+        r = self.r
+        return (b0 == self.next and b1 == min(r.sh.nleaves, b0 + self.per) and self.log is r.s.log)
+
+    def _plans(self, b0):
+        r, bs, rs = self.r, self.r.sh.bs, self.r.sh.rs
+        for w0 in range(b0, r.sh.nleaves, self.per):
+            w1 = min(r.sh.nleaves, w0 + self.per)
+            try:
+                refs = r.leaf_refs(w0, w1)
+                plan = r.s.log_order_plan(refs)
+            except (Error, OSError) as e:  # named at this window's turn
+                yield w0, None, None, e
+                return
+            n = w1 - w0
+            out = self.alloc(n * bs)
+            view = memoryview(out)
+            flags = native.zero_flags(refs, rs)
+            if flags.count(1):  # a recycled buffer holds old bytes: the null blocks' runs are zeroed
+                nulls = list(itertools.compress(range(n), flags))
+                starts = _run_starts(nulls)
+                zero = bytes(max(j - i for i, j in zip(starts, starts[1:])) * bs)
+                for i, j in zip(starts, starts[1:]):
+                    view[nulls[i] * bs:(nulls[i] + j - i) * bs] = zero[:(j - i) * bs]
+            self.outs[w0] = (out, view)
+            yield w0, plan, view, None
+
+    def take(self, b0):
+        """The buffer of the window at leaf b0 (the next one), its spans all in place."""
+        bs = self.r.sh.bs
+        for tag, pos, data in self.gen:
+            if pos is None:
+                if data is not None:
+                    raise data
+                out = self.outs.pop(tag)[0]
+                if tag != b0:  # never: the windows end in the order they were planned
+                    raise RuntimeError(f"a stream's window {tag} ended before {b0}")
+                self.next = b0 + self.per
+                return out
+            view = self.outs[tag][1]
+            if data is not view:  # read again after damage: copied to its place
+                _put(view, bs, pos, data)
+        raise RuntimeError(f"a stream ended before its window at leaf {b0}")
+
+
+def _ring_alloc(ring):
+    def alloc(size):  # a span's buffer is free again once it is copied out: a few serve them all
+        ring.append(ring.pop(0))
+        if len(ring[-1]) < size:  # mapped, so its pages leave with it; at least a whole span
+            ring[-1] = mmap.mmap(-1, max(size, SPAN_BYTES))
+        return ring[-1]
+    return alloc
+
+
+def _put(view, bs, positions, data):
+    """Copy a span's blocks (data, in log order) to their positions in view, a run with one copy."""
+    src = memoryview(data)
+    starts = _run_starts(positions)
+    for i, j in zip(starts, starts[1:]):  # a run of blocks that follow each other in the image is one copy
+        p = positions[i]
+        view[p * bs:(p + j - i) * bs] = src[i * bs:j * bs]
 
 
 def write_raw(store, root, fd, sparse=True, progress=None, window=None, direct=None):
@@ -359,20 +416,44 @@ def write_raw(store, root, fd, sparse=True, progress=None, window=None, direct=N
             return _plan(store, runs) if runs else None
 
         with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="restore-plan") as planner:
-            ahead = planner.submit(plan)
-            while True:
-                w = ahead.result()
-                if w is None:
-                    break
-                # The next window is planned (tree read, blocks located: Python and small reads)
-                # while this one's spans are read and decoded (C, the GIL released).
-                ahead = planner.submit(plan)
-                _window(store, w, bs, size, rs, zero, submit, alloc, progress)
-                del w
-                # the window's plan and the spans' keys were freed in every thread's heap, which
-                # glibc keeps for reuse (a restore peaked ~60 MB higher): hand the pages back
-                give_back()
-            ahead.cancel()
+            ahead = [planner.submit(plan)]
+            wins = {}
+
+            def plans():  # the windows, each as the stream's spans reach it
+                k = 0
+                while True:
+                    w = ahead[0].result()
+                    if w is None:
+                        return
+                    # The next window is planned (tree read, blocks located: Python and small reads)
+                    # while this one's spans are read and decoded (C, the GIL released).
+                    ahead[0] = planner.submit(plan)
+                    k += 1
+                    wins[k] = w
+                    _zeros(w, bs, size, rs, zero, submit)
+                    yield k, w[3], None, None
+
+            try:
+                # One stream over the windows: the next window's first spans are read and decoded
+                # while this one's last are, so the decoders never wait at a window's end.
+                for k, positions, data in store.log_order_stream(plans(), alloc, None if size < DIRECT_MIN else True):
+                    w = wins[k]
+                    if positions is None:  # the window's end
+                        if data is not None:
+                            raise data
+                        del wins[k]
+                        if progress is not None:
+                            progress(min(size, sum(c for _, c, _ in w[0]) * bs))
+                        del w
+                        # the window's plan and the spans' keys were freed in every thread's heap,
+                        # which glibc keeps for reuse (a restore peaked ~60 MB higher): hand the
+                        # pages back
+                        give_back()
+                        continue
+                    submit(_runs(w[1], positions, memoryview(data), bs, size),
+                           data if isinstance(data, (bytearray, mmap.mmap)) else None)
+            finally:
+                ahead[0].cancel()
         while pending:
             pending.popleft().result()
 
@@ -391,27 +472,23 @@ def _plan(store, runs):
     return runs, leaf, nulls, store.log_order_plan(refs) if refs else None
 
 
-def _window(store, w, bs, size, rs, zero, submit, alloc, progress):
-    """Restore one planned window (_plan)."""
+def _zeros(w, bs, size, rs, zero, submit):
+    """A planned window's (_plan) null blocks written as zeros when zero is given (a device keeps
+    whatever it held); a file leaves them holes."""
+    if not zero:
+        return
     runs, leaf, nulls, plan = w
     refs = plan[0] if plan else b""
-    if zero:  # a device keeps whatever it held: write the zeros too
-        flags = native.zero_flags(refs, rs) if refs else b""  # the null ref is all zeros
-        nulls += [(leaf[i], 1) for i in range(len(flags)) if flags[i]]
-        jobs = []
-        for start, count in nulls:
-            off, end = start * bs, min(size, (start + count) * bs)
-            while off < end:
-                m = min(len(zero), end - off)
-                jobs.append((zero[:m], off))
-                off += m
-        submit(jobs)
-    if refs:
-        for positions, data in store.read_blocks_in_log_order(refs, alloc, plan):
-            submit(_runs(leaf, positions, memoryview(data), bs, size),
-                   data if isinstance(data, (bytearray, mmap.mmap)) else None)
-    if progress is not None:
-        progress(min(size, sum(c for _, c, _ in runs) * bs))
+    flags = native.zero_flags(refs, rs) if refs else b""  # the null ref is all zeros
+    nulls += [(leaf[i], 1) for i in range(len(flags)) if flags[i]]
+    jobs = []
+    for start, count in nulls:
+        off, end = start * bs, min(size, (start + count) * bs)
+        while off < end:
+            m = min(len(zero), end - off)
+            jobs.append((zero[:m], off))
+            off += m
+    submit(jobs)
 
 
 def _runs(leaf, positions, data, bs, size):

@@ -40,8 +40,8 @@ when bs == len(buf).
         compressed block is then replaced by its payload, and seal is handed that same buf
     unpack(codec, arena, iv, offset, rec) -> (btype, key32, data)   or RecordError
     unpack_many(codec, arena, iv, buf, base, offsets, threads=1) -> [(btype, key32, data) | RecordError]
-    unpack_blocks(codec, arena, iv, buf, base, offsets, bs, out=None, threads=1)
-        -> (out, keys n * 32, {i: RecordError})
+    unpack_blocks(codec, arena, iv, buf, base, offsets, bs, out=None, threads=1, slots=None)
+        -> (out, keys n * 32, {i: RecordError})      slots: item i's data at out[slots[i] * bs]
     scan(codec, arena, iv, buf, base, verify=True) -> (entries, end, error)
     scan_columns(codec, arena, iv, buf, base, keylen=32, verify=True)
         -> (Scanned(offs, btypes, keys, tags), end, error)
@@ -80,7 +80,10 @@ goes to out[i * bs:(i + 1) * bs] (out: a writable buffer of at least n * bs
 bytes, or a new bytearray), its key to keys[i * 32:(i + 1) * 32]. A record
 that fails, or holds other than bs bytes, is in the dict of bad items (a
 RecordError, kind "length" for a wrong size); its slot and key are
-unspecified (zeros in the reference).
+unspecified (zeros in the reference). slots, when given (n non-negative
+block numbers of out, which must then be given), put item i's data at
+out[slots[i] * bs] instead: records read in log order decoded straight into
+a window of the image in image order.
 
 scan_columns is scan with its records in columns: offsets (an array of
 u64), types, the first keylen bytes of each key field and each tag, end to

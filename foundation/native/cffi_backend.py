@@ -17,7 +17,7 @@ from foundation.native.checks import (API_VERSION, ARENA_LIMIT, HEADER_SIZE, KEY
                                       RecordError)
 
 # C functions added within API_VERSION 1: a module built before them is stale too.
-_NEWEST = ("fdn_unpack_many", "fdn_check", "fdn_tables_absent", "fdn_scan_cols", "fdn_table_take",
+_NEWEST = ("fdn_unpack_many", "fdn_unpack_at", "fdn_check", "fdn_tables_absent", "fdn_scan_cols", "fdn_table_take",
            "fdn_bloom_add", "fdn_plan_sweep", "fdn_fill", "fdn_seal")
 
 
@@ -228,7 +228,9 @@ class _Native:
         return items
 
     @staticmethod
-    def unpack_blocks(codec, arena, iv, buf, base, offsets, bs, out=None, threads=1):
+    def unpack_blocks(codec, arena, iv, buf, base, offsets, bs, out=None, threads=1, slots=None):
+        if slots is not None:
+            return _Native._unpack_at(codec, arena, iv, buf, base, offsets, bs, out, threads, slots)
         c, size, threads, offs = _many_args(codec, arena, iv, buf, base, offsets, threads)
         n = len(offs)
         out = checks.blocks_out(out, n, bs)
@@ -267,6 +269,44 @@ class _Native:
                     if rc:
                         bad[done + i] = RecordError(_KINDS[rc], offs[done + i])
             done += k
+        return out, bytes(keys), bad
+
+    @staticmethod
+    def _unpack_at(codec, arena, iv, buf, base, offsets, bs, out, threads, slots):
+        """unpack_blocks with slots: one C call decodes every record to its slot (fdn_unpack_at)."""
+        c, size, threads, offs = _many_args(codec, arena, iv, buf, base, offsets, threads)
+        n = len(offs)
+        if isinstance(slots, array.array) and slots.itemsize == 8 and slots.typecode in "qQlL" and \
+                (not n or min(slots) >= 0) and len(slots) == n and out is not None:
+            sl = _ffi.from_buffer("uint64_t[]", slots)  # in place: non-negative, the same bits
+        else:
+            sl = _ffi.new("uint64_t[]", checks.blocks_at(out, slots, n, bs) or [0])
+        keys = bytearray(n * SCORE_SIZE)
+        bad = {}
+        if n == 0:
+            return out, bytes(keys), bad
+        errs = _alloc("int32_t[]", n)
+        btypes = _alloc("uint8_t[]", n)
+        k = _lib.fdn_unpack_at(c, arena, _ro(iv), _ro(buf), size, base, offs, n, _rw(out), checks.nbytes(out),
+                               sl, bs, errs, btypes, _ffi.from_buffer("uint8_t[]", keys), n * SCORE_SIZE, threads)
+        if k == _lib.FDN_EARG:
+            raise checks.outside(offs, base, size) or ValueError("a slot is not a block of out")
+        _ok(k)
+        if _ffi.buffer(errs)[:].count(0) != 4 * n:  # some record is bad, or holds other than bs bytes
+            view, mv = memoryview(out).cast("B"), memoryview(buf).cast("B")
+            for i, rc in enumerate(_ffi.unpack(errs, n)):
+                if rc == _lib.FDN_ESPACE:  # another length: decoded alone, its tag checked first
+                    try:
+                        item = _Native.unpack(codec, arena, iv, offs[i], mv[offs[i] - base:])
+                    except RecordError as e:
+                        item = e
+                    if not isinstance(item, RecordError) and len(item[2]) == bs:
+                        view[sl[i] * bs:(sl[i] + 1) * bs] = item[2]
+                        keys[i * SCORE_SIZE:(i + 1) * SCORE_SIZE] = item[1]
+                        continue
+                    bad[i] = item if isinstance(item, RecordError) else RecordError("length", offs[i])
+                elif rc:
+                    bad[i] = RecordError(_KINDS[rc], offs[i])
         return out, bytes(keys), bad
 
     @staticmethod

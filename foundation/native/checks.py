@@ -239,6 +239,22 @@ def blocks_out(out, n, bs):
     return out
 
 
+def blocks_at(out, slots, n, bs):
+    """unpack_blocks's slots, checked against out: n of them, each a block of out -> [slot]."""
+    uint(bs, 1 << 32, "bs")
+    if bs == 0:
+        raise ValueError("bs must be at least 1")
+    slots = list(slots)
+    if len(slots) != n:
+        raise ValueError(f"{len(slots)} slots for {n} offsets")
+    if out is None:
+        raise ValueError("slots need out, the buffer they name blocks of")
+    for x in slots:
+        if not isinstance(x, int) or x < 0 or (x + 1) * bs > nbytes(out):
+            raise ValueError(f"slot {x!r} is not a block of out ({nbytes(out)} bytes)")
+    return slots
+
+
 def index_args(region, first, nregion, bucket_size, keylen, nbuckets):
     uint(nbuckets, 1 << 64, "nbuckets")
     if nbuckets == 0:

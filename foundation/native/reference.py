@@ -304,11 +304,16 @@ def unpack_many(codec, arena, iv, buf, base, offsets, threads=1):
     return out
 
 
-def unpack_blocks(codec, arena, iv, buf, base, offsets, bs, out=None, threads=1):
-    """unpack_many of records that each hold one block of bs bytes, the data of item i at out[i * bs]."""
+def unpack_blocks(codec, arena, iv, buf, base, offsets, bs, out=None, threads=1, slots=None):
+    """unpack_many of records that each hold one block of bs bytes, the data of item i at out[i * bs]
+    (slots given: at out[slots[i] * bs])."""
     offsets = list(offsets)
+    if slots is not None:
+        at = checks.blocks_at(out, slots, len(offsets), bs)
     got = unpack_many(codec, arena, iv, buf, base, offsets, threads)
-    out = checks.blocks_out(out, len(offsets), bs)
+    if slots is None:
+        out = checks.blocks_out(out, len(offsets), bs)
+        at = range(len(offsets))
     keys, bad = [], {}
     view = memoryview(out).cast("B")
     for i, item in enumerate(got):
@@ -316,7 +321,7 @@ def unpack_blocks(codec, arena, iv, buf, base, offsets, bs, out=None, threads=1)
             bad[i] = item if isinstance(item, RecordError) else RecordError("length", offsets[i])
             keys.append(bytes(SCORE_SIZE))
             continue
-        view[i * bs:(i + 1) * bs] = item[2]
+        view[at[i] * bs:(at[i] + 1) * bs] = item[2]
         keys.append(item[1])
     return out, b"".join(keys), bad
 

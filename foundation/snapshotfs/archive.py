@@ -177,12 +177,13 @@ class _Clipped:
             return b""
         return self.reader.read(offset, end - offset)
 
-    def window(self, offset, length):
-        """Like read, for a large aligned piece read whole in log order (a stream's window)."""
+    def window(self, offset, length, alloc=None):
+        """Like read, for a large aligned piece read whole in log order (a stream's window), into
+        buffers from alloc(nbytes) when given (buffers the caller recycles)."""
         end = min(offset + length, self.size)
         if offset >= end:
             return b""
-        return self.reader.read_window(offset, end - offset)
+        return self.reader.read_window(offset, end - offset, alloc)
 
 
 # -- a stand-in archive over loose raw image files ---------------------------

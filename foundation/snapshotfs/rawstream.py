@@ -2,23 +2,32 @@
 
 A user copying a past disk (`cp`, `dd bs=1M`) reads it front to back: as
 soon as reads follow each other, the stream reads the disk in aligned
-windows of WINDOW bytes, each the image reader's log-order pass (each
-arena once, decoded on every core in the C core into one buffer), AHEAD
-windows ahead of the reader, while the event loop answers the kernel's
+windows of WINDOW bytes, one log-order stream of the image reader's (each
+arena once a window, decoded on every core in the C core straight into
+the window, the next window's spans under way while this one's last decode),
+AHEAD windows ahead of the reader, while the event loop answers the kernel's
 requests from windows already decoded, without a trip to the worker
 thread. A guest booting from a past day reads small pieces here and there:
 those go straight to the image reader, block by block through the store's
 block cache, so a first read never waits for a window it does not need.
 A window that fails to decode is dropped: the requests in it are then
 read alone, so only a request touching the damaged block fails (EIO).
+A window's buffer, once dropped and no longer referenced by a request's
+reply, is decoded into again (no fresh pages to fault in and zero a window).
 """
+
+import mmap
+import sys
 
 import trio
 
-WINDOW = 8 << 20  # bytes of image a sequential window decodes at once
+WINDOW = 4 << 20  # bytes of image a sequential window decodes at once: the windows are one stream
+# of spans (ImageReader.read_window), so a small one leaves the decoders no pause at its end, and
+# the windows held (KEEP here, two in the stream, SPARE) cost 16 MB less than at 8 MiB
 AHEAD = 2  # windows fetched ahead of a sequential reader
 KEEP = AHEAD + 1  # decoded windows kept per open file (the one read, those ahead of it)
 SEQUENTIAL = 2  # consecutive reads that make a reader sequential
+SPARE = 1  # dropped windows' buffers kept for the next ones (one is dropped as each is made)
 
 
 class RawStream:
@@ -26,7 +35,8 @@ class RawStream:
 
     def __init__(self, reader, size, path=""):
         self.reader, self.size, self.path = reader, size, path
-        self._window = getattr(reader, "window", reader.read)
+        self._window = getattr(reader, "window", None)
+        self.spare = []  # buffers of dropped windows, to decode the next ones into
         self.wins = {}  # window number -> its bytes (never mutated)
         self.pending = {}  # window number -> trio.Event set when its fetch ends
         self.failed = set()  # windows that did not decode: their requests are read alone
@@ -78,15 +88,38 @@ class RawStream:
             await ev.wait()
         return self.wins.get(w)
 
+    def _buffer(self, n):
+        """A window's buffer of n bytes at least: a dropped one that no reply still reads from, or
+        a new one (called in the worker thread, while the event loop may drop windows)."""
+        for k in range(len(self.spare)):
+            # referenced by the list and getrefcount's argument only: no view of it is left (a
+            # request's reply that spans two windows may hold one across an await)
+            if sys.getrefcount(self.spare[k]) <= 2 and len(self.spare[k]) >= n:
+                return self.spare.pop(k)  # (only this thread takes from the list)
+        # private: a shared anonymous map is shmem, slower to fault in and to unmap; huge pages
+        # where the kernel gives them: the kernel walks the window's pages for every reply
+        b = mmap.mmap(-1, max(n, WINDOW), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        try:
+            b.madvise(mmap.MADV_HUGEPAGE)
+        except (AttributeError, OSError):
+            pass
+        return b
+
     async def _fetch(self, w, ev, fs):
         try:
             lo = w * WINDOW
-            ok, value = await fs._attempt(self._window, lo, min(WINDOW, self.size - lo))
+            n = min(WINDOW, self.size - lo)
+            if self._window is None:
+                ok, value = await fs._attempt(self.reader.read, lo, n)
+            else:
+                ok, value = await fs._attempt(self._window, lo, n, self._buffer)
             if ok:
                 self.wins[w] = value
                 # keep the windows nearest the reader, those ahead of it first
                 while len(self.wins) > KEEP:
-                    del self.wins[max(self.wins, key=lambda x: (x < self.cur, abs(x - self.cur)))]
+                    old = self.wins.pop(max(self.wins, key=lambda x: (x < self.cur, abs(x - self.cur))))
+                    if isinstance(old, memoryview) and isinstance(old.obj, mmap.mmap) and len(self.spare) < SPARE:
+                        self.spare.append(old.obj)
             else:
                 self.failed.add(w)
         finally:

@@ -69,10 +69,10 @@ class _SpanReads:
     still be in the page cache only, and a file system that refuses O_DIRECT are read through the
     cache."""
 
-    def __init__(self, store, nbytes, most):
+    def __init__(self, store, nbytes, most, direct=None):
         self.store, self.direct, self.free = store, {}, []
         self.need = -(-(most + 2 * READ_ALIGN) // (1 << 20)) << 20  # a buffer for the largest span
-        self.big = nbytes >= DIRECT_MIN
+        self.big = nbytes >= DIRECT_MIN if direct is None else direct
         self.ok = DIRECT_READS and self.big and bool(getattr(os, "O_DIRECT", 0))
 
     def open(self, arena):
@@ -114,6 +114,14 @@ class _SpanReads:
                 self.ok = False  # accepted at open, refused at read: the page cache for the rest
         got = disk.pread_into(self.store.log.fd(arena), "arena", start, mv[:size])
         return mv[:got]
+
+    def retire(self, keep):
+        """Close the O_DIRECT descriptors of the arenas not in keep (those spans still to come read):
+        a stream over a whole image must not hold one for every arena it passed."""
+        for arena in [a for a in self.direct if a not in keep]:
+            fd = self.direct.pop(arena)
+            if fd is not None:
+                os.close(fd)
 
     def close(self):
         with _spare_lock:
@@ -233,24 +241,6 @@ class Reads:
         addrs, positions, keys = self._log_order(refs, n)
         return refs, addrs, positions, self._log_spans(addrs), keys
 
-    def will_read(self, plan):
-        """Ask the kernel to read a log_order_plan's spans into the page cache now, in the background:
-        the plan a vda.raw stream makes for its next window while this one decodes, so that the
-        next pass's first spans are not each a wait on the disk (the pass reads through the page
-        cache: it is small). Only a hint; a large pass, read around the cache, is left alone."""
-        spans = plan[3]
-        if sum(sp[2] for sp in spans) >= DIRECT_MIN:
-            return
-        lg = self.log
-        if len(lg.fds) + len({sp[0] for sp in spans} - lg.fds.keys()) > MAX_FDS:
-            # opening more would close the least used descriptor, which a decoder may be reading
-            spans = [sp for sp in spans if sp[0] in lg.fds]
-        for arena, start, size, _, _ in spans:
-            try:
-                os.posix_fadvise(lg.fd(arena), start, size, os.POSIX_FADV_WILLNEED)
-            except (OSError, AttributeError):  # AttributeError: a platform without it
-                return
-
     def read_blocks_in_log_order(self, refs, alloc=None, plan=None):
         """Yield (positions, data) for the blocks named by the concatenated refs, in log order.
 
@@ -268,43 +258,104 @@ class Reads:
         data may then be longer than its blocks. plan, when given, is
         log_order_plan(refs), made before.
         """
-        rs, bs = self.ref_size, self.block_size
-        refs, addrs, positions, spans, keyed = plan if plan is not None else self.log_order_plan(refs)
-        if not spans:
+        plan = plan if plan is not None else self.log_order_plan(refs)
+        if not plan[3]:
             return
+        for _, pos, data in self.log_order_stream(iter([(None, plan, None, None)]), alloc, None):
+            if pos is not None:
+                yield pos, data
+
+    def log_order_stream(self, plans, alloc=None, direct=True):
+        """Like read_blocks_in_log_order over a series of passes that run on without a pause:
+        plans yields (tag, plan, target, error), a pass's plan (log_order_plan) or the error that
+        kept it from being made, asked for only when the spans ahead reach it, so the next
+        pass's first spans are read and decoded while the consumer is still in this one's last
+        (a vda.raw stream's windows: each alone left the decoders idle at its end). Yields
+        (tag, positions, data) for each span and (tag, None, error or None) at each pass's end.
+        A pass's target, when given, is a writable buffer of the blocks of its refs in their
+        order (a window of the image): each span decodes straight into it, block k to
+        positions[k] (native.unpack_blocks's slots), and data is then target itself (a span
+        read again after damage is not: the caller copies it). direct: sealed arenas read with
+        O_DIRECT (None: a pass from DIRECT_MIN bytes)."""
+        rs, bs = self.ref_size, self.block_size
         lg = self.log
         pool = _workers()
-        reads = _SpanReads(self, sum(sp[2] for sp in spans), max(sp[2] for sp in spans))
-        low = array.array("Q", map((0xFFFFFFFF).__and__, addrs))  # arena offsets, for every span at once
+        reads = None
+        queue = collections.deque()  # (pass, span) not yet submitted; a pass: (tag, plan, target, low)
+        pending = collections.deque()  # (pass, span, future) submitted, in log order
+        ends = 0  # passes planned and not yet ended: a window's buffer each, so at most two
 
-        def decode(sp, out, rb):  # a worker: read the span, decode it (the GIL released in both)
+        def more():  # the next pass's spans into the queue (False: no pass left)
+            nonlocal reads, ends
+            if ends >= 2:  # this pass and the next: passes without spans (zeros) must not pile up
+                return False
+            got = next(plans, None)
+            if got is None:
+                return False
+            tag, plan, target, err = got
+            ends += 1
+            if err is not None or plan is None or not plan[3]:
+                queue.append(((tag, None, None, err), None))
+                return True
+            spans = plan[3]
+            if reads is None:
+                most = max(sp[2] for sp in spans) if direct is None else max(LOG_SPAN, max(sp[2] for sp in spans))
+                reads = _SpanReads(self, sum(sp[2] for sp in spans), most, direct)
+            low = array.array("Q", map((0xFFFFFFFF).__and__, plan[1]))  # arena offsets, for every span at once
+            ps = (tag, plan, target, low)
+            queue.extend((ps, sp) for sp in spans)
+            queue.append((ps, None))  # the pass's end
+            return True
+
+        def decode(ps, sp, out, rb):  # a worker: read the span, decode it (the GIL released in both)
             arena, start, size, i, j = sp
+            addrs = ps[1][1]
             b = reads.read(arena, start, size, rb)
             if len(b) <= (addrs[j - 1] & 0xFFFFFFFF) - start:
                 return None, None, True
             # A read short of the span's end is the end of the arena's file (a span reaches a
             # record's largest size past its last one): unpack_blocks finds a record cut short.
-            offs = low[i:j]
-            return native.unpack_blocks(self.codec, arena, lg.iv(arena), b, start, offs, bs, out, lg.threads)
+            if ps[2] is not None:  # straight into the pass's target, each block where it belongs
+                return native.unpack_blocks(self.codec, arena, lg.iv(arena), b, start, ps[3][i:j], bs, ps[2],
+                                            lg.threads, ps[1][2][i:j])
+            return native.unpack_blocks(self.codec, arena, lg.iv(arena), b, start, ps[3][i:j], bs, out, lg.threads)
 
-        def submit(sp):
-            reads.open(sp[0])
-            rb = reads.buffer()
-            f = pool.submit(decode, sp, alloc((sp[4] - sp[3]) * bs) if alloc else None, rb)
-            f.rb = rb
-            return f
+        def fill():  # keep AHEAD spans in flight, across passes
+            while sum(1 for x in pending if x[1] is not None) < AHEAD:
+                if not queue and not more():
+                    return
+                ps, sp = queue.popleft()
+                if sp is None:
+                    pending.append((ps, None, None))
+                    continue
+                reads.open(sp[0])
+                rb = reads.buffer()
+                out = None
+                if ps[2] is None and alloc is not None:
+                    out = alloc((sp[4] - sp[3]) * bs)
+                f = pool.submit(decode, ps, sp, out, rb)
+                f.rb = rb
+                pending.append((ps, sp, f))
 
-        pending = [submit(sp) for sp in spans[:AHEAD]]
         try:
-            for k, (arena, start, size, i, j) in enumerate(spans):
-                f = pending.pop(0)
+            fill()
+            while pending:
+                ps, sp, f = pending.popleft()
+                tag, plan = ps[0], ps[1]
+                if sp is None:  # a pass's end (or the error that kept it from being planned)
+                    ends -= 1
+                    fill()
+                    if reads is not None:
+                        reads.retire({x[1][0] for x in pending if x[1] is not None} |
+                                     {x[1][0] for x in queue if x[1] is not None})
+                    yield tag, None, ps[3] if plan is None else None
+                    continue
                 data, keys, bad = f.result()
-                if f.rb is not None:
-                    reads.free.append(f.rb)  # decoded: its read buffer serves the next span
-                if k + AHEAD < len(spans):
-                    pending.append(submit(spans[k + AHEAD]))
-                pos = positions[i:j]
-                want = keyed[i * rs:j * rs]
+                reads.free.append(f.rb)  # decoded: its read buffer serves the next span
+                fill()
+                arena, _, _, i, j = sp
+                pos = plan[2][i:j]
+                want = plan[4][i * rs:j * rs]
                 if bad:
                     # Damage (a record that fails, an arena cut short): the block-by-block path
                     # names it as every other read does, and takes an intact copy where the
@@ -314,20 +365,22 @@ class Reads:
                         if len(d) != bs:
                             raise DataCorrupt(f"arena {arena}: a block of an image holds {len(d)} bytes, "
                                               f"not {bs}")
-                    yield pos, b"".join(datas)
+                    yield tag, pos, b"".join(datas)
                     continue
                 if self.mode == "hash" and keys != want:
                     x = next(x for x in range(len(pos)) if keys[x * rs:(x + 1) * rs] != want[x * rs:(x + 1) * rs])
-                    raise DerivedCorrupt(f"the index names arena {arena} offset {addrs[i + x] & 0xFFFFFFFF} "
+                    raise DerivedCorrupt(f"the index names arena {arena} offset {plan[1][i + x] & 0xFFFFFFFF} "
                                          "for a block it does not hold")
-                yield pos, data
+                yield tag, pos, data
         finally:
-            for f in pending:
-                f.cancel()
-            for f in pending:  # a span under way still writes into its buffer: let it finish first
-                if not f.cancelled():
-                    concurrent.futures.wait([f])
-            reads.close()
+            for x in pending:
+                if x[2] is not None:
+                    x[2].cancel()
+            for x in pending:  # a span under way still writes into its buffer: let it finish first
+                if x[2] is not None and not x[2].cancelled():
+                    concurrent.futures.wait([x[2]])
+            if reads is not None:
+                reads.close()
 
     def _log_order(self, refs, n):
         """(log addresses, positions in refs, their refs joined) of the non-null refs, sorted by
