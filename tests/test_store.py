@@ -695,3 +695,31 @@ def test_scattered_reads_over_many_arenas_are_asked_for_in_groups(make_store, mo
     spans = [(n, 0, 1, 0, 0) for n in range(40)] + [(3, 0, arena_mod.AHEAD_BYTES, 0, 0)]
     cuts = arena_mod._ahead_groups(spans)
     assert cuts == {0: 32, 32: 40, 40: 41}
+
+
+def test_summaries_directory_made_again_but_never_the_stores(make_store):
+    """Summaries are derived: a deleted summaries directory is made again when the next arena is
+    sealed. A store whose own directory went (a disk unmounted beneath it) is not made again on
+    the mount point's file system: the seal fails instead."""
+    op = make_store("hash")
+    with op() as s:
+        shutil.rmtree(os.path.join(op.path, "summaries"))
+        refs = s.write_blocks(blocks(200, seed=9))  # several 256 KiB arenas sealed
+        assert os.listdir(os.path.join(op.path, "summaries"))
+    with op() as s:
+        assert b"".join(s.read_blocks(refs)) == blocks(200, seed=9)
+    gone = make_store("hash")
+    s = gone()
+    moved = gone.path + ".moved"
+    os.rename(gone.path, moved)
+    try:
+        with pytest.raises(Exception):
+            s.write_blocks(blocks(200, seed=10))
+            s.sync()
+        assert not os.path.exists(gone.path)
+    finally:
+        os.rename(moved, gone.path)
+        try:
+            s.close()
+        except Exception:
+            pass  # what the failed seal left is the crash tests' business

@@ -998,8 +998,19 @@ class Log:
 
     def _write_summary(self, n, oa, amac):
         b = F.pack_summary(n, self.keylen, amac, oa.keys, oa.addrs, oa.types)
-        os.makedirs(self.sumdir, exist_ok=True)
-        atomic_write(os.path.join(self.sumdir, F.summary_name(n)), b, sync=False)
+        p = os.path.join(self.sumdir, F.summary_name(n))
+        try:
+            atomic_write(p, b, sync=False)
+        except FileNotFoundError:
+            # Only the summaries' own directory is made again (derived data someone deleted), never
+            # the store's: under a disk unmounted beneath us that stays ENOENT (the disk is gone),
+            # where makedirs made directories on the mount point's file system, or raised
+            # FileExistsError when the unmount fell between its mkdir and its check.
+            try:
+                os.mkdir(self.sumdir)
+            except FileExistsError:
+                pass
+            atomic_write(p, b, sync=False)
         self.disk.count_write("summary", "sum%d" % n, 0, len(b))
 
     def sync(self):
