@@ -724,11 +724,7 @@ class Log:
         if filled is not None:
             return self._append_filled(btype, mv, bs, keys, threads, filled, n)
         while i < n:
-            oa = self.open
-            room = self.arena_size - F.TRAILER_SIZE - oa.end
-            if room < RH + 16:
-                self.seal()
-                continue
+            oa, room = self._room()
             # Pack about what fits, judged by the size of recent records;
             # records past the arena's end are packed again into the next one.
             # Where the rest might not fit, half the room at a time: the next
@@ -737,11 +733,7 @@ class Log:
             # a few records only. At most PACK_BYTES of blocks a call (memory).
             est = room / self.avg_record
             m = min(n - i, int(est / 2) if est > 512 else max(16, int(est * 1.03) + 8), max(16, PACK_BYTES // bs))
-            d = self._direct_for(oa)
-            lead = len(d.carry) if d else 0  # the partial page before oa.end, packed in front
-            out = self._pack_buffer(lead + m * (RH + bs))
-            if lead:
-                out[:lead] = d.carry
+            d, lead, out = self._out(oa, m * (RH + bs))
             recs, offs = native.pack(self.codec, oa.n, oa.header.iv, oa.end, btype,
                                      mv[i * bs:(i + m) * bs], bs, keys[i * 32:(i + m) * 32], threads,
                                      out=memoryview(out)[lead:] if d else out, scratch=self._scratch(m * bs))
@@ -770,16 +762,8 @@ class Log:
         (their sizes are known), none is packed twice, and the tags come with the records."""
         addrs, i = [], 0
         while i < n:
-            oa = self.open
-            room = self.arena_size - F.TRAILER_SIZE - oa.end
-            if room < RH + 16:
-                self.seal()
-                continue
-            d = self._direct_for(oa)
-            lead = len(d.carry) if d else 0  # the partial page before oa.end, sealed behind it
-            out = self._pack_buffer(lead + min(room, (n - i) * (RH + filled.blen)))
-            if lead:
-                out[:lead] = d.carry
+            oa, room = self._room()
+            d, lead, out = self._out(oa, min(room, (n - i) * (RH + filled.blen)))
             recs, offs, tags = native.seal(self.codec, oa.n, oa.header.iv, oa.end, btype, mv, bs, keys, filled,
                                            i, room, out=memoryview(out)[lead:] if d else out, threads=threads)
             k, used = len(offs), len(recs)
@@ -797,6 +781,25 @@ class Log:
             oa.end += used
             i += k
         return addrs
+
+    def _room(self):
+        """(open arena, bytes its records may still take), a full arena sealed first."""
+        while True:
+            oa = self.open
+            room = self.arena_size - F.TRAILER_SIZE - oa.end
+            if room >= RH + 16:
+                return oa, room
+            self.seal()
+
+    def _out(self, oa, size):
+        """(O_DIRECT state or None, lead, buffer) for records of up to size bytes appended to oa:
+        the partial page before oa.end (lead bytes) goes in front of them when written direct."""
+        d = self._direct_for(oa)
+        lead = len(d.carry) if d else 0
+        out = self._pack_buffer(lead + size)
+        if lead:
+            out[:lead] = d.carry
+        return d, lead, out
 
     def _tags(self, oa, recs, offs, k, used):
         """The tags of the first k records packed into recs (used bytes): gathered by one walk of
