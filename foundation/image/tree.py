@@ -35,7 +35,6 @@ from foundation.store import BlockType
 # batches cost the same CPU as 16 MiB ones (measured) and a quarter of the memory.
 CHUNK = 4 << 20
 SPLIT = 1 << 20  # a batch's two concurrent reads are cut at a multiple of this
-READ_AHEAD = 1  # batches read ahead of the one being handed to the store (a source that takes concurrent reads)
 HALVES = True  # a raw image's batch read as two concurrent halves (False: one read after the other)
 OPEN_NODES = 512  # level-1 nodes kept open before the completed ones are written
 AHEAD_NODES = 512  # level-1 nodes of the batches ahead opened (read) together on a later day (~4 MiB
@@ -342,19 +341,16 @@ def write_image(store, src, size, prev=None, changed=None, zeros=(), progress=No
     # appended (a pipelined store keeps a batch's buffer for `ahead` more calls).
     # Anonymous maps, not bytearrays: their pages are zero until the first read fills them.
     pipelined = getattr(store, "pipelined", None)
-    # Batches read ahead: a source that takes concurrent reads gets READ_AHEAD (each batch's
-    # buffer is one more), any other one (one read at a time) a single batch ahead.
-    ahead = READ_AHEAD if getattr(src, "parallel_reads", False) else 1
-    keep = 1 + ahead + (getattr(store, "ahead", 1) if pipelined else 0)
+    keep = 2 + (getattr(store, "ahead", 1) if pipelined else 0)
     free = [mmap.mmap(-1, min(per, max(bs, R.total(reads) * bs))) for _ in range(min(keep, len(batches)))]
     opened = 0  # batches[:opened] have their level-1 nodes open
     with concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="read-image") as pool, \
             (pipelined(R.total(reads)) if pipelined else contextlib.nullcontext()):
-        pending = [read_batch(batches[k], free[k]) for k in range(min(ahead, len(batches)))]
+        pending = [read_batch(batches[0], free[0])] if batches else []
         for i, batch in enumerate(batches):
             futures, buf = pending.pop(0)
-            if i + ahead < len(batches):  # (its buffer's batch, `keep` calls back, has been appended)
-                pending.append(read_batch(batches[i + ahead], free[(i + ahead) % len(free)]))
+            if i + 1 < len(batches):  # (its buffer's batch, `keep` calls back, has been appended)
+                pending.append(read_batch(batches[i + 1], free[(i + 1) % len(free)]))
             if builder is not None and opened <= i:
                 # The old nodes of this batch and the next ones, up to AHEAD_NODES, in one read per
                 # level, before the batch's append is in flight: one wait for the append before
