@@ -90,12 +90,21 @@ class Server:
                     if u["Key"].startswith(top):
                         out[u["Key"][len(top):] + ".multipart"] = sum(p["Size"] for p in self._parts(u))
             return out
-        top = self._file("")
-        return {os.path.relpath(os.path.join(d, f), top).replace(os.sep, "/"): os.path.getsize(os.path.join(d, f))
-                for d, _, fs in os.walk(top) for f in fs}
+        top, out = self._file(""), {}
+        for d, _, fs in os.walk(top):
+            for f in fs:
+                try:        # a temporary renamed or removed while we walk was simply not there
+                    out[os.path.relpath(os.path.join(d, f), top).replace(os.sep, "/")] = os.path.getsize(os.path.join(d, f))
+                except FileNotFoundError:
+                    pass
+        return out
 
     def _parts(self, upload):
-        return self.client.list_parts(Bucket=BUCKET, Key=upload["Key"], UploadId=upload["UploadId"]).get("Parts", [])
+        """The parts up so far; none if the upload completed or was aborted since it was listed."""
+        try:
+            return self.client.list_parts(Bucket=BUCKET, Key=upload["Key"], UploadId=upload["UploadId"]).get("Parts", [])
+        except self.client.exceptions.NoSuchUpload:
+            return []
 
     def read(self, name):
         if self.kind == "s3":
