@@ -27,7 +27,14 @@ QUOTA = None
 
 
 def used(root):
-    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(root) for f in fs)
+    total = 0
+    for d, _, fs in os.walk(root):
+        for f in fs:
+            try:        # another session may rename or remove a temporary while we walk
+                total += os.path.getsize(os.path.join(d, f))
+            except FileNotFoundError:
+                pass
+    return total
 
 
 class QuotaFile:
