@@ -81,7 +81,6 @@ import os
 import re
 import threading
 import time
-import uuid as uuidlib
 
 from foundation.config import quiesce_mode
 from foundation.errors import (BadInput, DataCorrupt, DerivedCorrupt, Error, StoreDiskFailed, StoreFull,
@@ -161,6 +160,14 @@ def _crash(point):
 
 def _now():
     return datetime.datetime.now(datetime.timezone.utc)
+
+
+def _run_id():
+    """A random (version 4) UUID's hex, as uuid.uuid4().hex: without importing uuid (and platform)."""
+    b = bytearray(os.urandom(16))
+    b[6] = b[6] & 0x0F | 0x40
+    b[8] = b[8] & 0x3F | 0x80
+    return b.hex()
 
 
 def _prefetch(images):
@@ -340,7 +347,7 @@ class Archiver:
             rdisks[d.target] = {"base": r["base"], "base_format": r["base_format"],
                                 "old": r["top"] if r["top"] != r["base"] else None,
                                 "new": f"{r['base']}.fdn-{seq}.qcow2", "base_id": r.get("base_id")}
-        run = {"id": uuidlib.uuid4().hex, "step": "snapshot", "started": _now().isoformat(),
+        run = {"id": _run_id(), "step": "snapshot", "started": _now().isoformat(),
                "time": None, "live": live, "quiesce": self.quiesce, "quiesced": None, "skipped_disks": skipped,
                "disks": rdisks,
                "domain_xml": dom.archived_xml({t: (d["base"], d["base_format"]) for t, d in rdisks.items()})}
