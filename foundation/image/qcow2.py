@@ -31,6 +31,7 @@ MAGIC = b"QFI\xfb"
 OFFSET = 0x00fffffffffffe00     # host offset bits of L1 and L2 entries (bits 9-55)
 COMPRESSED = 1 << 62
 ZERO = 1                        # L2 entry bit 0, version 3: the cluster reads as zeros
+RESERVED = 0x3f000000000001fe   # bits 1-8 and 56-61 of a standard L2 entry: must be zero
 EXT_BACKING_FORMAT = 0xE2792ACA
 EXT_END = 0
 # QEMU's file locking (block/file-posix.c): a byte per permission held, a byte per permission not shared
@@ -144,7 +145,7 @@ class Image:
                 else:
                     host = x & OFFSET
                     zero = bool(x & ZERO)
-                    if x & 0x1fe or (zero and not v3):
+                    if x & RESERVED or (zero and not v3):
                         raise Unsupported(f"{self.path}: reserved bits in L2 entry {x:#x}")
                     if not host and not zero:
                         continue               # unallocated: the backing file's
@@ -228,6 +229,9 @@ def chain_map(path, layers_out=None):
         for name, fmt, lsize, fd, img in layers:
             if not gaps:
                 break
+            # beyond a layer's own size the guest reads zeros: layers below it are not asked
+            out.extend((max(s, lsize), e, None, None, True) for s, e in gaps if e > lsize)
+            gaps = [(s, min(e, lsize)) for s, e in gaps if s < lsize]
             if img is not None:
                 have = [(s, e, name if off is not None else None, off, zero) for s, e, off, zero in img.extents()]
             else:
