@@ -129,3 +129,12 @@ def test_swap_partition_archived_as_zeros(make_vm, dir_archive):
     assert snaps[0]["meta"]["swap_zeroed"]["vda"][0]["offset"] == 6144 * 512
     vm.assert_healthy()
 
+
+
+def test_gpt_swap_type_is_linux_swap():
+    """The GPT type compared as bytes is the Linux swap GUID as a GPT entry stores it (mixed-endian)."""
+    import uuid
+
+    from foundation.vm import swap
+
+    assert swap.GPT_SWAP == uuid.UUID("0657FD6D-A4AB-43C4-84E5-0933C84B4F4F").bytes_le

@@ -3,13 +3,16 @@
 Every `qemu-img` Foundation runs goes through `run` here (one way to call
 it, one error, QemuImgFailed, that callers may name in their own terms).
 
-Foundation never parses qcow2 itself. `qemu-img map` of one layer opened
-with `"backing": null` lists exactly the clusters that layer holds (the
-writes of one day); everything else about images (headers, backing chains,
-commits while the VM is shut off) goes through `qemu-img` too. The layer
-being archived is opened *without* `-U`: QEMU's image locking then refuses
-us if anything still writes it, so a layer that is not really frozen is
-never archived.
+`qemu-img map` of one layer opened with `"backing": null` lists exactly
+the clusters that layer holds (the writes of one day); everything else
+about images (headers, backing chains, commits while the VM is shut off)
+goes through `qemu-img` too. The one exception is the two maps a night
+needs (`layer_map`, `chain_map`): plain qcow2 chains are read from their
+own tables (image/qcow2.py, no process start), anything else still asks
+`qemu-img`. The layer being archived is opened *without* `-U`: QEMU's
+image locking then refuses us if anything still writes it (qcow2.py
+applies the same locks), so a layer that is not really frozen is never
+archived.
 """
 
 import json
@@ -105,7 +108,14 @@ def layer_map(path, share=False):
     wrote while it was the top of the chain). `offset` is the host offset of
     the data in the file; `zero` marks clusters that read as zeros. Without
     `share`, fails if a process (QEMU) has the file open for writing.
+    A plain qcow2 file is read directly (qcow2.py), else `qemu-img map`.
     """
+    from foundation.image import qcow2
+
+    try:
+        return qcow2.layer_map(path, lock=not share)
+    except (qcow2.Unsupported, OSError):
+        pass                     # qemu-img says what is wrong with it, or maps what qcow2.py does not
     spec = json.dumps({"driver": "qcow2", "backing": None,
                        "file": {"driver": "file", "filename": os.path.abspath(path)}})
     args = ["map", "--output=json"] + (["-U"] if share else [])
@@ -129,8 +139,17 @@ def chain_map(path, fmt, pool=None, layers_out=None):
     what the guest reads. Extents without them (compressed clusters) must be
     read through QEMU; `zero` marks extents that read as zeros. With `pool`
     (an executor), the map runs beside the `info`; `layers_out` (a list) receives the `info
-    --backing-chain` of each layer, top first (its virtual-size, for one).
+    --backing-chain` of each layer, top first (its virtual-size, for one). A chain of plain qcow2
+    layers (over a raw file or none) is read directly (qcow2.py; `layers_out` then gets the
+    filename, format and virtual-size of each), else by `qemu-img`.
     """
+    if fmt == "qcow2":
+        from foundation.image import qcow2
+
+        try:
+            return qcow2.chain_map(path, layers_out)
+        except (qcow2.Unsupported, OSError):
+            pass
     args = (["map", "--output=json", "-U", "-f", fmt, path], f"map {path}")
     mapped = pool.submit(run_json, *args) if pool is not None else None
     layers = run_json(["info", "--backing-chain", "--output=json", "-U", "-f", fmt, path],

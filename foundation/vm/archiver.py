@@ -11,8 +11,9 @@ through the same steps: libvirt snapshots inactive domains too, and the
 merge is done offline with qemu-img. A shut-off VM whose overlay holds no
 write since the last run is recorded again without touching it at all.
 
-Every step but the last (deleting overlay(k), whose repair from `commit` is
-the same) is journaled (journal.py) *before* it is carried out; a run that
+Every step is journaled (journal.py) *before* it is carried out, but two
+whose repair is that of the step before (`commit`, whose record is the
+catalog's; deleting overlay(k), whose repair from `commit` is the same); a run that
 is killed, loses its host, meets a libvirt error or a full or missing store
 is finished or undone by the next run on that VM, which says what it
 repaired. The rule behind every repair: a write the guest made is never
@@ -34,14 +35,17 @@ snapshot, so it can always be archived later).
                     committed; a running VM's     still running on the disk, then archive
                     merge started early (below),  overlay(k) again (still the same bytes: the
                     running or done               merge only reads it, and leaves the file).
-    commit          a block job running in QEMU   new overlay's header already names the base
-                    or finished; or, offline, a   -> merged. Else: running -> wait for a commit
-                    partial `qemu-img commit`     job still running, or start blockcommit again;
-                    (commits only copy bytes the  shut off -> `qemu-img commit -d` + `rebase -u`
-                    layer above already shows,    again. Then make sure the domain's config no
-                    so a repeat is harmless)      longer names overlay(k).
-    (cleanup)       overlay(k) deleted or not     (not journaled: the journal says `commit`,
-                                                  whose repair finds the chain merged) delete
+    (commit)        a block job running in QEMU   (not journaled: the journal says `archive`,
+                    or finished; or, offline, a   whose repair finds the run in the catalog)
+                    partial `qemu-img commit`     new overlay's header already names the base
+                    (commits only copy bytes the  -> merged. Else: running -> wait for a commit
+                    layer above already shows,    job still running, or start blockcommit again;
+                    so a repeat is harmless)      shut off -> `qemu-img commit -d` + `rebase -u`
+                                                  again. Then make sure the domain's config no
+                                                  longer names overlay(k). A `commit` step
+                                                  journaled by an older version: the same.
+    (cleanup)       overlay(k) deleted or not     (not journaled either: the `commit` repair
+                                                  finds the chain merged) delete
                                                   overlay(k) if it is still there and nothing
                                                   uses it. A `cleanup` step journaled by an
                                                   older version is repaired the same way.
@@ -77,13 +81,12 @@ import os
 import re
 import threading
 import time
-import uuid as uuidlib
 
 from foundation.config import quiesce_mode
 from foundation.errors import (BadInput, DataCorrupt, DerivedCorrupt, Error, StoreDiskFailed, StoreFull,
                                StoreMissing)
 from foundation.faults import crash_point
-from foundation.image import qemuimg
+from foundation.image import qcow2, qemuimg
 from foundation.vm import journal, swap
 from foundation.vm.domain import AgentFailed, Domain, FreezeFailed, LibvirtFailed, UnsupportedDisk
 from foundation.vm.journal import VMBusy
@@ -157,6 +160,19 @@ def _crash(point):
 
 def _now():
     return datetime.datetime.now(datetime.timezone.utc)
+
+
+def _run_id():
+    """A random (version 4) UUID's hex, as uuid.uuid4().hex: without importing uuid (and platform)."""
+    b = bytearray(os.urandom(16))
+    b[6] = b[6] & 0x0F | 0x40
+    b[8] = b[8] & 0x3F | 0x80
+    return b.hex()
+
+
+def _prefetch(images):
+    for path, fmt in images:
+        qcow2.prefetch(path, fmt)
 
 
 def _fsync_path(path):
@@ -331,7 +347,7 @@ class Archiver:
             rdisks[d.target] = {"base": r["base"], "base_format": r["base_format"],
                                 "old": r["top"] if r["top"] != r["base"] else None,
                                 "new": f"{r['base']}.fdn-{seq}.qcow2", "base_id": r.get("base_id")}
-        run = {"id": uuidlib.uuid4().hex, "step": "snapshot", "started": _now().isoformat(),
+        run = {"id": _run_id(), "step": "snapshot", "started": _now().isoformat(),
                "time": None, "live": live, "quiesce": self.quiesce, "quiesced": None, "skipped_disks": skipped,
                "disks": rdisks,
                "domain_xml": dom.archived_xml({t: (d["base"], d["base_format"]) for t, d in rdisks.items()})}
@@ -407,8 +423,10 @@ class Archiver:
         if run["step"] == "archive":
             self._archive(dom, run, res)
             _crash("archive-done")
+            # Not journaled: a repair from 'archive' finds the run in the catalog (its record is
+            # durable by now) and goes on to the commit, which is the same repair. One fsync'd
+            # save less a night.
             run["step"] = "commit"
-            journal.save(self.state_dir, rec)
             _crash("commit")
         if run["step"] == "commit":
             self._commit(dom, run, res)
@@ -441,6 +459,9 @@ class Archiver:
         run["live"] = dom.active()
         why = self._not_quiesced(dom, run["live"])
         frozen = None
+        # the maps the archive reads next (qcow2 headers and tables), asked for while libvirt works
+        want = [(d["old"], "qcow2") if d["old"] else (d["base"], d["base_format"]) for d in run["disks"].values()]
+        threading.Thread(target=_prefetch, args=(want,), name="prefetch", daemon=True).start()
         if run["live"] and why is None:
             when = _now()
             try:

@@ -16,7 +16,6 @@ file system's block map); they are archived like any other file.
 """
 
 import struct
-import uuid
 
 SECTOR = 512
 PAGE = 4096
@@ -25,7 +24,9 @@ SWAP_SIGS = (b"SWAPSPACE2", b"SWAP-SPACE")
 MBR_SWAP = 0x82
 MBR_EXTENDED = (0x05, 0x0F, 0x85)
 MBR_GPT = 0xEE
-GPT_SWAP = uuid.UUID("0657FD6D-A4AB-43C4-84E5-0933C84B4F4F")
+# the Linux swap type GUID 0657FD6D-A4AB-43C4-84E5-0933C84B4F4F as a GPT entry holds it (mixed-endian,
+# uuid's bytes_le), compared as bytes: the uuid module (it imports platform) is not loaded a night for it
+GPT_SWAP = bytes.fromhex("6dfd5706aba4c44384e50933c84b4f4f")
 SOLARIS_SANITY = 0x600DDEEE
 MAX_LOGICAL = 128
 MAX_GPT_ENTRIES = 1024
@@ -90,7 +91,7 @@ def _gpt(read, size):
         tguid, _, first, last, _, _ = GPT_ENTRY.unpack_from(table, i * esize)
         if tguid == bytes(16) or last < first:
             continue
-        kind = "swap-type" if uuid.UUID(bytes_le=tguid) == GPT_SWAP else ""
+        kind = "swap-type" if tguid == GPT_SWAP else ""
         out.append((first * lbs, (last - first + 1) * lbs, kind))
     return [p for p in out if p[0] + p[1] <= size]
 
