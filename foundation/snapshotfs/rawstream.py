@@ -16,7 +16,9 @@ A window's buffer, once dropped and no longer referenced by a request's
 reply, is decoded into again (no fresh pages to fault in and zero a window).
 """
 
+import collections
 import mmap
+import os
 import sys
 
 import trio
@@ -25,9 +27,35 @@ WINDOW = 4 << 20  # bytes of image a sequential window decodes at once: the wind
 # of spans (ImageReader.read_window), so a small one leaves the decoders no pause at its end, and
 # the windows held (KEEP here, two in the stream, SPARE) cost 16 MB less than at 8 MiB
 AHEAD = 2  # windows fetched ahead of a sequential reader
-KEEP = AHEAD + 1  # decoded windows kept per open file (the one read, those ahead of it)
-SEQUENTIAL = 2  # consecutive reads that make a reader sequential
+KEEP = AHEAD + 4  # decoded windows kept per open file: the one read, those ahead of it, and those
+# a reader with several requests in flight (qemu-img convert, 8 of 2 MiB) has not finished with
+SEQUENTIAL = 2  # reads in a row adjoining a recent one that make a reader sequential
+RECENT = 16  # reads remembered to tell whether a new one adjoins them
 SPARE = 1  # dropped windows' buffers kept for the next ones (one is dropped as each is made)
+_TRACE = open(os.environ["FDN_TRACE"], "w", buffering=1) if os.environ.get("FDN_TRACE") else None
+DIRECT = os.environ.get("FDN_DIO", "1") == "1"
+BLKSIZE = int(os.environ.get("FDN_BLK", 1 << 20))
+GUESTS = ("qemu-system-", "qemu-kvm")  # programs that run a guest: they keep the page cache
+
+
+def direct(pid):
+    """Whether the replies to process pid's reads go straight into its buffers (FUSE direct_io).
+
+    A copy (cp, dd, qemu-img convert, anything that is not a running guest) reads each byte once:
+    the page cache would cost it a copy of every byte into the cache and one out of it. A guest
+    booting from the image (QEMU) reads here and there, some blocks again, and clones of one day
+    share what the cache holds: it keeps the cache."""
+    if not DIRECT:
+        return False
+    try:
+        name = os.path.basename(os.readlink(f"/proc/{pid}/exe"))
+    except OSError:
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                name = f.read().strip()
+        except OSError:
+            return True
+    return not name.startswith(GUESTS)
 
 
 class RawStream:
@@ -40,19 +68,26 @@ class RawStream:
         self.wins = {}  # window number -> its bytes (never mutated)
         self.pending = {}  # window number -> trio.Event set when its fetch ends
         self.failed = set()  # windows that did not decode: their requests are read alone
-        self.next_off = None
-        self.run = 0  # reads in a row that began where the previous one ended
+        self.recent = collections.deque(maxlen=RECENT)  # (start, end) of the last reads
+        self.run = 0  # reads in a row that adjoined a recent one
         self.cur = 0  # the window read last
+        self.served = {}  # window number -> bytes answered from it (all of them: it is dropped)
 
     async def read(self, off, n, fs):
         """Bytes [off, off + n) clipped to the image; fs runs blocking work (SnapshotFS._work)."""
         end = min(off + n, self.size)
         if off >= end:
             return b""
-        self.run = self.run + 1 if off == self.next_off else 0
-        self.next_off = end
+        if _TRACE: _TRACE.write(f"{off} {n} {self.run} {len(self.wins)} {len(self.pending)}\n")
+        # sequential: it begins where a recent read ended or ends where one began (a reader with
+        # several requests in flight, or the kernel splitting a large one, sends them out of order)
         w0, w1 = off // WINDOW, (end - 1) // WINDOW
-        if self.run >= SEQUENTIAL or all(w in self.wins for w in range(w0, w1 + 1)):
+        near = any(off == b or end == a for a, b in self.recent)
+        self.recent.append((off, end))
+        # once sequential, a reader stays so while it reads within the windows kept
+        stays = self.run >= SEQUENTIAL and abs(w0 - self.cur) <= KEEP
+        self.run = self.run + 1 if near or stays else 0
+        if self.run >= SEQUENTIAL or all(w in self.wins or w in self.pending for w in range(w0, w1 + 1)):
             if self.run >= SEQUENTIAL:
                 for w in range(w0, min(w1 + AHEAD, (self.size - 1) // WINDOW) + 1):
                     self._start(w, fs)
@@ -62,8 +97,13 @@ class RawStream:
                 if buf is None:
                     break
                 lo = max(off, w * WINDOW) - w * WINDOW
-                parts.append(memoryview(buf)[lo:min(end, (w + 1) * WINDOW) - w * WINDOW])
+                hi = min(end, (w + 1) * WINDOW) - w * WINDOW
+                parts.append(memoryview(buf)[lo:hi])
+                self.served[w] = self.served.get(w, 0) + hi - lo
             else:
+                for w in range(w0, w1 + 1):
+                    if self.served.get(w, 0) >= min(WINDOW, self.size - w * WINDOW):
+                        self._drop(w)     # read to its end: its buffer goes to the next window
                 return parts[0] if len(parts) == 1 else b"".join(parts)
         return await fs._work(f"read {self.path} at offset {off} ({n} bytes)", self.reader.read, off, end - off)
 
@@ -105,7 +145,15 @@ class RawStream:
             pass
         return b
 
+    def _drop(self, w):
+        """Forget window w; its buffer is kept for the next window (once no reply reads it)."""
+        old = self.wins.pop(w, None)
+        self.served.pop(w, None)
+        if isinstance(old, memoryview) and isinstance(old.obj, mmap.mmap) and len(self.spare) < SPARE:
+            self.spare.append(old.obj)
+
     async def _fetch(self, w, ev, fs):
+        if _TRACE: _TRACE.write(f"F {w}\n")
         try:
             lo = w * WINDOW
             n = min(WINDOW, self.size - lo)
@@ -117,9 +165,7 @@ class RawStream:
                 self.wins[w] = value
                 # keep the windows nearest the reader, those ahead of it first
                 while len(self.wins) > KEEP:
-                    old = self.wins.pop(max(self.wins, key=lambda x: (x < self.cur, abs(x - self.cur))))
-                    if isinstance(old, memoryview) and isinstance(old.obj, mmap.mmap) and len(self.spare) < SPARE:
-                        self.spare.append(old.obj)
+                    self._drop(max(self.wins, key=lambda x: (x < self.cur, abs(x - self.cur))))
             else:
                 self.failed.add(w)
         finally:
