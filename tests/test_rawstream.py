@@ -87,6 +87,41 @@ def test_sequential_reads_are_served_from_windows(background):
     assert len(disk.reads) == rawstream.SEQUENTIAL  # only the reads before the run was seen
 
 
+def test_reads_out_of_order_stay_on_the_windows():
+    """A reader with several requests in flight (qemu-img convert: 2 MiB pieces, each sent by the
+    kernel as two requests, eight pieces at once) reaches the server out of order: it is still
+    sequential, each window is decoded once, and no read goes block by block past the first."""
+    data = random.Random(6).randbytes(12 * WIN)
+    disk = Disk(data)
+    half = WIN // 4                                         # a request: half of a piece
+    rng = random.Random(7)
+    halves = [(o, half) for o in range(0, len(data), half)]
+    reads = []
+    for g in range(0, len(halves), 16):                     # eight pieces in flight, any order
+        group = halves[g:g + 16]
+        rng.shuffle(group)
+        reads += group
+    got = stream_reads(disk, len(data), reads)
+    assert got == [data[o:o + n] for o, n in reads]
+    assert sorted(disk.windows) == [w * WIN for w in range(12)]
+    assert len(disk.reads) < 16                             # only before the first pieces met
+
+
+def test_who_reads_past_the_page_cache(monkeypatch):
+    exe = {1: "/usr/bin/qemu-system-x86_64", 2: "/usr/libexec/qemu-kvm", 3: "/usr/bin/qemu-img", 4: "/usr/bin/cp"}
+
+    def readlink(path):
+        pid = int(path.split("/")[2])
+        if pid not in exe:
+            raise FileNotFoundError(path)
+        return exe[pid]
+
+    monkeypatch.setattr(rawstream.os, "readlink", readlink)
+    assert [rawstream.direct(pid) for pid in (1, 2, 3, 4)] == [False, False, True, True]
+    monkeypatch.setattr(rawstream, "DIRECT", False)
+    assert not rawstream.direct(4)
+
+
 def test_random_small_reads_never_wait_for_a_window():
     data = random.Random(2).randbytes(8 * WIN)
     disk = Disk(data)

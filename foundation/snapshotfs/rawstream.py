@@ -1,19 +1,30 @@
 """Reads of one open vda.raw: a copy streams whole decoded windows, a booting guest reads small.
 
-A user copying a past disk (`cp`, `dd bs=1M`) reads it front to back: as
-soon as reads follow each other, the stream reads the disk in aligned
-windows of WINDOW bytes, one log-order stream of the image reader's (each
-arena once a window, decoded on every core in the C core straight into
-the window, the next window's spans under way while this one's last decode),
-AHEAD windows ahead of the reader, while the event loop answers the kernel's
-requests from windows already decoded, without a trip to the worker
-thread. A guest booting from a past day reads small pieces here and there:
-those go straight to the image reader, block by block through the store's
-block cache, so a first read never waits for a window it does not need.
+A user copying a past disk (`cp`, `dd bs=1M`, `qemu-img convert`) reads it
+front to back: as soon as reads adjoin recent ones, the stream reads the
+disk in aligned windows of WINDOW bytes, one log-order stream of the image
+reader's (each arena once a window, decoded on every core in the C core
+straight into the window, the next window's spans under way while this
+one's last decode), AHEAD windows ahead of the reader, while the event loop
+answers the kernel's requests from windows already decoded, without a trip
+to the worker thread. Requests of a reader with several in flight arrive
+out of order: a read adjoining any of the last RECENT counts, and once
+sequential a reader stays so while it reads within the windows kept.
+
+The one design decision: a copier's replies bypass the page cache (FUSE
+direct_io, chosen per open by direct()): each byte crosses once, from the
+window into the reader's buffer, instead of into the cache and out again;
+a running guest (QEMU) keeps the cache, which its repeated reads and the
+clones of one day share. A guest booting from a past day reads small
+pieces here and there: those go straight to the image reader, block by
+block through the store's block cache, so a first read never waits for a
+window it does not need.
+
 A window that fails to decode is dropped: the requests in it are then
 read alone, so only a request touching the damaged block fails (EIO).
-A window's buffer, once dropped and no longer referenced by a request's
-reply, is decoded into again (no fresh pages to fault in and zero a window).
+A window read to its end is dropped at once; its buffer, once no
+request's reply references it, is decoded into again (no fresh pages to
+fault in and zero a window).
 """
 
 import collections
@@ -32,9 +43,9 @@ KEEP = AHEAD + 4  # decoded windows kept per open file: the one read, those ahea
 SEQUENTIAL = 2  # reads in a row adjoining a recent one that make a reader sequential
 RECENT = 16  # reads remembered to tell whether a new one adjoins them
 SPARE = 1  # dropped windows' buffers kept for the next ones (one is dropped as each is made)
-_TRACE = open(os.environ["FDN_TRACE"], "w", buffering=1) if os.environ.get("FDN_TRACE") else None
-DIRECT = os.environ.get("FDN_DIO", "1") == "1"
-BLKSIZE = int(os.environ.get("FDN_BLK", 1 << 20))
+DIRECT = True  # replies straight into a copier's buffer (direct()); False: every reader through the page cache
+BLKSIZE = 1 << 20  # a raw image's st_blksize, what cp reads at once: one FUSE request, the kernel's largest
+# (max_pages 256); 4 MiB (four requests at once) cost cp more CPU
 GUESTS = ("qemu-system-", "qemu-kvm")  # programs that run a guest: they keep the page cache
 
 
@@ -72,13 +83,13 @@ class RawStream:
         self.run = 0  # reads in a row that adjoined a recent one
         self.cur = 0  # the window read last
         self.served = {}  # window number -> bytes answered from it (all of them: it is dropped)
+        self.done = set()  # windows answered to their end: not fetched ahead again
 
     async def read(self, off, n, fs):
         """Bytes [off, off + n) clipped to the image; fs runs blocking work (SnapshotFS._work)."""
         end = min(off + n, self.size)
         if off >= end:
             return b""
-        if _TRACE: _TRACE.write(f"{off} {n} {self.run} {len(self.wins)} {len(self.pending)}\n")
         # sequential: it begins where a recent read ended or ends where one began (a reader with
         # several requests in flight, or the kernel splitting a large one, sends them out of order)
         w0, w1 = off // WINDOW, (end - 1) // WINDOW
@@ -87,9 +98,13 @@ class RawStream:
         # once sequential, a reader stays so while it reads within the windows kept
         stays = self.run >= SEQUENTIAL and abs(w0 - self.cur) <= KEEP
         self.run = self.run + 1 if near or stays else 0
+        if not self.run:
+            self.done.clear()     # a seek: a new pass may read those windows again
         if self.run >= SEQUENTIAL or all(w in self.wins or w in self.pending for w in range(w0, w1 + 1)):
             if self.run >= SEQUENTIAL:
                 for w in range(w0, min(w1 + AHEAD, (self.size - 1) // WINDOW) + 1):
+                    if w > w1 and len(self.wins) + len(self.pending) >= KEEP:
+                        break     # no further ahead than the windows kept: none is dropped unread
                     self._start(w, fs)
             parts = []
             for w in range(w0, w1 + 1):
@@ -104,12 +119,13 @@ class RawStream:
                 for w in range(w0, w1 + 1):
                     if self.served.get(w, 0) >= min(WINDOW, self.size - w * WINDOW):
                         self._drop(w)     # read to its end: its buffer goes to the next window
+                        self.done.add(w)
                 return parts[0] if len(parts) == 1 else b"".join(parts)
         return await fs._work(f"read {self.path} at offset {off} ({n} bytes)", self.reader.read, off, end - off)
 
     def _start(self, w, fs):
         """Fetch window w in the background (when the server gave a nursery to run it in)."""
-        if fs.nursery is None or w in self.wins or w in self.pending or w in self.failed:
+        if fs.nursery is None or w in self.wins or w in self.pending or w in self.failed or w in self.done:
             return
         ev = self.pending[w] = trio.Event()
         fs.nursery.start_soon(self._fetch, w, ev, fs)
@@ -153,7 +169,6 @@ class RawStream:
             self.spare.append(old.obj)
 
     async def _fetch(self, w, ev, fs):
-        if _TRACE: _TRACE.write(f"F {w}\n")
         try:
             lo = w * WINDOW
             n = min(WINDOW, self.size - lo)
