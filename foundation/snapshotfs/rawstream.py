@@ -176,6 +176,9 @@ class RawStream:
 
     async def _fetch(self, w, ev, fs):
         try:
+            before = self.pending.get(w - 1)
+            if before is not None:   # started in the same tick, trio may run this one first: the
+                await before.wait()  # stream reads windows in order (out of turn: a new stream)
             lo = w * WINDOW
             n = min(WINDOW, self.size - lo)
             if self._window is None:
