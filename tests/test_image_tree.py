@@ -423,6 +423,7 @@ def test_windows_one_after_the_other_are_one_stream(store, monkeypatch):
     rng = seeded(11)
     img = bytearray(content(rng, 6 << 20))
     img[(1 << 20) + 3 * BS:(1 << 20) + 9 * BS] = bytes(6 * BS)  # null blocks inside a window
+    img[(2 << 20) + BS:(2 << 20) + 101 * BS] = bytes(100 * BS)  # a run longer than reader._ZEROS
     root = full(store, img)
     for _ in range(4):  # later days scatter the blocks over the log
         ch = mutate(rng, img)

@@ -20,6 +20,7 @@ WIN = 64 << 10
 @pytest.fixture(autouse=True)
 def small_windows(monkeypatch):
     monkeypatch.setattr(rawstream, "WINDOW", WIN)
+    monkeypatch.setattr(rawstream, "STREAM_BYTES", 1)
 
 
 class Disk:
@@ -87,11 +88,65 @@ def test_sequential_reads_are_served_from_windows(background):
     assert len(disk.reads) == rawstream.SEQUENTIAL  # only the reads before the run was seen
 
 
+def test_reads_out_of_order_stay_on_the_windows():
+    """A reader with several requests in flight (qemu-img convert: 2 MiB pieces, each sent by the
+    kernel as two requests, eight pieces at once) reaches the server out of order: it is still
+    sequential, each window is decoded once, and no read goes block by block past the first."""
+    data = random.Random(6).randbytes(12 * WIN)
+    disk = Disk(data)
+    half = WIN // 8                                         # a request (1 MiB of 8): half of a piece
+    rng = random.Random(7)
+    halves = [(o, half) for o in range(0, len(data), half)]
+    reads = []
+    for g in range(0, len(halves), 16):                     # eight pieces in flight, any order
+        group = halves[g:g + 16]
+        rng.shuffle(group)
+        reads += group
+    got = stream_reads(disk, len(data), reads)
+    assert got == [data[o:o + n] for o, n in reads]
+    assert sorted(disk.windows) == [w * WIN for w in range(12)]
+    assert len(disk.reads) < 16                             # only before the first pieces met
+
+
+def test_who_reads_past_the_page_cache(monkeypatch):
+    exe = {1: "/usr/bin/qemu-system-x86_64", 2: "/usr/libexec/qemu-kvm", 3: "/usr/bin/qemu-img", 4: "/usr/bin/cp"}
+
+    def readlink(path):
+        pid = int(path.split("/")[2])
+        if pid not in exe:
+            raise FileNotFoundError(path)
+        return exe[pid]
+
+    monkeypatch.setattr(rawstream.os, "readlink", readlink)
+    assert [rawstream.direct(pid) for pid in (1, 2, 3, 4)] == [False, False, True, True]
+    monkeypatch.setattr(rawstream, "DIRECT", False)
+    assert not rawstream.direct(4)
+
+
+def test_short_runs_of_small_reads_stay_on_the_block_path(monkeypatch):
+    """A guest reading a few small pieces in a row (a booting day) never waits for a window; a
+    run longer than STREAM_BYTES does go to the windows."""
+    monkeypatch.setattr(rawstream, "STREAM_BYTES", 32 << 10)
+    data = random.Random(8).randbytes(16 * WIN)
+    disk = Disk(data)
+    rng = random.Random(9)
+    bursts = [w * WIN + 8192 * k for k, w in enumerate(rng.sample(range(2, 14), 6))]
+    reads = [(b + i * 4096, 4096) for b in bursts for i in range(4)]  # 16 KiB in a row each
+    got = stream_reads(disk, len(data), reads)
+    assert got == [data[o:o + n] for o, n in reads]
+    assert disk.windows == [] and disk.reads == reads
+    reads = [(o, 4096) for o in range(WIN, 2 * WIN, 4096)]
+    got = stream_reads(disk, len(data), reads)
+    assert got == [data[o:o + n] for o, n in reads]
+    assert disk.windows[0] == WIN and set(disk.windows) <= {WIN, 2 * WIN}  # its window (and one ahead)
+    assert len(disk.reads) == len(bursts) * 4 + 7              # until 32 KiB were read in a row
+
+
 def test_random_small_reads_never_wait_for_a_window():
     data = random.Random(2).randbytes(8 * WIN)
     disk = Disk(data)
     rng = random.Random(3)
-    reads = [(rng.randrange(len(data) // 4096) * 4096, 4096) for _ in range(50)]
+    reads = [(rng.randrange(len(data) // 8192) * 8192, 4096) for _ in range(50)]  # none adjoins another
     got = stream_reads(disk, len(data), reads)
     assert got == [data[o:o + n] for o, n in reads]
     assert disk.windows == [] and disk.reads == reads

@@ -23,6 +23,7 @@ import time
 import pytest
 import snapshotfs_support as T
 
+from foundation.snapshotfs import rawstream
 from foundation.snapshotfs.timeindex import TimeIndex, parse_when
 
 pytestmark = [pytest.mark.fuse]
@@ -243,6 +244,43 @@ def test_raw_images_equal_the_archived_disks(world):
                 p = f"{mnt}/{snap.time:%Y/%m/%d/%H%M%S}/web/vda.raw"
                 assert sha(out) == sha(p), p
                 os.unlink(out)
+
+
+def _as_guest(tmp_path, tool):
+    """A copy of `tool` named as QEMU is (what the server tells guests by)."""
+    p = tmp_path / f"qemu-system-{tool}"
+    shutil.copy(shutil.which(tool), p)
+    return str(p)
+
+
+@pytest.mark.skipif(shutil.which("fincore") is None, reason="fincore (util-linux) not installed")
+def test_a_copy_reads_past_the_page_cache_a_guest_through_it(world, tmp_path):
+    """A copier's reads of vda.raw are answered straight into its buffer (nothing left in the page
+    cache); a program that runs guests (QEMU) reads through the cache. Both read the day's bytes."""
+    mnt = world["mnt"]
+    want = sha(world["days"][2]["disk"])
+    p = f"{mnt}/2026/11/21/153000/web/vda.raw"
+    assert os.stat(p).st_blksize == rawstream.BLKSIZE
+    # fincore maps the file: as a copier it could not (direct replies are not mapped shared)
+    fincore = _as_guest(tmp_path, "fincore")
+
+    def cached():
+        out = subprocess.run([fincore, "--bytes", "--noheadings", "--output", "RES", p],
+                             capture_output=True, text=True, check=True).stdout
+        return int(out.split()[0])
+
+    fd = os.open(p, os.O_RDONLY)         # what earlier tests left in the cache goes
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+    assert cached() == 0
+    out = tmp_path / "copy.raw"
+    subprocess.run(["dd", f"if={p}", f"of={out}", "bs=1M"], check=True, capture_output=True)
+    assert sha(out) == want
+    assert cached() == 0
+    with open(out, "wb") as f:
+        subprocess.run([_as_guest(tmp_path, "cat"), p], stdout=f, check=True)
+    assert sha(out) == want
+    assert cached() == 48 * MIB
 
 
 def test_random_reads_of_raw_images(world):

@@ -314,9 +314,12 @@ class _Stream:
             if flags.count(1):  # a recycled buffer holds old bytes: the null blocks' runs are zeroed
                 nulls = list(itertools.compress(range(n), flags))
                 starts = _run_starts(nulls)
-                zero = bytes(max(j - i for i, j in zip(starts, starts[1:])) * bs)
                 for i, j in zip(starts, starts[1:]):
-                    view[nulls[i] * bs:(nulls[i] + j - i) * bs] = zero[:(j - i) * bs]
+                    # from one small zero buffer (a fresh one the size of the longest run, every
+                    # window, cost its pages' faults and zeroing: ~0.1 CPU s a 2 GiB copy)
+                    for p in range(nulls[i] * bs, (nulls[i] + j - i) * bs, len(_ZEROS)):
+                        q = min((nulls[i] + j - i) * bs, p + len(_ZEROS))
+                        view[p:q] = _ZEROS[:q - p]
             self.outs[w0] = (out, view)
             yield w0, plan, view, None
 
@@ -336,6 +339,9 @@ class _Stream:
             if data is not view:  # read again after damage: copied to its place
                 _put(view, bs, pos, data)
         raise RuntimeError(f"a stream ended before its window at leaf {b0}")
+
+
+_ZEROS = bytes(64 << 10)  # what a stream's window's null runs are zeroed from
 
 
 def _ring_alloc(ring):

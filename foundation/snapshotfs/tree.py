@@ -50,6 +50,7 @@ from foundation.errors import DataCorrupt, FilesUnreadable
 from foundation.snapshotfs import MARKER
 from foundation.snapshotfs import changes as ch
 from foundation.snapshotfs import timeindex as ti
+from foundation.snapshotfs import rawstream
 from foundation.snapshotfs.rawstream import RawStream
 from foundation.snapshotfs.volumes import DiskFiles, ReadFailed, scrub
 
@@ -287,6 +288,7 @@ class SnapshotFS(pyfuse3.Operations):
             a.st_mode = stat.S_IFREG | self.raw_mode
             a.st_gid = self.raw_gid
             a.st_size = n.snap.disks[n.disk].size
+            a.st_blksize = rawstream.BLKSIZE     # what cp reads at once
             a.entry_timeout = a.attr_timeout = FIXED_TIMEOUT
         elif k == "blob":
             a.st_mode = stat.S_IFREG | 0o444
@@ -633,7 +635,8 @@ class SnapshotFS(pyfuse3.Operations):
         self.next_fh += 1
         h.path = n.path
         self.handles[fh] = h
-        return pyfuse3.FileInfo(fh=fh, keep_cache=n.snap is not None, direct_io=n.kind == "changes")
+        direct = n.kind == "changes" or (n.kind == "raw" and rawstream.direct(ctx.pid))
+        return pyfuse3.FileInfo(fh=fh, keep_cache=n.snap is not None, direct_io=direct)
 
     async def read(self, fh, off, size):
         h = self.handles[fh]
