@@ -860,7 +860,7 @@ int64_t fdn_unpack(fdn_codec *c, uint32_t arena, const uint8_t *iv,
 	work *w;
 	int rc;
 
-	if (offset >= FDN_ARENA_MAX || (c->enc && iv == NULL) || offset < base || offset - base >= len ||
+	if (offset >= FDN_ARENA_MAX || (c->enc && iv == NULL) || offset < base || offset - base > len ||
 	    base > FDN_ARENA_MAX || len > FDN_ARENA_MAX - base)
 		return FDN_EARG;
 	if ((w = work_get(c)) == NULL)
