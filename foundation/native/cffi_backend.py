@@ -224,11 +224,13 @@ class _Native:
         items = list(zip(_ffi.buffer(btypes)[:], keyed, datas))
         if _ffi.buffer(errs)[:].count(0) != 4 * n:  # some record is bad, or too big to batch
             for i, rc in enumerate(_ffi.unpack(errs, n)):
-                if rc:  # too big to batch (its tag is checked before room is made), or bad: decoded
-                    try:  # alone, which names the record at fault (a run's member)
+                if rc == _lib.FDN_ESPACE:  # too big to batch: decoded alone, its tag checked first
+                    try:
                         items[i] = _Native.unpack(codec, arena, iv, offs[i], buf, base)
                     except RecordError as bad:
-                        items[i] = bad
+                        items[i] = RecordError(bad.kind, bad.offset)  # (no traceback: it holds buf)
+                elif rc:
+                    items[i] = _why_bad(codec, arena, iv, offs[i], buf, base)
         return items
 
     @staticmethod
@@ -303,7 +305,7 @@ class _Native:
                     try:
                         item = _Native.unpack(codec, arena, iv, offs[i], buf, base)
                     except RecordError as e:
-                        item = e
+                        item = RecordError(e.kind, e.offset)  # (no traceback: it holds buf)
                     if not isinstance(item, RecordError) and len(item[2]) == bs:
                         view[sl[i] * bs:(sl[i] + 1) * bs] = item[2]
                         keys[i * SCORE_SIZE:(i + 1) * SCORE_SIZE] = item[1]
@@ -637,8 +639,11 @@ def _why_bad(codec, arena, iv, off, buf, base):
     try:
         _Native.unpack(codec, arena, iv, off, buf, base)
     except RecordError as e:
-        return e
-    raise RuntimeError(f"the C core found the record at arena offset {off} bad, then good")
+        kind, at = e.kind, e.offset
+    else:
+        raise RuntimeError(f"the C core found the record at arena offset {off} bad, then good")
+    # a new one: the caught one's traceback holds the frames that lent buf to C
+    return RecordError(kind, at)
 
 
 def _many_args(codec, arena, iv, buf, base, offsets, threads):

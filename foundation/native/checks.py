@@ -194,7 +194,7 @@ def rec_base(rec, offset, base):
     if base is None:
         return offset
     uint(base, ARENA_LIMIT, "base")
-    if not base <= offset < base + nbytes(rec):
+    if not base <= offset <= base + nbytes(rec):  # (at the end: truncated)
         raise ValueError(f"offset {offset} is not inside the buffer (arena offsets {base}..{base + nbytes(rec) - 1})")
     return base
 
