@@ -753,10 +753,12 @@ typedef struct {
  * 2, the same k, S and R, its own j; each tag), decrypt and join their
  * slices, decode the one frame of k R bytes (the padding after it zero
  * bytes, fewer than k of them) and copy block j to out. *bad: the record at
- * fault (the member whose check failed; e itself for the frame).
+ * fault (the member whose check failed; e itself for the frame). e's own
+ * tag first, unless own (the caller checked it); a run this thread decoded
+ * in this call already is not checked again (its bytes were, in full).
  */
 static int run_decode(fdn_codec *c, work *w, const uint8_t *iv, const fdn_entry *e,
-	const span *sp, uint8_t *out, uint64_t *bad)
+	const span *sp, uint8_t *out, uint64_t *bad, int own)
 {
 	uint64_t step = FDN_HEADER_SIZE + (uint64_t)e->slen, first, at;
 	size_t k = e->runk, S = e->slen, R = e->rlen, F, r;
@@ -773,6 +775,9 @@ static int run_decode(fdn_codec *c, work *w, const uint8_t *iv, const fdn_entry 
 	if (w->rvalid && w->rfirst == first && w->rk == k && w->rS == S && w->rR == R)
 		goto take;
 	w->rvalid = 0;
+	if (!own && (rc = check(c, w, sp->arena, e->off, sp->buf + (size_t)(e->off - sp->base),
+				sp->len - (size_t)(e->off - sp->base), 1, &f)) != FDN_OK)
+		return rc;
 	if (!grow(&w->tmp, &w->tmpcap, k * S) || !grow(&w->run, &w->runcap, k * R))
 		return FDN_ENOMEM;
 	for (size_t m = 0; m < k; m++) {
@@ -780,10 +785,12 @@ static int run_decode(fdn_codec *c, work *w, const uint8_t *iv, const fdn_entry 
 		at = first + m * step;
 		p = sp->buf + (size_t)(at - sp->base);
 		*bad = at;
-		if ((rc = check(c, w, sp->arena, at, p, sp->len - (size_t)(at - sp->base), 1, &f)) != FDN_OK)
-			return rc;
-		if (f.codec != FDN_CODEC_RUN || f.runk != k || f.runj != m || f.slen != S || f.rlen != R)
-			return FDN_EMAGIC;
+		if (m != e->runj) {	/* (e is checked) */
+			if ((rc = check(c, w, sp->arena, at, p, sp->len - (size_t)(at - sp->base), 1, &f)) != FDN_OK)
+				return rc;
+			if (f.codec != FDN_CODEC_RUN || f.runk != k || f.runj != m || f.slen != S || f.rlen != R)
+				return FDN_EMAGIC;
+		}
 		if (c->enc) {
 			if ((rc = ctr(w, iv, at + FDN_HEADER_SIZE, w->tmp + m * S, p + FDN_HEADER_SIZE, S)) != FDN_OK)
 				return rc;
@@ -812,9 +819,10 @@ take:
 	return FDN_OK;
 }
 
-/* Decode the checked record e, whose bytes lie in sp, to out (e->rlen bytes); *bad as run_decode's. */
+/* Decode the record e, whose bytes lie in sp and whose tag is checked (a run slice's: unless
+ * not own, see run_decode), to out (e->rlen bytes); *bad as run_decode's. */
 static int decode(fdn_codec *c, work *w, const uint8_t *iv, const fdn_entry *e,
-	const span *sp, uint8_t *out, uint64_t *bad)
+	const span *sp, uint8_t *out, uint64_t *bad, int own)
 {
 	const uint8_t *payload = sp->buf + (size_t)(e->off - sp->base) + FDN_HEADER_SIZE, *src = payload;
 	size_t r;
@@ -822,7 +830,7 @@ static int decode(fdn_codec *c, work *w, const uint8_t *iv, const fdn_entry *e,
 
 	*bad = e->off;
 	if (e->codec == FDN_CODEC_RUN)
-		return run_decode(c, w, iv, e, sp, out, bad);
+		return run_decode(c, w, iv, e, sp, out, bad, own);
 	if (e->codec == FDN_CODEC_RAW) {
 		if (c->enc)
 			return ctr(w, iv, e->off + FDN_HEADER_SIZE, out, payload, e->slen);
@@ -869,7 +877,7 @@ int64_t fdn_unpack(fdn_codec *c, uint32_t arena, const uint8_t *iv,
 	if (rc == FDN_OK && outcap < e->rlen)
 		rc = FDN_ESPACE;
 	if (rc == FDN_OK)
-		rc = decode(c, w, iv, e, &sp, out, &bad);
+		rc = decode(c, w, iv, e, &sp, out, &bad, 1);
 	work_put(c, w);
 	e->off = bad;	/* the record at fault, when one is */
 	return rc == FDN_OK ? (int64_t)e->rlen : rc;
@@ -971,12 +979,15 @@ static int many_one(manyjob *j, work *w, size_t i)
 	j->btypes[i] = 0;
 	if (j->errs[i] != FDN_OK)
 		return FDN_OK;	/* FDN_ESPACE: too big to plan for */
-	rc = check(j->c, w, j->arena, j->offs[i], j->buf + at, j->len - at, 1, &e);
+	/* a run slice's tag is checked with its run's, once a call (run_decode) */
+	rc = check(j->c, w, j->arena, j->offs[i], j->buf + at, j->len - at, 0, &e);
+	if (rc == FDN_OK && e.codec != FDN_CODEC_RUN)
+		rc = check(j->c, w, j->arena, j->offs[i], j->buf + at, j->len - at, 1, &e);
 	if (rc == FDN_OK && e.rlen != (j->slots ? j->bs : j->pos[i + 1] - j->pos[i]))
 		rc = FDN_ESPACE;	/* the header changed since it was planned */
 	if (rc == FDN_OK)
 		rc = decode(j->c, w, j->iv, &e, &sp,
-			j->slots ? j->out + j->slots[i] * j->bs : j->out + j->pos[i], &bad);
+			j->slots ? j->out + j->slots[i] * j->bs : j->out + j->pos[i], &bad, 0);
 	if (rc == FDN_OK) {
 		j->btypes[i] = e.btype;
 		memcpy(key, e.key, FDN_SCORE_SIZE);
@@ -1193,7 +1204,7 @@ static int check_one(checkjob *j, work *w, uint8_t **data, size_t *cap, size_t i
 				return FDN_ENOMEM;
 			*cap = e->rlen;
 		}
-		rc = decode(j->c, w, j->iv, e, &sp, *data, &bad);
+		rc = decode(j->c, w, j->iv, e, &sp, *data, &bad, 1);
 		if (rc == FDN_EDECOMPRESS || (e->codec == FDN_CODEC_RUN && bad_record(rc))) {
 			/* a run that does not decode: its own tag is good, so "decompress" */
 			j->errs[i] = FDN_EDECOMPRESS;
