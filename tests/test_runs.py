@@ -469,3 +469,25 @@ def test_init_writes_the_default_and_old_configs_write_no_runs(tmp_path):
     assert F.store_run({"arena_size": 64 * 4096, "block_size": 4096, "run": 64}) == 31   # half an arena
     with pytest.raises(ValueError):
         F.store_run({"arena_size": 1 << 24, "block_size": 4096, "run": 65})
+
+
+def test_read_and_read_many_of_one_member(tmp_path):
+    """A member alone, by read (its window) and read_many (a span of one record): the run is read whole."""
+    path = make_store(tmp_path / "s", run=16)
+    data = b"".join(text(random.Random(i), BS) for i in range(48))
+    with open_store(path) as s:
+        s.write_blocks(data)
+        s.sync()
+    with open_store(path, writable=False) as s:
+        oa = s.log.open
+        addrs = list(oa.addrs)[:48]
+        with open(os.path.join(path, "arenas", "00000000.arena"), "rb") as f:
+            buf = f.read()
+        assert {buf[(a & 0xFFFFFFFF) + 5] for a in addrs} == {2}
+        for i in (0, 1, 15, 16, 30, 47):
+            s.log.window = None
+            assert s.log.read(addrs[i])[2] == data[i * BS:(i + 1) * BS]
+            got = s.log.read_many([addrs[i]])
+            assert got[addrs[i]][2] == data[i * BS:(i + 1) * BS]
+        got = s.log.read_many(addrs[5:37:3])   # spans that cut runs at both ends
+        assert all(got[a][2] == data[i * BS:(i + 1) * BS] for i, a in zip(range(5, 37, 3), addrs[5:37:3]))
