@@ -488,7 +488,7 @@ class Log:
             if end >= size:
                 break
         del mv
-        oa.end = end
+        oa.end = end = self._whole_runs(oa, buf, end, committed)
         committed = self._roll_forward(n, oa, buf, committed)
         if size < end and self.writable:
             # Cut short below the commit point: new records go after it, so no address is used twice.
@@ -525,6 +525,26 @@ class Log:
             del oa.tags[k * 16:]
             oa.end = committed
         return oa
+
+    def _whole_runs(self, oa, buf, end, committed):
+        """The end of oa's good records with a run a torn write left part of (past the commit
+        point: its first records whole, its last ones never written) dropped: each of its records
+        verifies alone, but none decodes, and a block found there would never be stored again.
+        The torn-tail rule then seals the arena before it (§5.2, §12)."""
+        if not oa.count:
+            return end
+        last = oa.addrs[-1] & 0xFFFFFFFF
+        run = L.run_span(buf, last)
+        if run is None or run[1] == end or run[0] < committed:
+            return end
+        k = bisect.bisect_left(oa.addrs, (oa.n << 32) | run[0])
+        log.warning("arena %d: the run of records at offset %d was cut short by a torn write; its %d "
+                    "records past the commit point are dropped", oa.n, run[0], oa.count - k)
+        del oa.addrs[k:]
+        del oa.types[k:]
+        del oa.keys[k * self.keylen:]
+        del oa.tags[k * 16:]
+        return run[0]
 
     def _valid_trailer(self, n, oa, b):
         try:
