@@ -154,13 +154,15 @@ def timed(cmd, env):
     return wall, (after.children_user - before.children_user) + (after.children_system - before.children_system)
 
 
-def foundation_days(images, work, compression, block_size):
+def foundation_days(images, work, compression, block_size, run=None):
     store, keyf = os.path.join(work, "store"), os.path.join(work, "store.key")
     env = {"PYTHONPATH": ROOT}
     base = [sys.executable, "-m", "foundation", "--store", store, "--key-file", keyf]
     init = [*base, "init", store, "--mode", "hash", "--max-log-size", "16G", "--block-size", block_size]
     if compression:
         init += ["--compression", compression]
+    if run:
+        init += ["--run", run]
     measure.run(init, env=env)
     rows = []
     for day, img in enumerate(images):
@@ -194,10 +196,11 @@ def stores(args):
             result["restic"] = restic_days(images, os.path.join(work, "r"))
         for c in args.compression:
             for bs in args.block_size:
-                name = (c or "default") + ("" if bs == "4096" else f"/{bs}")
-                w = os.path.join(work, f"f-{name.replace('/', '-')}")
-                os.makedirs(w)
-                result["foundation"][name] = foundation_days(images, w, c, bs)
+                for run in args.run:
+                    name = (c or "default") + ("" if bs == "4096" else f"/{bs}") + (f"/run{run}" if run else "")
+                    w = os.path.join(work, f"f-{name.replace('/', '-')}")
+                    os.makedirs(w)
+                    result["foundation"][name] = foundation_days(images, w, c, bs, run)
     result["loadavg_after"] = os.getloadavg()
     os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
     out = os.path.join(HERE, "results", f"osdisk-{time.strftime('%Y%m%d-%H%M%S')}.json")
@@ -232,12 +235,15 @@ def main(argv=None):
     s.add_argument("--no-restic", action="store_true", help="Foundation only (restic's figures are in earlier results)")
     s.add_argument("--compression", action="append", default=None,
                    help="a Foundation store per setting (repeatable); '' = the default")
+    s.add_argument("--run", action="append", default=None,
+                   help="a Foundation store per `init --run N` (repeatable; default: init's own)")
     args = p.parse_args(argv)
     if args.cmd == "build":
         print(build(args.days))
     else:
         args.compression = args.compression or [""]
         args.block_size = args.block_size or ["4096"]
+        args.run = args.run or [""]
         stores(args)
 
 

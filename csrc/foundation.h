@@ -18,14 +18,16 @@
 #include <stdint.h>
 
 enum {
-	FDN_API_VERSION = 1,	/* bump on any change visible to foundation/native */
+	FDN_API_VERSION = 2,	/* bump on any change visible to foundation/native */
 	FDN_SCORE_SIZE = 32,	/* SHA-256, and the record's key field */
 	FDN_WEAK_SIZE = 8,	/* weak hash, u64 big-endian */
 	FDN_HEADER_SIZE = 64,	/* record header, see internal.h */
 	FDN_TAG_SIZE = 16,	/* truncated HMAC-SHA256 in the header */
 	FDN_KEY_SIZE = 32,	/* AES-256 key */
 	FDN_IV_SIZE = 16,	/* AES-CTR initial counter block of an arena */
-	FDN_MAX_THREADS = 64
+	FDN_MAX_THREADS = 64,
+	FDN_RUN_MAX = 64,	/* most records in a run (codec 2) */
+	FDN_RUN_BYTES = 1 << 20	/* a writer's most raw bytes in a run */
 };
 
 enum {
@@ -36,12 +38,13 @@ enum {
 	FDN_EZSTD = -4,		/* zstd failed to set up */
 	FDN_ESPACE = -5,	/* an output buffer is too small: call again with more */
 	/* a record is bad; the names are RecordError.kind in Python */
-	FDN_EMAGIC = -10,	/* not a record header: magic, codec or reserved */
+	FDN_EMAGIC = -10,	/* not a record header: magic, codec or reserved (run fields) */
 	FDN_ELENGTH = -11,	/* impossible stored/raw lengths */
 	FDN_ETAG = -12,		/* the HMAC tag does not match: damaged or forged */
 	FDN_EDECOMPRESS = -13,	/* authentic, yet the payload does not decode to R bytes */
 	FDN_ETRUNCATED = -14,	/* the buffer ends inside the record */
 	FDN_ESCORE = -15,	/* the data does not match its score (fdn_check) */
+	FDN_ESPAN = -16,	/* a run member whose run is not wholly in the bytes given */
 	FDN_EBUCKET = -20	/* an index bucket's count exceeds its capacity */
 };
 
@@ -73,8 +76,10 @@ typedef struct {
 	uint32_t slen;		/* stored payload length S */
 	uint32_t rlen;		/* raw block length R */
 	uint8_t btype;
-	uint8_t codec;		/* 0 raw, 1 zstd */
+	uint8_t codec;		/* 0 raw, 1 zstd, 2 run slice */
 	uint8_t key[32];
+	uint8_t runj;		/* codec 2: this record's place j in its run of runk */
+	uint8_t runk;
 } fdn_entry;
 
 fdn_codec *fdn_codec_new(const uint8_t *enckey, size_t enclen,
@@ -83,7 +88,7 @@ void fdn_codec_free(fdn_codec *c);
 int64_t fdn_pack(fdn_codec *c, uint32_t arena, const uint8_t *iv,
 	uint64_t offset, int btype, const uint8_t *buf, size_t len, size_t bs,
 	const uint8_t *keys, size_t keyslen, uint8_t *out, size_t outcap,
-	uint64_t *offs, size_t noffs, int threads, uint8_t *scratch, size_t scratchcap);
+	uint64_t *offs, size_t noffs, int threads, uint8_t *scratch, size_t scratchcap, int run);
 /*
  * fdn_pack in two steps, so that a batch is compressed before it is known
  * where its records go (the compression of one batch then runs beside the
@@ -97,18 +102,32 @@ int64_t fdn_pack(fdn_codec *c, uint32_t arena, const uint8_t *iv,
  * one's arena offset to offs and tag to tags (16 bytes each; both with room
  * for n - first), *count = k; returns the bytes written. The records are
  * byte for byte those fdn_pack writes at the same offsets.
+ *
+ * run > 1: neighbouring compressible (not flat) blocks are compressed as one
+ * zstd frame per run of 2..min(run, 64, FDN_RUN_BYTES / blen) of them, the
+ * frame cut into equal slices (codec 2, docs/format.md 5.2): runs[2i] and
+ * runs[2i + 1] are block i's place j and its run's length k (0 and 0 for a
+ * block of its own), the zero-padded frame at scratch[first * blen], slice j
+ * at scratch[first * blen + j * sizes[i]]. fdn_seal places a run whole or
+ * not at all. runs NULL: no runs (as run = 1).
  */
 int fdn_fill(fdn_codec *c, const uint8_t *buf, size_t len, size_t bs,
 	uint8_t *scratch, size_t scratchcap, uint32_t *sizes, uint8_t *codecs,
-	size_t n, int threads);
+	size_t n, int threads, int run, uint8_t *runs);
 int64_t fdn_seal(fdn_codec *c, uint32_t arena, const uint8_t *iv,
 	uint64_t offset, int btype, const uint8_t *buf, size_t len, size_t bs,
 	const uint8_t *keys, size_t keyslen, const uint8_t *scratch, size_t scratchcap,
-	const uint32_t *sizes, const uint8_t *codecs, size_t n, size_t first,
+	const uint32_t *sizes, const uint8_t *codecs, const uint8_t *runs, size_t n, size_t first,
 	uint64_t room, uint8_t *out, size_t outcap, uint64_t *offs, uint8_t *tags,
 	size_t *count, int threads);
+/*
+ * The record at arena offset `offset` of buf (buf[0] at arena offset base,
+ * len bytes): a run slice (codec 2) needs its whole run in buf, else
+ * FDN_ESPAN. On a bad record e->off names the record at fault (a member of
+ * the run whose check failed), else the record itself.
+ */
 int64_t fdn_unpack(fdn_codec *c, uint32_t arena, const uint8_t *iv,
-	uint64_t offset, const uint8_t *rec, size_t reclen, fdn_entry *e,
+	uint64_t offset, const uint8_t *buf, size_t len, uint64_t base, fdn_entry *e,
 	uint8_t *out, size_t outcap);
 /*
  * A batch of records, all inside buf (buf[0] at arena offset base), at the
@@ -144,8 +163,8 @@ int64_t fdn_scan_cols(fdn_codec *c, uint32_t arena, const uint8_t *buf,
 	uint8_t *tags, uint64_t *end, int *err);
 enum { FDN_TAGS = 0, FDN_DECODED = 1, FDN_SCORED = 2 };	/* fdn_check's depth */
 /*
- * Check records completely, as verify does, from buf (buf[0] at arena
- * offset base). The walk follows the headers as fdn_scan does without
+ * Check records completely, as verify does, from arena offset start of buf
+ * (buf[0] at arena offset base; start >= base). The walk follows the headers as fdn_scan does without
  * verifying, and stops where it stops (*end, *err; FDN_ESPACE when nents
  * records are found: call again from *end), with ents as its scratch; then
  * every record it found is checked, spread over `threads` threads, as deep
@@ -155,10 +174,12 @@ enum { FDN_TAGS = 0, FDN_DECODED = 1, FDN_SCORED = 2 };	/* fdn_check's depth */
  * Record i's offset, raw length, type and tag go to offs[i], raws[i],
  * btypes[i] and tags[16 i, 16 i + 16), its verdict to errs[i]: FDN_OK,
  * FDN_ETAG, FDN_EDECOMPRESS or FDN_ESCORE (a bad record is no failure of
- * the call). Every array has room for nents. Returns the number of records.
+ * the call). A run slice whose run does not decode (another member is bad,
+ * or the run is not wholly in buf) is FDN_EDECOMPRESS; FDN_ETAG is only
+ * ever a record's own tag. Every array has room for nents. Returns the number of records.
  */
 int64_t fdn_check(fdn_codec *c, uint32_t arena, const uint8_t *iv,
-	const uint8_t *buf, size_t len, uint64_t base, int depth,
+	const uint8_t *buf, size_t len, uint64_t base, uint64_t start, int depth,
 	const uint8_t *skey, size_t skeylen, fdn_entry *ents, size_t nents,
 	uint64_t *offs, uint32_t *raws, uint8_t *btypes, uint8_t *tags,
 	int32_t *errs, uint64_t *end, int *err, int threads);

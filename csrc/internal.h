@@ -25,8 +25,11 @@ enum {
 	FDN_H_KEY = FDN_H_RLEN + FDN_U32,
 	FDN_H_TAG = FDN_H_KEY + FDN_SCORE_SIZE,
 	FDN_H_END = FDN_H_TAG + FDN_TAG_SIZE,
+	FDN_H_RUNJ = FDN_H_RESERVED,		/* codec 2: the record's place j in its run */
+	FDN_H_RUNK = FDN_H_RESERVED + FDN_U8,	/* codec 2: the run's length k */
 	FDN_CODEC_RAW = 0,
-	FDN_CODEC_ZSTD = 1
+	FDN_CODEC_ZSTD = 1,
+	FDN_CODEC_RUN = 2
 };
 _Static_assert((int)FDN_H_END == (int)FDN_HEADER_SIZE, "header fields must sum to FDN_HEADER_SIZE");
 

@@ -19,6 +19,13 @@
  * Unpacking a batch lays the output out from the headers, then checks and
  * decodes each record in one go, while it is in cache; a length that is
  * damaged or too big to plan for goes back to Python, to fdn_unpack.
+ *
+ * A run (codec 2, docs/format.md 5.2) is k neighbouring blocks compressed as
+ * one frame whose slices are the payloads of k ordinary records: fewer,
+ * larger zstd calls, and the blocks' shared bytes found. A reader of any
+ * member checks all k records and decodes the frame; a thread keeps the run
+ * it decoded last (for the length of one call), and the threads of a batch
+ * take whole runs, so a run read whole is decoded once.
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -46,6 +53,12 @@ typedef struct {
 	ZSTD_DCtx *zd;
 	uint8_t *tmp;		/* decrypted payload awaiting decompression */
 	size_t tmpcap;
+	uint8_t *run;		/* the run decoded last: k * R bytes */
+	size_t runcap;
+	int rvalid;		/* run holds the run at rfirst (this call only) */
+	uint64_t rfirst;
+	uint32_t rS, rR;
+	uint8_t rk;
 } work;
 
 struct fdn_codec {
@@ -67,6 +80,7 @@ static void work_free(work *w)
 	ZSTD_freeCCtx(w->zc);
 	ZSTD_freeDCtx(w->zd);
 	free(w->tmp);
+	free(w->run);
 	free(w);
 }
 
@@ -78,8 +92,10 @@ static work *work_get(fdn_codec *c)
 	if (c->nidle > 0)
 		w = c->idle[--c->nidle];
 	pthread_mutex_unlock(&c->lock);
-	if (w)
+	if (w) {
+		w->rvalid = 0;	/* a run decoded in another call, from other bytes */
 		return w;
+	}
 	if ((w = calloc(1, sizeof *w)) == NULL || (w->md = EVP_MD_CTX_new()) == NULL)
 		goto fail;
 	if (c->enc && ((w->aes = EVP_CIPHER_CTX_new()) == NULL ||
@@ -102,6 +118,24 @@ static void work_put(fdn_codec *c, work *w)
 	}
 	pthread_mutex_unlock(&c->lock);
 	work_free(w);
+}
+
+/* *buf with room for need bytes; 0 when out of memory */
+static int grow(uint8_t **buf, size_t *cap, size_t need)
+{
+	if (*cap >= need)
+		return 1;
+	free(*buf);
+	*cap = 0;
+	if ((*buf = malloc(need ? need : 1)) == NULL)
+		return 0;
+	*cap = need;
+	return 1;
+}
+
+static int zero(const uint8_t *p, size_t n)
+{
+	return n == 0 || (p[0] == 0 && memcmp(p, p + 1, n - 1) == 0);
 }
 
 fdn_codec *fdn_codec_new(const uint8_t *enckey, size_t enclen,
@@ -202,7 +236,7 @@ static int tag(fdn_codec *c, work *w, uint32_t arena, uint64_t off,
 static int check(fdn_codec *c, work *w, uint32_t arena, uint64_t off,
 	const uint8_t *p, size_t avail, int verify, fdn_entry *e)
 {
-	uint8_t t[FDN_SCORE_SIZE];
+	uint8_t t[FDN_SCORE_SIZE], kind, rj, rk;
 	uint32_t S, R;
 	int rc;
 
@@ -212,11 +246,15 @@ static int check(fdn_codec *c, work *w, uint32_t arena, uint64_t off,
 		return FDN_EMAGIC;
 	if (avail < FDN_HEADER_SIZE)
 		return FDN_ETRUNCATED;
-	if (p[FDN_H_CODEC] > FDN_CODEC_ZSTD || p[FDN_H_RESERVED] || p[FDN_H_RESERVED + 1])
+	kind = p[FDN_H_CODEC];
+	rj = p[FDN_H_RUNJ];
+	rk = p[FDN_H_RUNK];
+	if (kind > FDN_CODEC_RUN || (kind == FDN_CODEC_RUN ?
+	    rk < 2 || rk > FDN_RUN_MAX || rj >= rk : rj || rk))
 		return FDN_EMAGIC;
 	S = fdn_get32(p + FDN_H_SLEN);
 	R = fdn_get32(p + FDN_H_RLEN);
-	if (p[FDN_H_CODEC] == FDN_CODEC_RAW ? S != R : S >= R)
+	if (kind == FDN_CODEC_RAW ? S != R : S >= R || (kind == FDN_CODEC_RUN && S == 0))
 		return FDN_ELENGTH;
 	if (off + FDN_HEADER_SIZE + S > FDN_ARENA_MAX)
 		return FDN_ELENGTH;
@@ -232,7 +270,9 @@ static int check(fdn_codec *c, work *w, uint32_t arena, uint64_t off,
 	e->slen = S;
 	e->rlen = R;
 	e->btype = p[FDN_H_BTYPE];
-	e->codec = p[FDN_H_CODEC];
+	e->codec = kind;
+	e->runj = rj;
+	e->runk = rk;
 	memcpy(e->key, p + FDN_H_KEY, FDN_SCORE_SIZE);
 	return FDN_OK;
 }
@@ -252,6 +292,8 @@ typedef struct {
 	uint8_t *codec;
 	uint8_t *scratch;	/* batch pack: block i's compressed payload at i * blen */
 	uint8_t *tags;		/* fdn_seal: each record's tag, 16 bytes each, or NULL */
+	uint8_t *runs;		/* block i's place in its run and the run's length at 2i, 2i + 1 */
+	uint8_t *plan;		/* fdn_fill with runs: the runs planned, as runs (read only while filling) */
 } packjob;
 
 /*
@@ -301,14 +343,20 @@ static int flat(const uint8_t *p, size_t n)
 	return FLAT_RATIO * squares(h) <= m * m;
 }
 
+/* Whether the writer tries zstd on block i (not flat: flat() says why). */
+static int compressible(packjob *j, size_t i)
+{
+	return j->c->zlevel != 0 && j->blen > 1 && !flat(j->buf + i * j->blen, j->blen);
+}
+
 /* Put block i's payload, compressed if that is smaller, at dst; a raw payload only if raw
- * (else the compaction copies it from the block, once). */
-static int fill(packjob *j, work *w, size_t i, uint8_t *dst, int raw)
+ * (else the compaction copies it from the block, once). tryz: compressible(j, i). */
+static int fill_one(packjob *j, work *w, size_t i, uint8_t *dst, int raw, int tryz)
 {
 	const uint8_t *src = j->buf + i * j->blen;
 	size_t r;
 
-	if (j->c->zlevel != 0 && j->blen > 1 && !flat(src, j->blen)) {
+	if (tryz) {
 		if (w->zc == NULL && (w->zc = ZSTD_createCCtx()) == NULL)
 			return FDN_ENOMEM;
 		r = ZSTD_compressCCtx(w->zc, dst, j->blen - 1, src, j->blen, j->c->zlevel);
@@ -327,6 +375,137 @@ static int fill(packjob *j, work *w, size_t i, uint8_t *dst, int raw)
 	return FDN_OK;
 }
 
+static int fill(packjob *j, work *w, size_t i, uint8_t *dst, int raw)
+{
+	return fill_one(j, w, i, dst, raw, compressible(j, i));
+}
+
+/*
+ * Blocks [i, i + k) as a run: one frame of their k blen bytes, zero-padded
+ * to k slices of s = ceil(F / k) bytes, at scratch[i * blen] (made in w->tmp
+ * first when scratch is buf: the blocks are read until the frame is done).
+ * A frame that does not leave s < blen is no run: each block alone.
+ */
+static int fill_run(packjob *j, work *w, size_t i, size_t k, int inplace)
+{
+	const uint8_t *src = j->buf + i * j->blen;
+	uint8_t *dst = j->scratch + i * j->blen, *to = inplace ? w->tmp : dst;
+	size_t total = k * j->blen, r, s = j->blen;
+	int rc;
+
+	if (w->zc == NULL && (w->zc = ZSTD_createCCtx()) == NULL)
+		return FDN_ENOMEM;
+	r = ZSTD_compressCCtx(w->zc, to, total, src, total, j->c->zlevel);
+	if (!ZSTD_isError(r))
+		s = (r + k - 1) / k;
+	else if (ZSTD_getErrorCode(r) != ZSTD_error_dstSize_tooSmall)
+		return FDN_EZSTD;
+	if (s >= j->blen) {
+		for (size_t m = i; m < i + k; m++) {
+			j->runs[2 * m] = j->runs[2 * m + 1] = 0;
+			if ((rc = fill_one(j, w, m, inplace ? w->tmp : j->scratch + m * j->blen, 0, 1)) != FDN_OK)
+				return rc;
+			if (inplace && j->codec[m] == FDN_CODEC_ZSTD)
+				memcpy(j->scratch + m * j->blen, w->tmp, j->slen[m]);
+		}
+		return FDN_OK;
+	}
+	memset(to + r, 0, k * s - r);
+	if (inplace)
+		memcpy(dst, to, k * s);
+	for (size_t m = 0; m < k; m++) {
+		j->codec[i + m] = FDN_CODEC_RUN;
+		j->slen[i + m] = (uint32_t)s;
+		j->runs[2 * (i + m)] = (uint8_t)m;
+		j->runs[2 * (i + m) + 1] = (uint8_t)k;
+	}
+	return FDN_OK;
+}
+
+/* fdn_fill's first pass with runs: whether each block is worth zstd, in codec[i] */
+static int judge_range(void *arg, size_t lo, size_t hi)
+{
+	packjob *j = arg;
+
+	for (size_t i = lo; i < hi; i++)
+		j->codec[i] = (uint8_t)compressible(j, i);
+	return FDN_OK;
+}
+
+/* fdn_fill's last pass with runs: each run by the thread whose range holds its first block. */
+static int runs_range(void *arg, size_t lo, size_t hi)
+{
+	packjob *j = arg;
+	work *w = work_get(j->c);
+	int rc = w ? FDN_OK : FDN_ENOMEM, inplace = j->scratch == j->buf;
+	size_t most = 1;
+
+	for (size_t i = lo; i < hi; i++)
+		if (j->plan[2 * i + 1] > most)
+			most = j->plan[2 * i + 1];
+	if (rc == FDN_OK && inplace && !grow(&w->tmp, &w->tmpcap, most * j->blen))
+		rc = FDN_ENOMEM;
+	for (size_t i = lo; i < hi && rc == FDN_OK; i++) {
+		size_t k = j->plan[2 * i + 1];
+		if (k >= 2) {
+			if (j->plan[2 * i] == 0)
+				rc = fill_run(j, w, i, k, inplace);
+			continue;	/* a later member: its run's thread fills it */
+		}
+		j->runs[2 * i] = j->runs[2 * i + 1] = 0;
+		rc = fill_one(j, w, i, inplace ? w->tmp : j->scratch + i * j->blen, 0, j->codec[i]);
+		if (rc == FDN_OK && inplace && j->codec[i] == FDN_CODEC_ZSTD)
+			memcpy(j->scratch + i * j->blen, w->tmp, j->slen[i]);
+	}
+	work_put(j->c, w);
+	return rc;
+}
+
+/*
+ * fdn_fill with runs of at most kmax: judge every block, then cut each
+ * stretch of neighbouring compressible blocks into runs of kmax (a last
+ * piece of one is a block of its own), then fill on the threads. The runs
+ * depend on the blocks alone, never on the threads.
+ */
+static int fill_runs(packjob *j, size_t n, size_t kmax, int threads)
+{
+	size_t i = 0;
+	int rc;
+
+	if ((j->plan = calloc(2 * n, 1)) == NULL)
+		return FDN_ENOMEM;
+	if ((rc = fdn_share(threads, n, GRAIN, judge_range, j)) != FDN_OK)
+		goto out;
+	while (i < n) {
+		size_t m = i;
+		while (m < n && j->codec[m] && m - i < kmax)
+			m++;
+		if (m - i >= 2)
+			for (size_t t = i; t < m; t++) {
+				j->plan[2 * t] = (uint8_t)(t - i);
+				j->plan[2 * t + 1] = (uint8_t)(m - i);
+			}
+		i = m > i ? m : i + 1;
+	}
+	rc = fdn_share(threads, n, GRAIN, runs_range, j);
+out:
+	free(j->plan);
+	j->plan = NULL;
+	return rc;
+}
+
+/* The longest run a writer makes of blocks of blen bytes with the setting run (< 2: none). */
+static size_t run_max(fdn_codec *c, size_t blen, int run)
+{
+	size_t k = run < 0 ? 0 : (size_t)run;
+
+	if (k > FDN_RUN_MAX)
+		k = FDN_RUN_MAX;
+	if (blen == 0 || k > FDN_RUN_BYTES / blen)
+		k = FDN_RUN_BYTES / (blen ? blen : 1);
+	return c->zlevel != 0 && blen > 1 ? k : 0;
+}
+
 /* Write block i's header around its payload at out + pos, encrypt, tag. The payload is
  * there already (src NULL), or is taken from src (encrypted on the way when the codec
  * encrypts: one pass over it, no copy first). */
@@ -340,7 +519,8 @@ static int seal(packjob *j, work *w, size_t i, uint64_t pos, const uint8_t *src)
 	memcpy(h + FDN_H_MAGIC, FDN_MAGIC, FDN_MAGIC_SIZE);
 	h[FDN_H_BTYPE] = j->btype;
 	h[FDN_H_CODEC] = j->codec[i];
-	h[FDN_H_RESERVED] = h[FDN_H_RESERVED + 1] = 0;
+	h[FDN_H_RUNJ] = j->codec[i] == FDN_CODEC_RUN ? j->runs[2 * i] : 0;
+	h[FDN_H_RUNK] = j->codec[i] == FDN_CODEC_RUN ? j->runs[2 * i + 1] : 0;
 	fdn_put32(h + FDN_H_SLEN, S);
 	fdn_put32(h + FDN_H_RLEN, (uint32_t)j->blen);
 	memcpy(h + FDN_H_KEY, j->keys + i * FDN_SCORE_SIZE, FDN_SCORE_SIZE);
@@ -401,9 +581,12 @@ static int seal_range(void *arg, size_t lo, size_t hi)
 	work *w = work_get(j->c);
 	int rc = w ? FDN_OK : FDN_ENOMEM;
 
-	for (size_t i = lo; i < hi && rc == FDN_OK; i++)
-		rc = seal(j, w, i, j->pos[i], j->codec[i] == FDN_CODEC_RAW ?
-			j->buf + i * j->blen : j->scratch + i * j->blen);
+	for (size_t i = lo; i < hi && rc == FDN_OK; i++) {
+		const uint8_t *src = j->codec[i] == FDN_CODEC_RAW ? j->buf + i * j->blen : j->scratch + i * j->blen;
+		if (j->codec[i] == FDN_CODEC_RUN)	/* slice m of the frame at its run's first block */
+			src = j->scratch + (i - j->runs[2 * i]) * j->blen + (size_t)j->runs[2 * i] * j->slen[i];
+		rc = seal(j, w, i, j->pos[i], src);
+	}
 	work_put(j->c, w);
 	return rc;
 }
@@ -411,12 +594,12 @@ static int seal_range(void *arg, size_t lo, size_t hi)
 int64_t fdn_pack(fdn_codec *c, uint32_t arena, const uint8_t *iv,
 	uint64_t offset, int btype, const uint8_t *buf, size_t len, size_t bs,
 	const uint8_t *keys, size_t keyslen, uint8_t *out, size_t outcap,
-	uint64_t *offs, size_t noffs, int threads, uint8_t *scratch, size_t scratchcap)
+	uint64_t *offs, size_t noffs, int threads, uint8_t *scratch, size_t scratchcap, int run)
 {
 	packjob j = { c, arena, iv, offset, (uint8_t)btype, buf, bs == len ? len : bs,
-		keys, out, offs, NULL, NULL, NULL, NULL };
+		keys, out, offs, NULL, NULL, NULL, NULL, NULL, NULL };
 	uint64_t pos = 0;
-	size_t n, i;
+	size_t n, i, kmax;
 	work *w;
 	int rc, own = 0;
 
@@ -428,11 +611,13 @@ int64_t fdn_pack(fdn_codec *c, uint32_t arena, const uint8_t *iv,
 		return FDN_EARG;
 	j.slen = malloc(n * sizeof *j.slen + 1);
 	j.codec = malloc(n + 1);
-	if (j.slen == NULL || j.codec == NULL) {
+	j.runs = calloc(2 * n + 1, 1);
+	if (j.slen == NULL || j.codec == NULL || j.runs == NULL) {
 		rc = FDN_ENOMEM;
 		goto out;
 	}
-	if (threads <= 1 || n < 2 * GRAIN) {
+	kmax = n >= 2 ? run_max(c, j.blen, run) : 0;
+	if (kmax < 2 && (threads <= 1 || n < 2 * GRAIN)) {
 		/* one pass: each record goes straight where it belongs */
 		if ((w = work_get(c)) == NULL) {
 			rc = FDN_ENOMEM;
@@ -456,7 +641,8 @@ int64_t fdn_pack(fdn_codec *c, uint32_t arena, const uint8_t *iv,
 		rc = FDN_ENOMEM;
 		goto out;
 	}
-	if ((rc = fdn_share(threads, n, GRAIN, fill_range, &j)) != FDN_OK)
+	rc = kmax >= 2 ? fill_runs(&j, n, kmax, threads) : fdn_share(threads, n, GRAIN, fill_range, &j);
+	if (rc != FDN_OK)
 		goto out;
 	for (i = 0; i < n; i++) {	/* the layout: each record's place from the sizes alone */
 		offs[i] = pos;
@@ -468,31 +654,38 @@ out:
 		free(j.scratch);
 	free(j.slen);
 	free(j.codec);
+	free(j.runs);
 	return rc == FDN_OK ? (int64_t)pos : rc;
 }
 
 int fdn_fill(fdn_codec *c, const uint8_t *buf, size_t len, size_t bs,
 	uint8_t *scratch, size_t scratchcap, uint32_t *sizes, uint8_t *codecs,
-	size_t n, int threads)
+	size_t n, int threads, int run, uint8_t *runs)
 {
 	packjob j = { c, 0, NULL, 0, 0, buf, bs == len ? len : bs, NULL, NULL, NULL,
-		sizes, codecs, scratch, NULL };
-	size_t k;
+		sizes, codecs, scratch, NULL, runs, NULL };
+	size_t k, kmax;
 
 	if (fdn_nblocks(len, bs, &k) != FDN_OK || k != n || j.blen == 0 || j.blen > UINT32_MAX ||
 	    scratch == NULL || scratchcap / j.blen < n)
 		return FDN_EARG;
+	if (runs != NULL)
+		memset(runs, 0, 2 * n);
+	kmax = runs != NULL && n >= 2 ? run_max(c, j.blen, run) : 0;
+	if ((uintptr_t)scratch != (uintptr_t)buf && (uintptr_t)scratch < (uintptr_t)buf + len &&
+	    (uintptr_t)buf < (uintptr_t)scratch + n * j.blen)
+		return FDN_EARG;	/* overlapping, but not the blocks themselves */
+	if (kmax >= 2)
+		return fill_runs(&j, n, kmax, threads);
 	if (scratch == buf)
 		return fdn_share(threads, n, GRAIN, fill_in_place, &j);
-	if ((uintptr_t)scratch < (uintptr_t)buf + len && (uintptr_t)buf < (uintptr_t)scratch + n * j.blen)
-		return FDN_EARG;	/* overlapping, but not the blocks themselves */
 	return fdn_share(threads, n, GRAIN, fill_range, &j);
 }
 
 int64_t fdn_seal(fdn_codec *c, uint32_t arena, const uint8_t *iv,
 	uint64_t offset, int btype, const uint8_t *buf, size_t len, size_t bs,
 	const uint8_t *keys, size_t keyslen, const uint8_t *scratch, size_t scratchcap,
-	const uint32_t *sizes, const uint8_t *codecs, size_t n, size_t first,
+	const uint32_t *sizes, const uint8_t *codecs, const uint8_t *runs, size_t n, size_t first,
 	uint64_t room, uint8_t *out, size_t outcap, uint64_t *offs, uint8_t *tags,
 	size_t *count, int threads)
 {
@@ -507,20 +700,35 @@ int64_t fdn_seal(fdn_codec *c, uint32_t arena, const uint8_t *iv,
 		return FDN_EARG;
 	if (limit > FDN_ARENA_MAX - offset)
 		limit = FDN_ARENA_MAX - offset;
-	/* the layout: each record's place from the sizes alone, as many as fit */
+	if (first < n && codecs[first] == FDN_CODEC_RUN && (runs == NULL || runs[2 * first] != 0))
+		return FDN_EARG;	/* a run is sealed whole */
+	/* the layout: each record's place from the sizes alone, as many as fit; a run whole or not */
 	for (k = first; k < n; k++) {
 		uint64_t rec = FDN_HEADER_SIZE + (uint64_t)sizes[k];
-		if (codecs[k] == FDN_CODEC_RAW ? sizes[k] != blen :
+		size_t rk = 1;
+		if (codecs[k] == FDN_CODEC_RUN) {
+			if (runs == NULL || runs[2 * k] != 0 || (rk = runs[2 * k + 1]) < 2 || rk > FDN_RUN_MAX ||
+			    rk > n - k || sizes[k] == 0 || sizes[k] >= blen)
+				return FDN_EARG;
+			for (size_t m = 1; m < rk; m++)
+				if (codecs[k + m] != FDN_CODEC_RUN || runs[2 * (k + m)] != m ||
+				    runs[2 * (k + m) + 1] != rk || sizes[k + m] != sizes[k])
+					return FDN_EARG;
+		} else if (codecs[k] == FDN_CODEC_RAW ? sizes[k] != blen :
 		    codecs[k] != FDN_CODEC_ZSTD || sizes[k] >= blen)
 			return FDN_EARG;	/* not what fdn_fill leaves */
-		if (rec > limit - pos)
+		if (rk * rec > limit - pos)
 			break;
-		offs[k - first] = pos;
-		pos += rec;
+		for (size_t m = 0; m < rk; m++) {
+			offs[k + m - first] = pos;
+			pos += rec;
+		}
+		k += rk - 1;
 	}
 	j = (packjob){ c, arena, iv, offset, (uint8_t)btype, buf + first * blen, blen,
 		keys + first * FDN_SCORE_SIZE, out, offs, (uint32_t *)sizes + first,
-		(uint8_t *)codecs + first, (uint8_t *)scratch + first * blen, tags };
+		(uint8_t *)codecs + first, (uint8_t *)scratch + first * blen, tags,
+		runs ? (uint8_t *)runs + 2 * first : NULL, NULL };
 	k -= first;
 	if (k > 0) {
 		int rc = fdn_share(threads, k, GRAIN, seal_range, &j);
@@ -531,13 +739,98 @@ int64_t fdn_seal(fdn_codec *c, uint32_t arena, const uint8_t *iv,
 	return (int64_t)pos;
 }
 
-static int decode(fdn_codec *c, work *w, const uint8_t *iv, const fdn_entry *e,
-	const uint8_t *payload, uint8_t *out)
+/* The bytes a decode reads: buf[0] at arena offset base, len bytes. */
+typedef struct {
+	uint32_t arena;
+	const uint8_t *buf;
+	size_t len;
+	uint64_t base;
+} span;
+
+/*
+ * Record e is slice j of a run of k (codec 2): check the run's k records,
+ * which lie back to back from o - j (64 + S) (each header agreeing: codec
+ * 2, the same k, S and R, its own j; each tag), decrypt and join their
+ * slices, decode the one frame of k R bytes (the padding after it zero
+ * bytes, fewer than k of them) and copy block j to out. *bad: the record at
+ * fault (the member whose check failed; e itself for the frame). e's own
+ * tag first, unless own (the caller checked it); a run this thread decoded
+ * in this call already is not checked again (its bytes were, in full).
+ */
+static int run_decode(fdn_codec *c, work *w, const uint8_t *iv, const fdn_entry *e,
+	const span *sp, uint8_t *out, uint64_t *bad, int own)
 {
-	const uint8_t *src = payload;
+	uint64_t step = FDN_HEADER_SIZE + (uint64_t)e->slen, first, at;
+	size_t k = e->runk, S = e->slen, R = e->rlen, F, r;
+	unsigned long long content;
+	fdn_entry f;
+	int rc;
+
+	*bad = e->off;
+	if (e->off < sp->base || e->runj * step > e->off - sp->base)
+		return FDN_ESPAN;
+	first = e->off - e->runj * step;
+	if (k * step > sp->len - (size_t)(first - sp->base))
+		return FDN_ESPAN;
+	if (w->rvalid && w->rfirst == first && w->rk == k && w->rS == S && w->rR == R)
+		goto take;
+	w->rvalid = 0;
+	if (!own && (rc = check(c, w, sp->arena, e->off, sp->buf + (size_t)(e->off - sp->base),
+				sp->len - (size_t)(e->off - sp->base), 1, &f)) != FDN_OK)
+		return rc;
+	if (!grow(&w->tmp, &w->tmpcap, k * S) || !grow(&w->run, &w->runcap, k * R))
+		return FDN_ENOMEM;
+	for (size_t m = 0; m < k; m++) {
+		const uint8_t *p;
+		at = first + m * step;
+		p = sp->buf + (size_t)(at - sp->base);
+		*bad = at;
+		if (m != e->runj) {	/* (e is checked) */
+			if ((rc = check(c, w, sp->arena, at, p, sp->len - (size_t)(at - sp->base), 1, &f)) != FDN_OK)
+				return rc;
+			if (f.codec != FDN_CODEC_RUN || f.runk != k || f.runj != m || f.slen != S || f.rlen != R)
+				return FDN_EMAGIC;
+		}
+		if (c->enc) {
+			if ((rc = ctr(w, iv, at + FDN_HEADER_SIZE, w->tmp + m * S, p + FDN_HEADER_SIZE, S)) != FDN_OK)
+				return rc;
+		} else
+			memcpy(w->tmp + m * S, p + FDN_HEADER_SIZE, S);
+	}
+	*bad = e->off;
+	if (w->zd == NULL && (w->zd = ZSTD_createDCtx()) == NULL)
+		return FDN_ENOMEM;
+	/* exactly one frame, declaring exactly k R bytes, fewer than k zero bytes after it */
+	F = ZSTD_findFrameCompressedSize(w->tmp, k * S);
+	content = ZSTD_getFrameContentSize(w->tmp, k * S);
+	if (ZSTD_isError(F) || content != (unsigned long long)k * R || k * S - F >= k ||
+	    !zero(w->tmp + F, k * S - F))
+		return FDN_EDECOMPRESS;
+	r = ZSTD_decompressDCtx(w->zd, w->run, k * R, w->tmp, F);
+	if (ZSTD_isError(r) || r != k * R)
+		return FDN_EDECOMPRESS;
+	w->rvalid = 1;
+	w->rfirst = first;
+	w->rk = (uint8_t)k;
+	w->rS = (uint32_t)S;
+	w->rR = (uint32_t)R;
+take:
+	memcpy(out, w->run + e->runj * R, R);
+	return FDN_OK;
+}
+
+/* Decode the record e, whose bytes lie in sp and whose tag is checked (a run slice's: unless
+ * not own, see run_decode), to out (e->rlen bytes); *bad as run_decode's. */
+static int decode(fdn_codec *c, work *w, const uint8_t *iv, const fdn_entry *e,
+	const span *sp, uint8_t *out, uint64_t *bad, int own)
+{
+	const uint8_t *payload = sp->buf + (size_t)(e->off - sp->base) + FDN_HEADER_SIZE, *src = payload;
 	size_t r;
 	int rc;
 
+	*bad = e->off;
+	if (e->codec == FDN_CODEC_RUN)
+		return run_decode(c, w, iv, e, sp, out, bad, own);
 	if (e->codec == FDN_CODEC_RAW) {
 		if (c->enc)
 			return ctr(w, iv, e->off + FDN_HEADER_SIZE, out, payload, e->slen);
@@ -567,22 +860,26 @@ static int decode(fdn_codec *c, work *w, const uint8_t *iv, const fdn_entry *e,
 }
 
 int64_t fdn_unpack(fdn_codec *c, uint32_t arena, const uint8_t *iv,
-	uint64_t offset, const uint8_t *rec, size_t reclen, fdn_entry *e,
+	uint64_t offset, const uint8_t *buf, size_t len, uint64_t base, fdn_entry *e,
 	uint8_t *out, size_t outcap)
 {
+	span sp = { arena, buf, len, base };
+	uint64_t bad = offset;
 	work *w;
 	int rc;
 
-	if (offset >= FDN_ARENA_MAX || (c->enc && iv == NULL))
+	if (offset >= FDN_ARENA_MAX || (c->enc && iv == NULL) || offset < base || offset - base > len ||
+	    base > FDN_ARENA_MAX || len > FDN_ARENA_MAX - base)
 		return FDN_EARG;
 	if ((w = work_get(c)) == NULL)
 		return FDN_ENOMEM;
-	rc = check(c, w, arena, offset, rec, reclen, 1, e);
+	rc = check(c, w, arena, offset, buf + (size_t)(offset - base), len - (size_t)(offset - base), 1, e);
 	if (rc == FDN_OK && outcap < e->rlen)
 		rc = FDN_ESPACE;
 	if (rc == FDN_OK)
-		rc = decode(c, w, iv, e, rec + FDN_HEADER_SIZE, out);
+		rc = decode(c, w, iv, e, &sp, out, &bad, 1);
 	work_put(c, w);
+	e->off = bad;	/* the record at fault, when one is */
 	return rc == FDN_OK ? (int64_t)e->rlen : rc;
 }
 
@@ -590,7 +887,7 @@ int64_t fdn_unpack(fdn_codec *c, uint32_t arena, const uint8_t *iv,
 static int bad_record(int rc)
 {
 	return rc == FDN_EMAGIC || rc == FDN_ELENGTH || rc == FDN_ETAG ||
-		rc == FDN_EDECOMPRESS || rc == FDN_ETRUNCATED;
+		rc == FDN_EDECOMPRESS || rc == FDN_ETRUNCATED || rc == FDN_ESPAN;
 }
 
 typedef struct {
@@ -607,16 +904,74 @@ typedef struct {
 	uint8_t *btypes;
 	uint8_t *keys;
 	size_t n;
-	size_t next;		/* the first record no thread has taken */
+	size_t next;		/* the first chunk no thread has taken */
 	const uint64_t *slots;	/* fdn_unpack_at: record i's data at out + slots[i] * bs */
 	size_t bs;
+	size_t *cuts;		/* chunk c is records [cuts[c], cuts[c + 1]) */
+	size_t ncuts;		/* chunks */
 } manyjob;
+
+/* The arena offset of the first record of the run whose member's header is at off, or
+ * UINT64_MAX when there is none there (not a whole codec 2 header within buf). */
+static uint64_t run_first(const uint8_t *buf, size_t len, uint64_t base, uint64_t off)
+{
+	const uint8_t *p;
+	uint64_t back;
+
+	if (off < base || off - base > len || len - (size_t)(off - base) < FDN_HEADER_SIZE)
+		return UINT64_MAX;
+	p = buf + (size_t)(off - base);
+	if (p[FDN_H_CODEC] != FDN_CODEC_RUN)
+		return UINT64_MAX;
+	back = p[FDN_H_RUNJ] * (FDN_HEADER_SIZE + (uint64_t)fdn_get32(p + FDN_H_SLEN));
+	return back <= off ? off - back : UINT64_MAX;
+}
+
+/*
+ * Cut records [0, n) into the chunks the threads take: STEAL records, or
+ * more to end a run, so no run is split between two threads (each would
+ * decode it). -> the cuts (cuts[0] = 0, cuts[*m] = n), or NULL without memory.
+ */
+static size_t *chunks(const uint8_t *buf, size_t len, uint64_t base, const uint64_t *offs,
+	size_t n, size_t *m)
+{
+	size_t *cuts = malloc((n / STEAL + 2) * sizeof *cuts), k = 0, i = 0;
+
+	if (cuts == NULL)
+		return NULL;
+	cuts[k++] = 0;
+	while (i < n) {
+		size_t end = n - i > STEAL ? i + STEAL : n;
+		uint64_t f;
+		while (end < n && (f = run_first(buf, len, base, offs[end])) != UINT64_MAX &&
+		       f == run_first(buf, len, base, offs[end - 1]))
+			end++;
+		cuts[k++] = end;
+		i = end;
+	}
+	*m = k - 1;
+	return cuts;
+}
+
+/* Take the next chunk no thread has taken yet: records [*i, *end); 0 when none is left. */
+static int take_chunk(size_t *next, const size_t *cuts, size_t ncuts, size_t *i, size_t *end)
+{
+	size_t c = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED);
+
+	if (c >= ncuts)
+		return 0;
+	*i = cuts[c];
+	*end = cuts[c + 1];
+	return 1;
+}
 
 /* Check and decode record i; a bad record is no failure, only its errs[i]. */
 static int many_one(manyjob *j, work *w, size_t i)
 {
 	size_t at = (size_t)(j->offs[i] - j->base);
 	uint8_t *key = j->keys + i * FDN_SCORE_SIZE;
+	span sp = { j->arena, j->buf, j->len, j->base };
+	uint64_t bad;
 	fdn_entry e;
 	int rc;
 
@@ -624,12 +979,15 @@ static int many_one(manyjob *j, work *w, size_t i)
 	j->btypes[i] = 0;
 	if (j->errs[i] != FDN_OK)
 		return FDN_OK;	/* FDN_ESPACE: too big to plan for */
-	rc = check(j->c, w, j->arena, j->offs[i], j->buf + at, j->len - at, 1, &e);
+	/* a run slice's tag is checked with its run's, once a call (run_decode) */
+	rc = check(j->c, w, j->arena, j->offs[i], j->buf + at, j->len - at, 0, &e);
+	if (rc == FDN_OK && e.codec != FDN_CODEC_RUN)
+		rc = check(j->c, w, j->arena, j->offs[i], j->buf + at, j->len - at, 1, &e);
 	if (rc == FDN_OK && e.rlen != (j->slots ? j->bs : j->pos[i + 1] - j->pos[i]))
 		rc = FDN_ESPACE;	/* the header changed since it was planned */
 	if (rc == FDN_OK)
-		rc = decode(j->c, w, j->iv, &e, j->buf + at + FDN_HEADER_SIZE,
-			j->slots ? j->out + j->slots[i] * j->bs : j->out + j->pos[i]);
+		rc = decode(j->c, w, j->iv, &e, &sp,
+			j->slots ? j->out + j->slots[i] * j->bs : j->out + j->pos[i], &bad, 0);
 	if (rc == FDN_OK) {
 		j->btypes[i] = e.btype;
 		memcpy(key, e.key, FDN_SCORE_SIZE);
@@ -651,19 +1009,15 @@ static int many_range(void *arg, size_t lo, size_t hi)
 {
 	manyjob *j = arg;
 	work *w = work_get(j->c);
+	size_t i, end;
 	int rc = FDN_OK;
 
 	(void)lo, (void)hi;	/* fdn_parallel only starts the threads */
 	if (w == NULL)
 		return FDN_ENOMEM;
-	while (rc == FDN_OK) {
-		size_t i = __atomic_fetch_add(&j->next, STEAL, __ATOMIC_RELAXED), end;
-		if (i >= j->n)
-			break;
-		end = j->n - i > STEAL ? i + STEAL : j->n;
+	while (rc == FDN_OK && take_chunk(&j->next, j->cuts, j->ncuts, &i, &end))
 		for (; i < end && rc == FDN_OK; i++)
 			rc = many_one(j, w, i);
-	}
 	work_put(j->c, w);
 	return rc;
 }
@@ -673,7 +1027,7 @@ int64_t fdn_unpack_many(fdn_codec *c, uint32_t arena, const uint8_t *iv,
 	size_t n, uint8_t *out, size_t outcap, uint64_t *pos, int32_t *errs,
 	uint8_t *btypes, uint8_t *keys, size_t keyslen, int threads)
 {
-	manyjob j = { c, arena, iv, buf, len, base, offs, out, pos, errs, btypes, keys, 0, 0, NULL, 0 };
+	manyjob j = { c, arena, iv, buf, len, base, offs, out, pos, errs, btypes, keys, 0, 0, NULL, 0, NULL, 0 };
 	uint64_t total = 0;
 	size_t k;
 	fdn_entry e;
@@ -707,9 +1061,11 @@ int64_t fdn_unpack_many(fdn_codec *c, uint32_t arena, const uint8_t *iv,
 	}
 	pos[k] = total;
 	j.n = k;
-	if ((rc = fdn_parallel(threads, k, GRAIN, many_range, &j)) != FDN_OK)
-		return rc;
-	return (int64_t)k;
+	if ((j.cuts = chunks(buf, len, base, offs, k, &j.ncuts)) == NULL)
+		return FDN_ENOMEM;
+	rc = fdn_parallel(threads, k, GRAIN, many_range, &j);
+	free(j.cuts);
+	return rc == FDN_OK ? (int64_t)k : rc;
 }
 
 /*
@@ -725,7 +1081,7 @@ int64_t fdn_unpack_at(fdn_codec *c, uint32_t arena, const uint8_t *iv,
 	size_t n, uint8_t *out, size_t outcap, const uint64_t *slots, size_t bs,
 	int32_t *errs, uint8_t *btypes, uint8_t *keys, size_t keyslen, int threads)
 {
-	manyjob j = { c, arena, iv, buf, len, base, offs, out, NULL, errs, btypes, keys, n, 0, slots, bs };
+	manyjob j = { c, arena, iv, buf, len, base, offs, out, NULL, errs, btypes, keys, n, 0, slots, bs, NULL, 0 };
 	size_t k;
 	int rc;
 
@@ -737,14 +1093,11 @@ int64_t fdn_unpack_at(fdn_codec *c, uint32_t arena, const uint8_t *iv,
 			return FDN_EARG;
 		errs[k] = FDN_OK;	/* a length other than bs: many_one finds it (FDN_ESPACE) */
 	}
-	if ((rc = fdn_parallel(threads, n, GRAIN, many_range, &j)) != FDN_OK)
-		return rc;
-	return (int64_t)n;
-}
-
-static int zero(const uint8_t *p, size_t n)
-{
-	return n == 0 || (p[0] == 0 && memcmp(p, p + 1, n - 1) == 0);
+	if ((j.cuts = chunks(buf, len, base, offs, n, &j.ncuts)) == NULL)
+		return FDN_ENOMEM;
+	rc = fdn_parallel(threads, n, GRAIN, many_range, &j);
+	free(j.cuts);
+	return rc == FDN_OK ? (int64_t)n : rc;
 }
 
 /*
@@ -811,13 +1164,16 @@ typedef struct {
 	uint32_t arena;
 	const uint8_t *iv;
 	const uint8_t *buf;	/* buf[0] is at arena offset base */
+	size_t len;
 	uint64_t base;
 	int depth;		/* FDN_TAGS, FDN_DECODED or FDN_SCORED */
 	const fdn_hkey *skey;	/* NULL: scores are plain SHA-256 */
 	const fdn_entry *ents;
 	int32_t *errs;
 	size_t n;
-	size_t next;		/* the first record no thread has taken */
+	size_t next;		/* the first chunk no thread has taken */
+	size_t *cuts;		/* as manyjob's */
+	size_t ncuts;
 } checkjob;
 
 /* Record i's verdict into errs[i]; only a failure of the call is returned. */
@@ -825,7 +1181,9 @@ static int check_one(checkjob *j, work *w, uint8_t **data, size_t *cap, size_t i
 {
 	const fdn_entry *e = &j->ents[i];
 	const uint8_t *rec = j->buf + (size_t)(e->off - j->base), *d = rec + FDN_HEADER_SIZE;
+	span sp = { j->arena, j->buf, j->len, j->base };
 	uint8_t t[FDN_SCORE_SIZE];
+	uint64_t bad;
 	int rc;
 
 	j->errs[i] = FDN_OK;
@@ -846,8 +1204,10 @@ static int check_one(checkjob *j, work *w, uint8_t **data, size_t *cap, size_t i
 				return FDN_ENOMEM;
 			*cap = e->rlen;
 		}
-		if ((rc = decode(j->c, w, j->iv, e, d, *data)) == FDN_EDECOMPRESS) {
-			j->errs[i] = rc;
+		rc = decode(j->c, w, j->iv, e, &sp, *data, &bad, 1);
+		if (rc == FDN_EDECOMPRESS || (e->codec == FDN_CODEC_RUN && bad_record(rc))) {
+			/* a run that does not decode: its own tag is good, so "decompress" */
+			j->errs[i] = FDN_EDECOMPRESS;
 			return FDN_OK;
 		}
 		if (rc != FDN_OK)
@@ -863,14 +1223,6 @@ static int check_one(checkjob *j, work *w, uint8_t **data, size_t *cap, size_t i
 	return FDN_OK;
 }
 
-/* Take the next STEAL of n records no thread has taken yet: [*i, *end); 0 when none is left. */
-static int take(size_t *next, size_t n, size_t *i, size_t *end)
-{
-	*i = __atomic_fetch_add(next, STEAL, __ATOMIC_RELAXED);
-	*end = *i < n && n - *i > STEAL ? *i + STEAL : n;
-	return *i < n;
-}
-
 /* As many_range: threads take STEAL records at a time, so a busy core holds up no one. */
 static int check_range(void *arg, size_t lo, size_t hi)
 {
@@ -883,7 +1235,7 @@ static int check_range(void *arg, size_t lo, size_t hi)
 	(void)lo, (void)hi;
 	if (w == NULL)
 		return FDN_ENOMEM;
-	while (rc == FDN_OK && take(&j->next, j->n, &i, &end))
+	while (rc == FDN_OK && take_chunk(&j->next, j->cuts, j->ncuts, &i, &end))
 		for (; i < end && rc == FDN_OK; i++)
 			rc = check_one(j, w, &data, &cap, i);
 	free(data);
@@ -892,21 +1244,24 @@ static int check_range(void *arg, size_t lo, size_t hi)
 }
 
 int64_t fdn_check(fdn_codec *c, uint32_t arena, const uint8_t *iv,
-	const uint8_t *buf, size_t len, uint64_t base, int depth,
+	const uint8_t *buf, size_t len, uint64_t base, uint64_t start, int depth,
 	const uint8_t *skey, size_t skeylen, fdn_entry *ents, size_t nents,
 	uint64_t *offs, uint32_t *raws, uint8_t *btypes, uint8_t *tags,
 	int32_t *errs, uint64_t *end, int *err, int threads)
 {
-	checkjob j = { c, arena, iv, buf, base, depth, NULL, ents, errs, 0, 0 };
+	checkjob j = { c, arena, iv, buf, len, base, depth, NULL, ents, errs, 0, 0, NULL, 0 };
 	fdn_hkey hk;
 	int64_t k;
 	int rc;
 
-	if ((c->enc && iv == NULL) || (skey == NULL && skeylen != 0) || depth < FDN_TAGS || depth > FDN_SCORED) {
-		*end = base;
+	if ((c->enc && iv == NULL) || (skey == NULL && skeylen != 0) || depth < FDN_TAGS || depth > FDN_SCORED ||
+	    start < base || start - base > len || base > FDN_ARENA_MAX || len > FDN_ARENA_MAX - base) {
+		*end = start;
 		return *err = FDN_EARG;
 	}
-	if ((k = fdn_scan(c, arena, buf, len, base, 0, ents, nents, end, err)) < 0)
+	/* the walk from start; a run's members before it are read from buf */
+	if ((k = fdn_scan(c, arena, buf + (size_t)(start - base), len - (size_t)(start - base), start, 0,
+			  ents, nents, end, err)) < 0)
 		return k;
 	j.n = (size_t)k;
 	for (size_t i = 0; i < j.n; i++) {
@@ -915,13 +1270,18 @@ int64_t fdn_check(fdn_codec *c, uint32_t arena, const uint8_t *iv,
 		btypes[i] = ents[i].btype;
 		memcpy(tags + i * FDN_TAG_SIZE, buf + (ents[i].off - base) + FDN_H_TAG, FDN_TAG_SIZE);
 	}
+	if ((j.cuts = chunks(buf, len, base, offs, j.n, &j.ncuts)) == NULL)
+		return FDN_ENOMEM;
 	if (depth >= FDN_SCORED && skey != NULL) {
-		if ((rc = fdn_hkey_init(&hk, skey, skeylen)) != FDN_OK)
+		if ((rc = fdn_hkey_init(&hk, skey, skeylen)) != FDN_OK) {
+			free(j.cuts);
 			return rc;
+		}
 		j.skey = &hk;
 	}
 	rc = fdn_parallel(threads, j.n, GRAIN, check_range, &j);
 	if (j.skey)
 		fdn_hkey_free(&hk);
+	free(j.cuts);
 	return rc == FDN_OK ? k : rc;
 }

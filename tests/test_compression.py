@@ -48,7 +48,7 @@ def test_the_setting_is_the_level_records_are_written_at(make_store, encrypt):
     data = text_blocks(64)
     sizes = {}
     for setting in ("none", "zstd:1", "zstd:19"):
-        op = make_store(encrypt=encrypt, compression=setting)
+        op = make_store(encrypt=encrypt, compression=setting, run=1)  # records of one block each
         assert conf_of(op.path)["compression"] == setting
         with op() as s:
             refs = s.write_blocks(data)
@@ -146,7 +146,7 @@ def test_both_backends_read_what_either_writes_at_the_store_levels():
 def test_a_damaged_record_of_a_high_level_fails_loudly(make_store, encrypt):
     """A flipped byte in a level-19 payload: the read names the record, never returns other bytes."""
     from foundation.errors import DataCorrupt
-    op = make_store(encrypt=encrypt, compression="zstd:19")
+    op = make_store(encrypt=encrypt, compression="zstd:19", run=1)
     data = text_blocks(4)
     with op() as s:
         refs = s.write_blocks(data)

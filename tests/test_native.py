@@ -80,7 +80,7 @@ MAC = b"mac key"
 def test_backend_and_api():
     forced = os.environ.get("FOUNDATION_NATIVE") == "0"
     assert N.backend == ("reference" if forced else "native")
-    assert N.API_VERSION == 1
+    assert N.API_VERSION == 2
     assert (N.HEADER_SIZE, N.TAG_SIZE, N.KEY_SIZE, N.RECORD_MAGIC) == (64, 16, 32, b"FDNr")
     for name in N.API:
         assert N.get(name) is getattr(N, name)

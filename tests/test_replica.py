@@ -56,11 +56,12 @@ def fresh(request, kind):
 class Site:
     """A store with its key, one image imported day by day, and a config file naming replicas."""
 
-    def __init__(self, tmp_path, capsys, mode="hash", encrypt=True, size=3 << 20, arena_size=256 << 10, seed=11):
+    def __init__(self, tmp_path, capsys, mode="hash", encrypt=True, size=3 << 20, arena_size=256 << 10, seed=11,
+                 run=None):
         self.tmp, self.capsys = tmp_path, capsys
         self.key = str(tmp_path / "store.key") if encrypt else None
         self.store = make_store(tmp_path / "store", mode=mode, encrypt=encrypt, key_file=self.key,
-                                arena_size=arena_size)
+                                arena_size=arena_size, **({} if run is None else {"run": run}))
         self.rng = seeded(seed)
         self.img = bytearray(content(self.rng, size))
         for off in range(0, size, 64 * BS):      # the marker in many blocks, never at a block start
@@ -114,6 +115,12 @@ class Site:
 @pytest.fixture
 def site(tmp_path, capsys):
     return Site(tmp_path, capsys)
+
+
+@pytest.fixture
+def site1(tmp_path, capsys):
+    """A Site whose records hold one block each (run 1): what repair re-encodes in place."""
+    return Site(tmp_path, capsys, run=1)
 
 
 @dataclasses.dataclass
@@ -411,14 +418,14 @@ def test_repair_open_arena_from_replica(request, site):
     site.restores()
 
 
-def zstd_data_records(store, n, count):
-    """Offsets of the first `count` DATA records of arena n compressed with zstd (codec 1)."""
+def zstd_data_records(store, n, count, codecs=(1,)):
+    """Offsets of the first `count` DATA records of arena n compressed with zstd (codec 1; or codecs)."""
     with open(os.path.join(store, "arenas", F.arena_name(n)), "rb") as f:
         buf = f.read()
     out, off = [], 72
     while len(out) < count and buf[off:off + 4] == b"FDNr":
         stored = int.from_bytes(buf[off + 8:off + 12], "little")
-        if buf[off + 4] == F.DATA and buf[off + 5] == 1:
+        if buf[off + 4] == F.DATA and buf[off + 5] in codecs:
             out.append(off)
         off += 64 + stored
     return out
@@ -427,7 +434,7 @@ def zstd_data_records(store, n, count):
 @pytest.mark.parametrize("mode", ["hash", "value"])
 def test_repair_from_image_without_replica(tmp_path, capsys, mode, wording):
     """Damaged records healed in place from the disk image: the arena MAC verifies again."""
-    site = Site(tmp_path, capsys, mode=mode)
+    site = Site(tmp_path, capsys, mode=mode, run=1)
     site.day(1)
     a, b = zstd_data_records(site.store, 1, 2)
     with open(os.path.join(site.store, "arenas", F.arena_name(1)), "r+b") as f:
@@ -450,8 +457,9 @@ def test_repair_from_image_without_replica(tmp_path, capsys, mode, wording):
     site.restores()
 
 
-def test_repair_stores_again_what_does_not_fit(site, monkeypatch):
+def test_repair_stores_again_what_does_not_fit(site1, monkeypatch):
     """Compare-by-hash: a block that re-encodes to another length is stored at the log's end instead."""
+    site = site1
     site.day(1)
     (a,) = zstd_data_records(site.store, 0, 1)
     with open(os.path.join(site.store, "arenas", F.arena_name(0)), "r+b") as f:
@@ -467,8 +475,9 @@ def test_repair_stores_again_what_does_not_fit(site, monkeypatch):
     assert rc == 1 and f"arena 0 offset {a}" in out                    # the old record stays damaged
 
 
-def test_repair_re_encodes_at_the_store_compression_level(site):
+def test_repair_re_encodes_at_the_store_compression_level(site1):
     """A store set to a level repair would not otherwise try (7) is healed in place, not stored again."""
+    site = site1
     conf_path = os.path.join(site.store, F.CONFIG)
     with open(conf_path) as f:
         conf = json.load(f)
@@ -486,6 +495,33 @@ def test_repair_re_encodes_at_the_store_compression_level(site):
     assert any(f"arena 0 offset {a}: record written again in place" in h for h in res.healed), res.healed
     assert site.cli("verify")[0] == 0
     site.restores()
+
+
+@pytest.mark.parametrize("mode", ["hash", "value"])
+def test_repair_of_a_damaged_run(tmp_path, capsys, mode):
+    """One damaged record of a run (codec 2) loses its whole run; a member cannot be re-encoded
+    alone in place, so compare-by-hash stores the run's blocks again from the image, and
+    compare-by-value says what it cannot heal."""
+    site = Site(tmp_path, capsys, mode=mode, run=16)
+    site.day(1)
+    (a,) = zstd_data_records(site.store, 1, 1, (2,))
+    path = os.path.join(site.store, "arenas", F.arena_name(1))
+    with open(path, "rb") as f:
+        f.seek(a)
+        head = f.read(64)
+    j, k, S = head[6], head[7], int.from_bytes(head[8:12], "little")
+    first = a - j * (64 + S)
+    damage(path, a + 64 + 1, b"\x13\x37")
+    rc, out, _ = site.cli("verify")
+    assert rc == 1
+    for m in range(k):   # the damaged record and every other record of its run
+        assert f"arena 1 offset {first + m * (64 + S)}" in out, out
+    rc, out, err = site.cli("repair", "--no-replica", "--image", site.image)
+    if mode == "hash":
+        assert rc == 0, out + err
+        site.restores()
+    else:
+        assert "does not re-encode to the same record" in out + err, out + err
 
 
 # ---- refusals and errors leave the store untouched ---------------------------------------------
@@ -1002,8 +1038,9 @@ def test_recover_names_a_damaged_segment_and_resumes(request, site, tmp_path):
     site.restores(store=target)
 
 
-def test_repair_from_image_after_the_summary_was_rebuilt(site):
+def test_repair_from_image_after_the_summary_was_rebuilt(site1):
     """`rebuild` leaves a damaged record out of its arena's summary: repair must still find it."""
+    site = site1
     site.day(1)
     (a,) = zstd_data_records(site.store, 1, 1)
     damage(os.path.join(site.store, "arenas", F.arena_name(1)), a + 64 + 7, b"\x13\x37")
@@ -1024,7 +1061,7 @@ def test_repair_from_replica_after_the_summary_was_rebuilt(request, site):
     site.use(srv)
     site.day(1)
     site.day(2)
-    (a,) = zstd_data_records(site.store, 1, 1)
+    (a,) = zstd_data_records(site.store, 1, 1, (1, 2))
     damage(os.path.join(site.store, "arenas", F.arena_name(1)), a + 64 + 7, b"\x13\x37")
     rc, out, _ = site.cli("rebuild")
     assert rc == 1 and "LOST" in out  # the days that need the damaged block are named

@@ -79,8 +79,10 @@ def rewrite(store, n, keep_addrs, generation, chain, sealed):
     out = bytearray(hb)
     keys, addrs, types = bytearray(), [], bytearray()
     for btype, keyfield, data in groups([got[a] for a in keep_addrs]):
+        # data blocks packed in runs again (§5.2): a run some of whose records died is cut to the
+        # live ones, which may form runs of their own with their new neighbours
         recs, offs = native.pack(store.codec, n, h.iv, len(out), btype, data, len(data) * 32 // len(keyfield),
-                                 keyfield, store.tuning.threads)
+                                 keyfield, store.tuning.threads, run=store.log.run if btype == F.DATA else 1)
         out += recs
         for j, o in enumerate(offs):
             keys += keyfield[j * 32:j * 32 + store.keylen]

@@ -59,9 +59,11 @@ class Relog:
             room = self.s.arena_size - F.MAX_TRAILER - len(self.out)
             m = k - i
             recs, offs = native.pack(self.s.codec, self.n, self.iv, len(self.out), btype,
-                                     data[i * bs:(i + m) * bs], bs, keyfields[i * 32:(i + m) * 32])
+                                     data[i * bs:(i + m) * bs], bs, keyfields[i * 32:(i + m) * 32],
+                                     run=self.s.log.run if btype == F.DATA else 1)
             ends = offs[1:] + [len(self.out) + len(recs)]
-            fit = sum(1 for e in ends if e - len(self.out) <= room)
+            # a run is written whole or not at all (§5.2)
+            fit = L.whole_runs(recs, len(self.out), offs, sum(1 for e in ends if e - len(self.out) <= room))
             if fit == 0:
                 if self.count == 0:
                     raise ValueError("a record does not fit in an empty arena")

@@ -26,26 +26,28 @@ when bs == len(buf).
     scores(buf, bs, btype, key=None, skip=None, threads=1) -> bytes    n * 32
     weak_hashes(buf, bs, btype, seed, skip=None) -> bytes               n * 8
     Codec(enc_key, mac_key, zlevel)
-    pack(codec, arena, iv, offset, btype, buf, bs, keys, threads=1, out=None, scratch=None) -> (records, offsets)
+    pack(codec, arena, iv, offset, btype, buf, bs, keys, threads=1, out=None, scratch=None, run=1)
+        -> (records, offsets)
         out: a writable buffer of >= n * (HEADER_SIZE + blen) bytes to pack into (records
         is then a memoryview of it); None: records is new bytes. scratch: a writable buffer of
         >= n * blen bytes a pack on several threads may use (its contents unspecified after),
         kept by a caller that packs often; None (or too small): the pack allocates its own
-    fill(codec, buf, bs, threads=1, scratch=None) -> Filled        pack in two steps: each block
+    fill(codec, buf, bs, threads=1, scratch=None, run=1) -> Filled  pack in two steps: each block
     seal(codec, arena, iv, offset, btype, buf, bs, keys, filled, first=0, room=ARENA_LIMIT, out=None,
          threads=1) -> (records, offsets, tags)   compressed (fill) before it is known where its record
         goes; seal writes the records of blocks first, ... that fit in room bytes (and out), each
         byte for byte pack's, with their tags (16 bytes each, end to end). fill's scratch (>= n * bs
         bytes, else a new one) takes the zstd payloads; it may be buf itself (writable): each
         compressed block is then replaced by its payload, and seal is handed that same buf
-    unpack(codec, arena, iv, offset, rec) -> (btype, key32, data)   or RecordError
+    unpack(codec, arena, iv, offset, rec, base=None) -> (btype, key32, data)   or RecordError
+        rec holds the arena's bytes from base (None: from offset) on
     unpack_many(codec, arena, iv, buf, base, offsets, threads=1) -> [(btype, key32, data) | RecordError]
     unpack_blocks(codec, arena, iv, buf, base, offsets, bs, out=None, threads=1, slots=None)
         -> (out, keys n * 32, {i: RecordError})      slots: item i's data at out[slots[i] * bs]
     scan(codec, arena, iv, buf, base, verify=True) -> (entries, end, error)
     scan_columns(codec, arena, iv, buf, base, keylen=32, verify=True)
         -> (Scanned(offs, btypes, keys, tags), end, error)
-    check_span(codec, arena, iv, buf, base, depth=DECODED, score_key=None, threads=1)
+    check_span(codec, arena, iv, buf, base, depth=DECODED, score_key=None, threads=1, start=None)
         -> (Checked(offs, btypes, raws, tags, problems), end, error)
     bucket_home(key, nbuckets) -> int
     bucket_find(bucket, keylen, key) -> [addr]
@@ -69,10 +71,16 @@ when bs == len(buf).
 unpack_many decodes a batch of records from one span of one arena: buf
 holds arena offsets [base, base + len(buf)), and every offset (any order,
 repeats allowed) must lie in that span, else ValueError. Item i is what
-unpack(codec, arena, iv, offsets[i], buf[offsets[i] - base:]) returns, or
+unpack(codec, arena, iv, offsets[i], buf, base) returns, or
 the RecordError it would raise: bad records are returned, never raised, so
 the caller can name the arena and decide. threads splits the work and never
 changes the result.
+
+A run slice (codec 2, docs/format.md 5.2) decodes only with its whole run
+of records in the bytes given: otherwise its RecordError is "span" (no
+damage: read the run, store/layout.py run_span, and decode again). pack
+and fill with run > 1 make runs of neighbouring compressible blocks (fill
+says how); seal places a run whole or not at all.
 
 unpack_blocks is unpack_many for records that each hold one block of bs
 bytes (an image's leaves), with no Python object per record: item i's data

@@ -43,7 +43,7 @@ _native, _why = _load_native()
 _ffi = _native.ffi if _native else None
 _lib = _native.lib if _native else None
 # fdn_entry as laid out by the C compiler (off, slen, rlen, btype, codec, key[32], padding); checked below
-_ENTRY = struct.Struct("=QIIBx32s6x")
+_ENTRY = struct.Struct("=QIIBx32s6x")  # (the 6 bytes: runj, runk and padding)
 if _ffi is not None and (_ffi.sizeof("fdn_entry"), _ffi.offsetof("fdn_entry", "key")) != (_ENTRY.size, 18):
     raise ImportError("the C core's fdn_entry layout is not the one cffi_backend reads: rebuild the C core")
 
@@ -102,9 +102,10 @@ class _Native:
             return f"<native Codec encrypted={self.encrypted} zlevel={self.zlevel}>"
 
     @staticmethod
-    def pack(codec, arena, iv, offset, btype, buf, bs, keys, threads=1, out=None, scratch=None):
+    def pack(codec, arena, iv, offset, btype, buf, bs, keys, threads=1, out=None, scratch=None, run=1):
         n, blen = checks.pack_args(arena, iv, offset, btype, buf, bs, keys)
         threads = checks.thread_count(threads)
+        run = checks.run_arg(run)
         cap = n * (HEADER_SIZE + blen)
         offs = _alloc("uint64_t[]", n)
         sc, sccap = (_ffi.NULL, 0) if scratch is None else (_rw(scratch), checks.nbytes(scratch))
@@ -112,26 +113,28 @@ class _Native:
             checks.pack_out(out, cap)
             size = _ok(_lib.fdn_pack(_codec(codec, _Native), arena, _ro(iv), offset, btype,
                                      _ro(buf), checks.nbytes(buf), bs, _ro(keys), n * SCORE_SIZE,
-                                     _rw(out), cap, offs, n, threads, sc, sccap))
+                                     _rw(out), cap, offs, n, threads, sc, sccap, run))
             return memoryview(out)[:size], _ffi.unpack(offs, n)
         out = _take(cap)  # room for the worst case; the records are copied out
         try:
             size = _ok(_lib.fdn_pack(_codec(codec, _Native), arena, _ro(iv), offset, btype,
                                      _ro(buf), checks.nbytes(buf), bs, _ro(keys), n * SCORE_SIZE,
-                                     out, cap, offs, n, threads, sc, sccap))
+                                     out, cap, offs, n, threads, sc, sccap, run))
             return _ffi.buffer(out, size)[:], _ffi.unpack(offs, n)
         finally:
             _give(out)
 
     @staticmethod
-    def fill(codec, buf, bs, threads=1, scratch=None):
+    def fill(codec, buf, bs, threads=1, scratch=None, run=1):
         n, blen = checks.blocks(buf, bs)
         threads = checks.thread_count(threads)
+        run = checks.run_arg(run)
         payloads = checks.fill_scratch(scratch, n, blen)
-        sizes, codecs = array.array("I", bytes(4 * n)), bytearray(n)
+        sizes, codecs, runs = array.array("I", bytes(4 * n)), bytearray(n), bytearray(2 * n)
         _ok(_lib.fdn_fill(_codec(codec, _Native), _ro(buf), checks.nbytes(buf), bs, _rw(payloads),
-                          checks.nbytes(payloads), _ffi.from_buffer("uint32_t[]", sizes), _rw(codecs), n, threads))
-        return checks.Filled(n, blen, sizes, codecs, payloads)
+                          checks.nbytes(payloads), _ffi.from_buffer("uint32_t[]", sizes), _rw(codecs), n, threads,
+                          run, _ffi.from_buffer("uint8_t[]", runs)))
+        return checks.Filled(n, blen, sizes, codecs, payloads, runs)
 
     @staticmethod
     def seal(codec, arena, iv, offset, btype, buf, bs, keys, filled, first=0, room=ARENA_LIMIT, out=None,
@@ -152,7 +155,8 @@ class _Native:
             size = _ok(_lib.fdn_seal(_codec(codec, _Native), arena, _ro(iv), offset, btype, _ro(buf),
                                      checks.nbytes(buf), bs, _ro(keys), n * SCORE_SIZE, _ro(filled.payloads),
                                      checks.nbytes(filled.payloads), _ffi.from_buffer("uint32_t[]", filled.sizes),
-                                     _ro(filled.codecs), n, first, room, dst, cap, offs, _rw(tags), count, threads))
+                                     _ro(filled.codecs), _opt(filled.runs), n, first, room, dst, cap, offs, _rw(tags),
+                                     count, threads))
             k = count[0]
             recs = memoryview(out)[:size] if out is not None else _ffi.buffer(dst, size)[:]
         finally:
@@ -161,20 +165,24 @@ class _Native:
         return recs, _ffi.unpack(offs, k), bytes(tags[:k * TAG_SIZE])
 
     @staticmethod
-    def unpack(codec, arena, iv, offset, rec):
+    def unpack(codec, arena, iv, offset, rec, base=None):
         checks.where(arena, iv, offset)
+        base = checks.rec_base(rec, offset, base)
         c = _codec(codec, _Native)
         size = checks.nbytes(rec)
         r = _ro(rec)
         e = _ffi.new("fdn_entry *")
         out = _take(0)
         try:
-            rc = _lib.fdn_unpack(c, arena, _ro(iv), offset, r, size, e, out, len(out))
+            rc = _lib.fdn_unpack(c, arena, _ro(iv), offset, r, size, base, e, out, len(out))
             if rc == _lib.FDN_ESPACE:  # a large block, its tag already checked
                 _give(out)
                 out = _take(e.rlen)
-                rc = _lib.fdn_unpack(c, arena, _ro(iv), offset, r, size, e, out, len(out))
-            _ok(rc, offset)
+                rc = _lib.fdn_unpack(c, arena, _ro(iv), offset, r, size, base, e, out, len(out))
+            if rc == _lib.FDN_EARG:
+                raise ValueError("the C core refused its arguments")
+            _ok(rc, e.off if rc in (_lib.FDN_EMAGIC, _lib.FDN_ELENGTH, _lib.FDN_ETAG, _lib.FDN_ETRUNCATED)
+                else offset)
             return e.btype, _ffi.buffer(e.key)[:], _ffi.buffer(out, rc)[:]
         finally:
             _give(out)
@@ -215,16 +223,14 @@ class _Native:
         keyed = struct.Struct("=" + f"{SCORE_SIZE}s" * n).unpack(_ffi.buffer(keys))
         items = list(zip(_ffi.buffer(btypes)[:], keyed, datas))
         if _ffi.buffer(errs)[:].count(0) != 4 * n:  # some record is bad, or too big to batch
-            mv = memoryview(buf).cast("B")
             for i, rc in enumerate(_ffi.unpack(errs, n)):
-                if rc == _lib.FDN_ESPACE:  # its tag is checked before room is made for it
-                    off = offs[i]
+                if rc == _lib.FDN_ESPACE:  # too big to batch: decoded alone, its tag checked first
                     try:
-                        items[i] = _Native.unpack(codec, arena, iv, off, mv[off - base:])
+                        items[i] = _Native.unpack(codec, arena, iv, offs[i], buf, base)
                     except RecordError as bad:
-                        items[i] = bad
+                        items[i] = RecordError(bad.kind, bad.offset)  # (no traceback: it holds buf)
                 elif rc:
-                    items[i] = RecordError(_KINDS[rc], offs[i])
+                    items[i] = _why_bad(codec, arena, iv, offs[i], buf, base)
         return items
 
     @staticmethod
@@ -267,7 +273,7 @@ class _Native:
             elif _ffi.buffer(errs + done, 4 * k)[:].count(0) != 4 * k:
                 for i, rc in enumerate(_ffi.unpack(errs + done, k)):
                     if rc:
-                        bad[done + i] = RecordError(_KINDS[rc], offs[done + i])
+                        bad[done + i] = _why_bad(codec, arena, iv, offs[done + i], buf, base)
             done += k
         return out, bytes(keys), bad
 
@@ -293,20 +299,20 @@ class _Native:
             raise checks.outside(offs, base, size) or ValueError("a slot is not a block of out")
         _ok(k)
         if _ffi.buffer(errs)[:].count(0) != 4 * n:  # some record is bad, or holds other than bs bytes
-            view, mv = memoryview(out).cast("B"), memoryview(buf).cast("B")
+            view = memoryview(out).cast("B")
             for i, rc in enumerate(_ffi.unpack(errs, n)):
                 if rc == _lib.FDN_ESPACE:  # another length: decoded alone, its tag checked first
                     try:
-                        item = _Native.unpack(codec, arena, iv, offs[i], mv[offs[i] - base:])
+                        item = _Native.unpack(codec, arena, iv, offs[i], buf, base)
                     except RecordError as e:
-                        item = e
+                        item = RecordError(e.kind, e.offset)  # (no traceback: it holds buf)
                     if not isinstance(item, RecordError) and len(item[2]) == bs:
                         view[sl[i] * bs:(sl[i] + 1) * bs] = item[2]
                         keys[i * SCORE_SIZE:(i + 1) * SCORE_SIZE] = item[1]
                         continue
                     bad[i] = item if isinstance(item, RecordError) else RecordError("length", offs[i])
                 elif rc:
-                    bad[i] = RecordError(_KINDS[rc], offs[i])
+                    bad[i] = _why_bad(codec, arena, iv, offs[i], buf, base)
         return out, bytes(keys), bad
 
     @staticmethod
@@ -367,11 +373,12 @@ class _Native:
         _ok(err[0])
 
     @staticmethod
-    def check_span(codec, arena, iv, buf, base, depth=checks.DECODED, score_key=None, threads=1):
+    def check_span(codec, arena, iv, buf, base, depth=checks.DECODED, score_key=None, threads=1, start=None):
         checks.where(arena, iv, base)
         checks.depth(depth)
         c = _codec(codec, _Native)
         size = checks.span(buf, base)
+        start = checks.walk_start(base, size, start)
         threads = checks.thread_count(threads)
         b = _ro(buf)
         k = _ffi.NULL if score_key is None else _ro(score_key)
@@ -379,12 +386,13 @@ class _Native:
         ents, errs = _alloc("fdn_entry[]", cap), _alloc("int32_t[]", cap)
         offs, raws = _alloc("uint64_t[]", cap), _alloc("uint32_t[]", cap)
         btypes, tags = _alloc("uint8_t[]", cap), _alloc("uint8_t[]", cap * TAG_SIZE)
-        end = _ffi.new("uint64_t *", base)
+        end = _ffi.new("uint64_t *", start)
         err = _ffi.new("int *")
         got = checks.Checked([], b"", [], b"", {})
         while True:
-            done = end[0] - base
-            n = _ok(_lib.fdn_check(c, arena, _ro(iv), b + done, size - done, end[0], depth, k,
+            # the whole of buf each call, the walk from where the last stopped: a run's members
+            # before that are still there to decode it
+            n = _ok(_lib.fdn_check(c, arena, _ro(iv), b, size, base, end[0], depth, k,
                                    0 if score_key is None else checks.nbytes(score_key), ents, cap, offs, raws,
                                    btypes, tags, errs, end, err, threads))
             if _ffi.buffer(errs, 4 * n)[:].count(0) != 4 * n:   # no Python per record unless one is bad
@@ -596,7 +604,7 @@ class _Native:
 if _native is not None:
     _alloc = _ffi.new_allocator(should_clear_after_alloc=False)
     _KINDS = {_lib.FDN_EMAGIC: "magic", _lib.FDN_ELENGTH: "length", _lib.FDN_ETAG: "tag",
-              _lib.FDN_EDECOMPRESS: "decompress", _lib.FDN_ETRUNCATED: "truncated"}
+              _lib.FDN_EDECOMPRESS: "decompress", _lib.FDN_ETRUNCATED: "truncated", _lib.FDN_ESPAN: "span"}
     _PROBLEM = {_lib.FDN_ETAG: "tag", _lib.FDN_EDECOMPRESS: "decompress",
                 _lib.FDN_ESCORE: "score"}
     if (_lib.FDN_HEADER_SIZE, _lib.FDN_TAG_SIZE, _lib.FDN_KEY_SIZE, _lib.FDN_SCORE_SIZE,
@@ -623,6 +631,19 @@ def _take(size):
     if buf is None or len(buf) < size:
         buf = _alloc("uint8_t[]", max(size, SCRATCH_MIN))
     return buf
+
+
+def _why_bad(codec, arena, iv, off, buf, base):
+    """The RecordError of a record a batch found bad, from decoding it alone: it names the record
+    at fault (for a run slice, the member that failed)."""
+    try:
+        _Native.unpack(codec, arena, iv, off, buf, base)
+    except RecordError as e:
+        kind, at = e.kind, e.offset
+    else:
+        raise RuntimeError(f"the C core found the record at arena offset {off} bad, then good")
+    # a new one: the caught one's traceback holds the frames that lent buf to C
+    return RecordError(kind, at)
 
 
 def _many_args(codec, arena, iv, buf, base, offsets, threads):

@@ -9,7 +9,7 @@ import array
 import sys
 from typing import NamedTuple
 
-API_VERSION = 1
+API_VERSION = 2
 
 SCORE_SIZE = 32  # SHA-256; the record's key field
 WEAK_SIZE = 8  # weak hash, u64 big-endian
@@ -21,6 +21,8 @@ RECORD_MAGIC = b"FDNr"
 ARENA_LIMIT = 1 << 32  # arena offsets are u32
 ZLEVEL_MIN, ZLEVEL_MAX = -(1 << 17), 22  # zstd's own bounds; 0 = never compress
 MAX_THREADS = 64
+RUN_MAX = 64  # most records in a run (codec 2)
+RUN_BYTES = 1 << 20  # a writer's most raw bytes in a run
 
 API = ("zero_flags", "scores", "weak_hashes", "Codec", "pack", "fill", "seal", "unpack", "unpack_many",
        "unpack_blocks", "scan", "scan_columns", "check_span", "bucket_home", "bucket_find", "sort_entries", "merge", "lookup", "Table",
@@ -38,14 +40,17 @@ def depth(value):
 
 class Filled(NamedTuple):
     """A batch fill() decided, for seal(): n blocks of blen bytes, each one's stored length
-    (sizes, an array of u32) and codec (codecs: 0 raw, 1 zstd), a zstd payload at
-    payloads[i * blen]. Made by one backend, sealed by the same one."""
+    (sizes, an array of u32) and codec (codecs: 0 raw, 1 zstd, 2 run slice), a zstd payload at
+    payloads[i * blen]; runs[2i], runs[2i + 1]: block i's place j in its run and the run's
+    length k (0, 0 alone), the run's zero-padded frame at payloads[first * blen], slice j at
+    payloads[first * blen + j * sizes[i]]. Made by one backend, sealed by the same one."""
 
     n: int
     blen: int
     sizes: object
     codecs: bytearray
     payloads: object
+    runs: bytearray = None
 
 
 class Checked(NamedTuple):
@@ -85,9 +90,14 @@ class RecordError(ValueError):
       tag         the HMAC tag does not match: damaged, misplaced or forged
       decompress  authentic, yet the payload does not decode to its raw length
       truncated   the bytes end inside the record (a torn tail when it is the last)
+      span        a run slice (codec 2) whose run is not wholly in the bytes given: no damage,
+                  read the run (layout.run_span) and decode again
+
+    For a run slice, magic, length, tag and truncated name the member of the run that failed
+    (its offset), decompress the record asked for.
     """
 
-    KINDS = ("magic", "length", "tag", "decompress", "truncated")
+    KINDS = ("magic", "length", "tag", "decompress", "truncated", "span")
 
     def __init__(self, kind, offset):
         if kind not in self.KINDS:
@@ -159,11 +169,43 @@ def codec_args(enc_key, mac_key, zlevel):
         raise ValueError(f"zlevel must be 0 (never compress) or a zstd level, not {zlevel!r}")
 
 
+def run_arg(run):
+    """The most blocks a writer puts in a run: 1 (no runs) .. RUN_MAX."""
+    if not isinstance(run, int) or not 1 <= run <= RUN_MAX:
+        raise ValueError(f"run must be 1..{RUN_MAX}, not {run!r}")
+    return run
+
+
+def run_max(zlevel, blen, run):
+    """The longest run a writer makes of blocks of blen bytes (< 2: none); csrc/record.c run_max."""
+    k = min(run, RUN_MAX, RUN_BYTES // max(blen, 1))
+    return k if zlevel != 0 and blen > 1 else 0
+
+
 def where(arena, iv, offset):
     uint(arena, ARENA_LIMIT, "arena")
     if nbytes(iv) != IV_SIZE:
         raise ValueError(f"iv must be {IV_SIZE} bytes")
     uint(offset, ARENA_LIMIT, "offset")
+
+
+def rec_base(rec, offset, base):
+    """unpack's base (None: rec begins at the record), checked: the record lies inside rec."""
+    if base is None:
+        return offset
+    uint(base, ARENA_LIMIT, "base")
+    if not base <= offset <= base + nbytes(rec):  # (at the end: truncated)
+        raise ValueError(f"offset {offset} is not inside the buffer (arena offsets {base}..{base + nbytes(rec) - 1})")
+    return base
+
+
+def walk_start(base, size, start):
+    """check_span's start (None: base), checked: inside the span or at its end."""
+    if start is None:
+        return base
+    if not isinstance(start, int) or not base <= start <= base + size:
+        raise ValueError(f"start {start!r} is not inside the buffer (arena offsets {base}..{base + size})")
+    return start
 
 
 def pack_args(arena, iv, offset, btype, buf, bs, keys):

@@ -9,8 +9,9 @@ Record, as it lies in an arena (all integers little-endian):
     off  size  field
     0    4     magic b"FDNr"
     4    1     btype                block type
-    5    1     codec                0 raw, 1 zstd
-    6    2     reserved             0
+    5    1     codec                0 raw, 1 zstd, 2 run slice
+    6    1     run j                codec 2: the record's place in its run; else 0
+    7    1     run k                codec 2: its run's length, 2..64; else 0
     8    4     S                    stored payload length
     12   4     R                    raw block length
     16   32    key                  score or weak hash; opaque here
@@ -21,7 +22,13 @@ Record, as it lies in an arena (all integers little-endian):
                                       and the block is not flat (see flat());
                                       then AES-256-CTR encrypted when there is an enc_key
 
-codec 0 means S == R, codec 1 means S < R. Arena position p (the record at
+codec 0 means S == R, codec 1 means S < R. Codec 2 (a run slice, 0 < S < R,
+j < k): the run's k records lie back to back from o - j * (64 + S), all with
+codec 2, the same k, S and R and their own j; their payloads, decrypted
+and joined, are one zstd frame declaring k * R bytes followed by fewer than
+k zero bytes, and the record's block is bytes [j * R, (j + 1) * R) of it.
+A writer makes runs of neighbouring compressible (not flat) blocks of one
+batch (fill's run; see fill()). Arena position p (the record at
 offset o has its payload at p = o + 64 + j) is XORed with keystream byte p:
 counter block (iv + p // 16) mod 2**128, byte p % 16 within it. The tag
 covers the stored, encrypted bytes (encrypt-then-MAC) and where they lie,
@@ -29,9 +36,11 @@ so a record moved to another arena or offset fails it.
 
 A record is judged in this order, which the C core follows: fewer than 4
 bytes -> truncated; magic -> magic; fewer than 64 bytes -> truncated; codec
-or reserved -> magic; S against R, and offset + 64 + S beyond 4 GiB ->
-length; fewer than 64 + S bytes -> truncated; tag -> tag; decoding ->
-decompress.
+or run fields -> magic; S against R, and offset + 64 + S beyond 4 GiB ->
+length; fewer than 64 + S bytes -> truncated; tag -> tag; then, for a run
+slice, its run not wholly in the bytes given -> span, and each member in
+order as above, a member disagreeing with the record -> magic (the member
+named); decoding -> decompress.
 
 Index bucket (bucket_size bytes): u32le count, then count entries of
 keylen + 8 bytes, key then u64le addr; the rest is zero. A key's home bucket
@@ -56,7 +65,7 @@ name = "reference"
 
 HEAD = struct.Struct("<4sBBHII32s")  # the header up to the tag
 assert HEAD.size + TAG_SIZE == HEADER_SIZE
-RAW, ZSTD = 0, 1
+RAW, ZSTD, RUN = 0, 1, 2
 MASK = (1 << 64) - 1
 
 
@@ -169,14 +178,18 @@ def flat(block):
     return FLAT_RATIO * sum(c * c for c in collections.Counter(sample).values()) <= len(sample) ** 2
 
 
-def pack(codec, arena, iv, offset, btype, buf, bs, keys, threads=1, out=None, scratch=None):
+def pack(codec, arena, iv, offset, btype, buf, bs, keys, threads=1, out=None, scratch=None, run=1):
     n, blen = checks.pack_args(arena, iv, offset, btype, buf, bs, keys)
     checks.thread_count(threads)
+    checks.run_arg(run)
     if out is not None:  # the records written into the caller's buffer, a view of them returned
         checks.pack_out(out, n * (HEADER_SIZE + blen))
-        recs, offsets = pack(codec, arena, iv, offset, btype, buf, bs, keys, threads)
+        recs, offsets = pack(codec, arena, iv, offset, btype, buf, bs, keys, threads, run=run)
         memoryview(out)[:len(recs)] = recs
         return memoryview(out)[:len(recs)], offsets
+    if run > 1:  # fill then seal: the same bytes as the loop below when no run forms
+        recs, offsets, _ = seal(codec, arena, iv, offset, btype, buf, bs, keys, fill(codec, buf, bs, run=run))
+        return recs, offsets
     codec, data, keys, iv = _codec(codec), bytes(buf), bytes(keys), bytes(iv)
     z = zstandard.ZstdCompressor(level=codec.zlevel, write_content_size=True) if codec.zlevel else None
     out, offsets, pos = bytearray(), [], offset
@@ -197,23 +210,64 @@ def pack(codec, arena, iv, offset, btype, buf, bs, keys, threads=1, out=None, sc
     return bytes(out), offsets
 
 
-def fill(codec, buf, bs, threads=1, scratch=None):
+def fill(codec, buf, bs, threads=1, scratch=None, run=1):
     """pack's first half: each block's codec and stored length decided as pack decides them, a
-    zstd payload put at payloads[i * blen] -> checks.Filled, for seal()."""
+    zstd payload put at payloads[i * blen] -> checks.Filled, for seal().
+
+    run > 1: each stretch of neighbouring blocks that are compressible (zstd is tried: a level,
+    blen > 1, not flat) is cut, from its first block on, into runs of kmax = min(run, 64,
+    2**20 // blen) blocks (the last run of a stretch shorter; a run of one block is no run).
+    A run's blocks, joined, are compressed as one frame of F bytes; with s = ceil(F / k) < blen
+    the frame, zero-padded to k * s bytes, goes to payloads[first * blen], and each block is a
+    run slice (codec 2) of s bytes; otherwise each block of the run is filled alone."""
     n, blen = checks.blocks(buf, bs)
     checks.thread_count(threads)
+    checks.run_arg(run)
     codec, data = _codec(codec), bytes(buf)
     payloads = checks.fill_scratch(scratch, n, blen)
     z = zstandard.ZstdCompressor(level=codec.zlevel, write_content_size=True) if codec.zlevel else None
-    sizes, codecs = array.array("I", [blen] * n), bytearray(n)
-    for i in range(n):
+    sizes, codecs, runs = array.array("I", [blen] * n), bytearray(n), bytearray(2 * n)
+    view = memoryview(payloads)
+
+    def alone(i):
         block = data[i * blen:(i + 1) * blen]
         if z is not None and blen > 1 and not flat(block):
             small = z.compress(block)
             if len(small) < blen:
-                memoryview(payloads)[i * blen:i * blen + len(small)] = small
+                view[i * blen:i * blen + len(small)] = small
                 sizes[i], codecs[i] = len(small), ZSTD
-    return checks.Filled(n, blen, sizes, codecs, payloads)
+
+    kmax = checks.run_max(codec.zlevel, blen, run) if n >= 2 else 0
+    if kmax < 2:
+        for i in range(n):
+            alone(i)
+        return checks.Filled(n, blen, sizes, codecs, payloads, runs)
+    tryz = [not flat(data[i * blen:(i + 1) * blen]) for i in range(n)]
+    i = 0
+    while i < n:
+        m = i
+        while m < n and tryz[m] and m - i < kmax:
+            m += 1
+        k = m - i
+        if k < 2:
+            if k == 0:
+                alone(i)  # flat: raw
+                i += 1
+            else:
+                alone(i)
+                i = m
+            continue
+        frame = z.compress(data[i * blen:m * blen])
+        s = -(-len(frame) // k)
+        if s >= blen:  # the run does not pay: each block alone
+            for t in range(i, m):
+                alone(t)
+        else:
+            view[i * blen:i * blen + k * s] = frame + bytes(k * s - len(frame))
+            for t in range(i, m):
+                sizes[t], codecs[t], runs[2 * t], runs[2 * t + 1] = s, RUN, t - i, k
+        i = m
+    return checks.Filled(n, blen, sizes, codecs, payloads, runs)
 
 
 def seal(codec, arena, iv, offset, btype, buf, bs, keys, filled, first=0, room=ARENA_LIMIT, out=None, threads=1):
@@ -226,18 +280,32 @@ def seal(codec, arena, iv, offset, btype, buf, bs, keys, filled, first=0, room=A
         room = min(room, checks.nbytes(out))
     room = min(room, ARENA_LIMIT - offset)
     codec, data, keys, iv = _codec(codec), bytes(buf), bytes(keys), bytes(iv)
+    runs = filled.runs if filled.runs is not None else bytes(2 * n)
     recs, offsets, tags, pos = bytearray(), [], bytearray(), offset
+    if first < n and filled.codecs[first] == RUN and runs[2 * first] != 0:
+        raise ValueError("a run is sealed whole: first is inside one")
     for i in range(first, n):
         size, kind = filled.sizes[i], filled.codecs[i]
-        if (size != blen) if kind == RAW else (kind != ZSTD or size >= blen):
+        j, k = runs[2 * i], runs[2 * i + 1]
+        if kind == RUN:
+            if not (0 < size < blen and 2 <= k <= checks.RUN_MAX and j < k and i - j + k <= n) or any(
+                    filled.codecs[i - j + m] != RUN or runs[2 * (i - j + m)] != m or runs[2 * (i - j + m) + 1] != k
+                    or filled.sizes[i - j + m] != size for m in range(k)):
+                raise ValueError("filled is not what fill() leaves")
+        elif (size != blen) if kind == RAW else (kind != ZSTD or size >= blen):
             raise ValueError("filled is not what fill() leaves")
-        if len(recs) + HEADER_SIZE + size > room:
-            break
-        payload = (data[i * blen:(i + 1) * blen] if kind == RAW else
-                   bytes(memoryview(filled.payloads)[i * blen:i * blen + size]))
+        if j == 0 and len(recs) + (k if kind == RUN else 1) * (HEADER_SIZE + size) > room:
+            break  # a run whole or not at all
+        if kind == RUN:
+            at = (i - j) * blen + j * size
+            payload = bytes(memoryview(filled.payloads)[at:at + size])
+        else:
+            payload = (data[i * blen:(i + 1) * blen] if kind == RAW else
+                       bytes(memoryview(filled.payloads)[i * blen:i * blen + size]))
         if codec.enc_key is not None:
             payload = ctr(codec.enc_key, iv, pos + HEADER_SIZE, payload)
-        head = HEAD.pack(RECORD_MAGIC, btype, kind, 0, size, blen, keys[i * SCORE_SIZE:(i + 1) * SCORE_SIZE])
+        reserved = j | k << 8 if kind == RUN else 0
+        head = HEAD.pack(RECORD_MAGIC, btype, kind, reserved, size, blen, keys[i * SCORE_SIZE:(i + 1) * SCORE_SIZE])
         t = tag(codec, arena, pos, head, payload)
         recs += head + t + payload
         tags += t
@@ -258,9 +326,10 @@ def _check(codec, arena, offset, rec, verify):
     if len(rec) < HEADER_SIZE:
         raise RecordError("truncated", offset)
     magic, btype, kind, reserved, S, R, key = HEAD.unpack_from(rec)
-    if kind not in (RAW, ZSTD) or reserved:
+    j, k = reserved & 0xFF, reserved >> 8
+    if kind not in (RAW, ZSTD, RUN) or (not (2 <= k <= checks.RUN_MAX and j < k) if kind == RUN else reserved):
         raise RecordError("magic", offset)
-    if (S != R if kind == RAW else S >= R) or offset + HEADER_SIZE + S > ARENA_LIMIT:
+    if (S != R if kind == RAW else S >= R or (kind == RUN and S == 0)) or offset + HEADER_SIZE + S > ARENA_LIMIT:
         raise RecordError("length", offset)
     if len(rec) - HEADER_SIZE < S:
         raise RecordError("truncated", offset)
@@ -271,18 +340,50 @@ def _check(codec, arena, offset, rec, verify):
     return btype, kind, S, R, key, bytes(payload)
 
 
-def unpack(codec, arena, iv, offset, rec):
+def unpack(codec, arena, iv, offset, rec, base=None):
+    """The record at offset of rec, whose first byte is at arena offset base (None: offset)."""
     checks.where(arena, iv, offset)
-    return _unpack(_codec(codec), arena, bytes(iv), offset, bytes(rec))
+    base = checks.rec_base(rec, offset, base)
+    return _unpack(_codec(codec), arena, bytes(iv), offset, memoryview(bytes(rec)), base)
 
 
-def _unpack(codec, arena, iv, offset, rec):
-    btype, kind, S, R, key, payload = _check(codec, arena, offset, rec, True)
+def _unpack(codec, arena, iv, offset, data, base):
+    btype, kind, S, R, key, payload = _check(codec, arena, offset, data[offset - base:], True)
+    if kind == RUN:
+        at = offset - base
+        return btype, key, _run(codec, arena, iv, offset, data, base, S, R, data[at + 6], data[at + 7])
     if codec.enc_key is not None:
         payload = ctr(codec.enc_key, iv, offset + HEADER_SIZE, payload)
     if kind == ZSTD:
         payload = _decompress(payload, R, offset)
     return btype, key, payload
+
+
+def _run(codec, arena, iv, offset, data, base, S, R, j, k):
+    """Block j of the run of k records whose member at offset is slice j (data[0] at base)."""
+    step = HEADER_SIZE + S
+    first = offset - j * step
+    if first < base or first - base + k * step > len(data):
+        raise RecordError("span", offset)
+    joined = bytearray()
+    for m in range(k):
+        at = first + m * step
+        rec = data[at - base:]
+        _, kind, S2, R2, _, payload = _check(codec, arena, at, rec, True)
+        if kind != RUN or (rec[6], rec[7], S2, R2) != (m, k, S, R):
+            raise RecordError("magic", at)
+        joined += ctr(codec.enc_key, iv, at + HEADER_SIZE, payload) if codec.enc_key is not None else payload
+    try:
+        if zstandard.frame_content_size(bytes(joined)) != k * R:
+            raise RecordError("decompress", offset)
+        d = zstandard.ZstdDecompressor().decompressobj()
+        block = d.decompress(bytes(joined))
+    except zstandard.ZstdError:
+        raise RecordError("decompress", offset) from None
+    pad = d.unused_data
+    if not d.eof or len(block) != k * R or len(pad) >= k or any(pad):
+        raise RecordError("decompress", offset)
+    return block[j * R:(j + 1) * R]
 
 
 def unpack_many(codec, arena, iv, buf, base, offsets, threads=1):
@@ -298,7 +399,7 @@ def unpack_many(codec, arena, iv, buf, base, offsets, threads=1):
     data, iv, out = memoryview(bytes(buf)), bytes(iv), []
     for off in offsets:
         try:
-            out.append(_unpack(codec, arena, iv, off, data[off - base:]))
+            out.append(_unpack(codec, arena, iv, off, data, base))
         except RecordError as e:
             out.append(e)
     return out
@@ -375,34 +476,42 @@ def scan_columns(codec, arena, iv, buf, base, keylen=SCORE_SIZE, verify=True):
     return got, end, err
 
 
-def check_span(codec, arena, iv, buf, base, depth=checks.DECODED, score_key=None, threads=1):
-    """Every record of buf checked -> (checks.Checked, end, error).
+def check_span(codec, arena, iv, buf, base, depth=checks.DECODED, score_key=None, threads=1, start=None):
+    """Every record of buf from arena offset start (None: base) checked -> (checks.Checked, end, error).
 
     The walk is scan's without verifying, and stops where it stops (end,
     error); each record found then has its tag checked (depth TAGS), is
     unpacked (DECODED: tag, decryption, decoding), and its data scored
     (SCORED: scores, keyed by score_key) against its key field. A record
     that fails is named in Checked.problems by its index: "tag",
-    "decompress" or "score".
+    "decompress" or "score". A run slice whose own tag is good but whose run
+    does not decode (another member bad, or the run not wholly in buf) is
+    "decompress": "tag" is only ever a record's own.
     """
     checks.where(arena, iv, base)
     checks.depth(depth)
     checks.thread_count(threads)
-    entries, end, err = scan(codec, arena, iv, buf, base, verify=False)
+    size = checks.span(buf, base)
+    start = checks.walk_start(base, size, start)
+    entries, end, err = scan(codec, arena, iv, memoryview(buf)[start - base:], start, verify=False)
     codec, data, iv = _codec(codec), memoryview(bytes(buf)), bytes(iv)
     tags, problems = bytearray(), {}
     for i, (off, btype, key, S, R) in enumerate(entries):
         rec = data[off - base:off - base + HEADER_SIZE + S]
         tags += rec[HEAD.size:HEADER_SIZE]
         try:
-            if depth == checks.TAGS:
-                _check(codec, arena, off, rec, True)
-                continue
-            _, _, block = _unpack(codec, arena, iv, off, rec)
+            _check(codec, arena, off, rec, True)
+        except RecordError as e:
+            problems[i] = e.kind
+            continue
+        if depth == checks.TAGS:
+            continue
+        try:
+            _, _, block = _unpack(codec, arena, iv, off, data, base)
             if depth == checks.SCORED and block and scores(block, len(block), btype, key=score_key) != key:
                 problems[i] = "score"
         except RecordError as e:
-            problems[i] = e.kind
+            problems[i] = "decompress" if rec[5] == RUN else e.kind
     return checks.Checked([e[0] for e in entries], bytes(e[1] for e in entries), [e[4] for e in entries],
                           bytes(tags), problems), end, err
 

@@ -226,6 +226,7 @@ class Log:
         self.arena_size = conf["arena_size"]
         self.block_size = conf["block_size"]
         self.keylen = 32 if conf["mode"] == "hash" else 8
+        self.run = F.store_run(conf)  # the longest run of data blocks a pack makes (§3 `run`)
         self.writable = writable
         self.fds = OrderedDict()
         self.ivs = {}
@@ -487,7 +488,7 @@ class Log:
             if end >= size:
                 break
         del mv
-        oa.end = end
+        oa.end = end = self._whole_runs(oa, buf, end, committed)
         committed = self._roll_forward(n, oa, buf, committed)
         if size < end and self.writable:
             # Cut short below the commit point: new records go after it, so no address is used twice.
@@ -524,6 +525,26 @@ class Log:
             del oa.tags[k * 16:]
             oa.end = committed
         return oa
+
+    def _whole_runs(self, oa, buf, end, committed):
+        """The end of oa's good records with a run a torn write left part of (past the commit
+        point: its first records whole, its last ones never written) dropped: each of its records
+        verifies alone, but none decodes, and a block found there would never be stored again.
+        The torn-tail rule then seals the arena before it (§5.2, §12)."""
+        if not oa.count:
+            return end
+        last = oa.addrs[-1] & 0xFFFFFFFF
+        run = L.run_span(buf, last)
+        if run is None or run[1] == end or run[0] < committed:
+            return end
+        k = bisect.bisect_left(oa.addrs, (oa.n << 32) | run[0])
+        log.warning("arena %d: the run of records at offset %d was cut short by a torn write; its %d "
+                    "records past the commit point are dropped", oa.n, run[0], oa.count - k)
+        del oa.addrs[k:]
+        del oa.types[k:]
+        del oa.keys[k * self.keylen:]
+        del oa.tags[k * 16:]
+        return run[0]
 
     def _valid_trailer(self, n, oa, b):
         try:
@@ -736,9 +757,10 @@ class Log:
             d, lead, out = self._out(oa, m * (RH + bs))
             recs, offs = native.pack(self.codec, oa.n, oa.header.iv, oa.end, btype,
                                      mv[i * bs:(i + m) * bs], bs, keys[i * 32:(i + m) * 32], threads,
-                                     out=memoryview(out)[lead:] if d else out, scratch=self._scratch(m * bs))
+                                     out=memoryview(out)[lead:] if d else out, scratch=self._scratch(m * bs),
+                                     run=self.run if btype == F.DATA else 1)
             ends = offs[1:] + [oa.end + len(recs)]
-            k = bisect.bisect_right(ends, oa.end + room)  # ends ascend
+            k = L.whole_runs(recs, oa.end, offs, bisect.bisect_right(ends, oa.end + room))  # ends ascend
             if k == 0:
                 self.spare.append(out)
                 self.seal()
@@ -1061,7 +1083,7 @@ class Log:
         if w and w[0] == n and w[1] <= off and off + RH <= w[1] + len(w[2]):
             rec = memoryview(w[2])[off - w[1]:]
             if self._complete(rec):
-                return self._unpack(n, off, rec)
+                return self._unpack(n, off, w[2], w[1])
         limit = self._limit(n)
         if off >= limit:
             raise DataCorrupt(f"arena {n} offset {off}: no record there (beyond the end of the log)")
@@ -1073,7 +1095,7 @@ class Log:
             self.window = (n, off, b)
         else:
             self.window = (n, off, b) if len(b) > 0 else None
-        return self._unpack(n, off, b)
+        return self._unpack(n, off, b, off)
 
     def read_many(self, addresses, tolerant=False):
         """Read many records, sorted by log address and merged into spans;
@@ -1113,6 +1135,8 @@ class Log:
                 group = group[:len(group) - len(cut)]
             got = native.unpack_many(self.codec, n, self.iv(n), b, start, [a & 0xFFFFFFFF for a in group],
                                      self.threads)
+            if any(isinstance(v, native.RecordError) and v.kind == "span" for v in got):
+                got = self._mend_runs(n, b, start, group, got)
             for a, v in zip(group, got):
                 if isinstance(v, native.RecordError):
                     if not tolerant:
@@ -1147,14 +1171,41 @@ class Log:
         stored = L.stored(rec, 0)
         return len(rec) >= RH + stored
 
-    def _unpack(self, n, off, rec):
+    def _mend_runs(self, n, b, start, group, got):
+        """got with its run slices whose runs the span b (from arena offset start) did not hold
+        decoded again from each run read whole, once."""
+        runs = {}
+        for x, v in enumerate(got):
+            if isinstance(v, native.RecordError) and v.kind == "span":
+                off = group[x] & 0xFFFFFFFF
+                first, end = L.run_span(b, off - start)
+                runs.setdefault((first + start, end + start), []).append(x)
+        got = list(got)
+        for (first, end), xs in runs.items():
+            rb = self.disk.pread(self.fd(n), "arena", first, end - first)
+            for x, v in zip(xs, native.unpack_many(self.codec, n, self.iv(n), rb, first,
+                                                   [group[x] & 0xFFFFFFFF for x in xs], self.threads)):
+                got[x] = v  # (a run cut short by the file's end: truncated)
+        return got
+
+    def _unpack(self, n, off, rec, base):
+        """The record at arena offset off of rec (rec[0] at base); a run slice's run read whole
+        when rec does not hold it."""
         try:
-            return native.unpack(self.codec, n, self.iv(n), off, rec)
+            try:
+                return native.unpack(self.codec, n, self.iv(n), off, rec, base)
+            except native.RecordError as e:
+                if e.kind != "span":
+                    raise
+                first, end = L.run_span(rec, off - base)
+            run = self.disk.pread(self.fd(n), "arena", first + base, end - first)
+            return native.unpack(self.codec, n, self.iv(n), off, run, first + base)
         except native.RecordError as e:
-            kind = e.kind
+            kind, at = e.kind, e.offset
         # Raised outside the handler: a chained RecordError would keep the
         # frames (and the buffers they lent to C) alive with the exception.
-        raise DataCorrupt(f"arena {n} offset {off}: record {kind} check failed")
+        raise DataCorrupt(f"arena {n} offset {at}: record {kind} check failed"
+                          + (f" (in the run of the record at offset {off})" if at != off else ""))
 
 
 def _ahead_groups(spans):

@@ -291,7 +291,7 @@ class Writes:
             # next: the append thread then only lays out, encrypts and tags (native.seal), a third
             # of a pack, and no step waits for another's whole batch.
             data = self._gather(buf, bs, fresh) if fresh else None
-            filled = self._filler.submit(self._fill, data, bs) if fresh else None
+            filled = self._filler.submit(self._fill, data, bs, btype) if fresh else None
             self._settle_here(self.ahead - 1)
             if not fresh:
                 self._inflight.append((None, None))
@@ -476,20 +476,21 @@ class Writes:
         self.counters["zero_blocks"] += zeros
         self.counters["dup_blocks"] += dups
 
-    def _fill(self, data, bs):
+    def _fill(self, data, bs, btype=DATA):
         """native.fill of a batch's fresh blocks: in place, each compressed block replaced by its
         payload (the caller's buffer is the store's until `ahead` more calls, never read again),
         so no buffer more than the batch itself; a read-only batch (a caller's bytes) into one
         of `ahead` + 1 payload buffers used in turn (the batches in flight hold the others)."""
+        run = self.log.run if btype == DATA else 1  # runs of data blocks only (§5.2)
         if not memoryview(data).readonly:
-            return native.fill(self.codec, data, bs, self.tuning.threads, data)
+            return native.fill(self.codec, data, bs, self.tuning.threads, data, run)
         ring = self._fills
         if len(ring) != self.ahead + 1:
             ring[:] = [None] * (self.ahead + 1)
         self._nfill = k = (self._nfill + 1) % len(ring)
         if ring[k] is None or len(ring[k]) < len(data):
             ring[k] = mmap.mmap(-1, max(len(data), GATHER))
-        return native.fill(self.codec, data, bs, self.tuning.threads, ring[k])
+        return native.fill(self.codec, data, bs, self.tuning.threads, ring[k], run)
 
     def _append(self, buf, bs, btype, fresh, fkeys, later=False, filled=None):
         """Append the fresh blocks (fkeys: their 32-byte key fields) to the log and index them;

@@ -307,7 +307,7 @@ class IndexHeader:
 # ---- config: JSON, written once by init -----------------------------------
 CONFIG_KEYS = ("format", "version", "uuid", "mode", "block_size", "arena_size",
                "max_log_size", "encrypted", "key_check", "index_buckets", "bucket_size", "created", "check",
-               "compression")
+               "compression", "run")
 # The parameters a store is made with and their types; `check` MACs them (§2).
 CONFIG_TYPES = {"uuid": str, "mode": str, "block_size": int, "arena_size": int, "max_log_size": int,
                 "encrypted": bool, "key_check": str, "index_buckets": int, "bucket_size": int}
@@ -317,6 +317,21 @@ CONFIG_TYPES = {"uuid": str, "mode": str, "block_size": int, "arena_size": int, 
 # any level, §5.2), so it is outside `check` and may be changed (§3).
 COMPRESSION_DEFAULT = "zstd:1"
 ZSTD_LEVELS = range(-7, 20)   # zstd's fast levels down to -7, and 1..19 (20+ need big windows)
+
+
+# Most neighbouring fresh data blocks a writer compresses as one run (codec 2, §5.2): a policy
+# like `compression`. New stores are made with RUN_DEFAULT; a config without the key writes
+# no runs (1), as before.
+RUN_DEFAULT = 16
+
+
+def store_run(conf):
+    """The longest run the store's writers make (§3 `run`; 1: none), at most what half an arena
+    holds so a run always fits in an empty arena; ValueError for a value outside 1..64."""
+    run = conf.get("run", 1)
+    if type(run) is not int or not 1 <= run <= 64:
+        raise ValueError(f"run = {run!r}, which is not an integer from 1 to 64")
+    return max(1, min(run, conf["arena_size"] // 2 // (64 + conf["block_size"])))
 
 
 def compression_level(text):

@@ -40,6 +40,30 @@ A_TAG = A_SIZE + 8             # the header's own MAC, truncated
 ARENA_HEADER_SIZE = A_TAG + TAG_SIZE
 
 
+CODEC_RUN = 2     # a run slice (docs/format.md §5.2): the u16 reserved field holds j, then k
+H_RUNJ = H_RESERVED
+H_RUNK = H_RESERVED + U8
+
+
+def run_span(buf, off):
+    """(first, end) offsets in buf of the run whose member's header is at buf[off] (codec 2),
+    or None for a record of its own. The header's fields are believed: call it on a record
+    whose tag was checked (unpack's "span" error says so)."""
+    if buf[off + H_CODEC] != CODEC_RUN:
+        return None
+    step = HEADER_SIZE + stored(buf, off)
+    first = off - buf[off + H_RUNJ] * step
+    return first, first + buf[off + H_RUNK] * step
+
+
+def whole_runs(recs, base, offs, k):
+    """The most records, k at most, of packed records (recs[0] at arena offset base, record i
+    at offs[i]) that end no run part way: a run is written whole or not at all."""
+    while 0 < k < len(offs) and recs[offs[k] - base + H_CODEC] == CODEC_RUN and recs[offs[k] - base + H_RUNJ] > 0:
+        k -= 1
+    return k
+
+
 def is_record(buf, off):
     return buf[off + H_MAGIC:off + H_MAGIC + MAGIC_SIZE] == MAGIC
 

@@ -82,6 +82,10 @@ def check_types(conf, where):
         store_level(conf)
     except (TypeError, ValueError) as e:
         raise StoreConfigBad(where, f"has an unusable compression setting: {e}") from None
+    try:
+        F.store_run(conf)
+    except ValueError as e:
+        raise StoreConfigBad(where, f"has an unusable run setting: {e}") from None
 
 
 def store_level(conf):

@@ -316,9 +316,14 @@ class Reads:
             # A read short of the span's end is the end of the arena's file (a span reaches a
             # record's largest size past its last one): unpack_blocks finds a record cut short.
             if ps[2] is not None:  # straight into the pass's target, each block where it belongs
-                return native.unpack_blocks(self.codec, arena, lg.iv(arena), b, start, ps[3][i:j], bs, ps[2],
-                                            lg.threads, ps[1][2][i:j])
-            return native.unpack_blocks(self.codec, arena, lg.iv(arena), b, start, ps[3][i:j], bs, out, lg.threads)
+                got = native.unpack_blocks(self.codec, arena, lg.iv(arena), b, start, ps[3][i:j], bs, ps[2],
+                                           lg.threads, ps[1][2][i:j])
+            else:
+                got = native.unpack_blocks(self.codec, arena, lg.iv(arena), b, start, ps[3][i:j], bs, out,
+                                           lg.threads)
+            if got[2]:  # runs the span's ends cut: each read whole and decoded where it belongs
+                got = self._mend_runs(arena, b, start, ps[3][i:j], got, ps[1][2][i:j] if ps[2] is not None else None)
+            return got
 
         def fill():  # keep AHEAD spans in flight, across passes
             while sum(1 for x in pending if x[1] is not None) < AHEAD:
@@ -534,6 +539,34 @@ class Reads:
         while len(kept) > SWEPT_KEEP:
             kept.popitem(last=False)
         return kept[n][1], addrs
+
+    def _mend_runs(self, arena, b, start, offs, got, slots):
+        """unpack_blocks's answer (out, keys, bad) for the span b (from arena offset start) with its
+        run slices whose runs the span did not hold (RecordError "span": the first and last
+        records of a span may be members of runs that begin before it or end after it) decoded
+        from each run read whole, once: into out where slots say (None: block x at x)."""
+        out, keys, bad = got
+        lg, bs = self.log, self.block_size
+        runs = {}
+        for x, e in bad.items():
+            if e.kind == "span":
+                first, end = L.run_span(b, offs[x] - start)
+                runs.setdefault((first + start, end + start), []).append(x)
+        if not runs:
+            return got
+        keys, bad = bytearray(keys), dict(bad)
+        for (first, end), xs in runs.items():
+            rb = lg.disk.pread(lg.fd(arena), "arena", first, end - first)
+            at = array.array("q", (slots[x] if slots is not None else x for x in xs))
+            _, k2, bad2 = native.unpack_blocks(self.codec, arena, lg.iv(arena), rb, first,
+                                               [offs[x] for x in xs], bs, out, 1, at)
+            for y, x in enumerate(xs):
+                if y in bad2:
+                    bad[x] = bad2[y]
+                else:
+                    del bad[x]
+                    keys[x * 32:(x + 1) * 32] = k2[y * 32:(y + 1) * 32]
+        return out, bytes(keys), bad
 
     def _log_spans(self, addrs):
         """Sorted addresses -> [(arena, start, size, i, j)]: large reads, each in one arena, of addrs[i:j].

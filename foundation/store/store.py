@@ -49,9 +49,9 @@ class Store(Writes, Reads, IndexCache):
 
     @staticmethod
     def create(path, mode="hash", block_size=4096, arena_size=16 << 20, max_log_size=256 << 30,
-               encrypt=True, key_file=None, passphrase=None, compression=None):
+               encrypt=True, key_file=None, passphrase=None, compression=None, run=None):
         """Make a new store in the empty directory `path`; returns the key file path (or None).
-        `compression`: the writers' setting (format §3), None for the default."""
+        `compression`, `run`: the writers' settings (format §3), None for the defaults."""
         if mode not in ("hash", "value"):
             raise BadInput(f"mode must be 'hash' or 'value', not {mode!r}")
         if block_size < 512 or block_size > 65536 or block_size & (block_size - 1):
@@ -65,6 +65,9 @@ class Store(Writes, Reads, IndexCache):
                 F.compression_level(compression)
             except ValueError as e:
                 raise BadInput(str(e)) from None
+        run = F.RUN_DEFAULT if run is None else run
+        if type(run) is not int or not 1 <= run <= 64:
+            raise BadInput(f"run must be 1 (no runs) to 64 blocks, not {run!r}")
         if not os.path.isdir(path):
             raise StoreMissing(path)
         if os.listdir(path):
@@ -93,6 +96,7 @@ class Store(Writes, Reads, IndexCache):
         conf["check"] = F.config_check(keys.mac, conf)
         if compression is not None:
             conf["compression"] = compression
+        conf["run"] = run
         os.makedirs(os.path.join(path, F.ARENAS))
         os.makedirs(os.path.join(path, F.SUMMARIES))
         disk = Disk(path)

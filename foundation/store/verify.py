@@ -180,8 +180,9 @@ def verify_arena(store, n, buf, sealed, chain, committed=None, full=True):
         limit = min(size, committed)  # past the commit point lies an unfinished write, not damage
     while off < limit:
         # Every record's tag, decoding and score, in the C core on lg.threads cores.
-        got, end, err = native.check_span(store.codec, n, header.iv, buf[off:limit], off, depth,
-                                          store.keys.score, lg.threads)
+        # (the span from the arena's start: a run slice past damage still finds its run's members)
+        got, end, err = native.check_span(store.codec, n, header.iv, buf[:limit], 0, depth,
+                                          store.keys.score, lg.threads, start=off)
         for i, problem in sorted(got.problems.items()):
             damage.append(Damage(n, got.offs[i], Kind.RECORD, _PROBLEMS[problem]))
             ok = False
