@@ -16,27 +16,12 @@ import sys
 
 import pytest
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from native_support import IMPLS, impl, other  # noqa: F401 (fixtures)
 
 import foundation.native as N
 from foundation.native import BucketError, RecordError, cffi_backend
 
-IMPLS = {"native": N.native_impl, "reference": N.reference_impl}
 H = N.HEADER_SIZE
-
-
-@pytest.fixture(params=sorted(IMPLS))
-def impl(request):
-    if IMPLS[request.param] is None:
-        pytest.skip("foundation._native is not built")
-    return IMPLS[request.param]
-
-
-@pytest.fixture
-def other(impl):
-    o = IMPLS["reference" if impl.name == "native" else "native"]
-    if o is None:
-        pytest.skip("foundation._native is not built")
-    return o
 
 
 WORDS = b"the of and backup arena block index bloom summary score venti foundation disk".split()

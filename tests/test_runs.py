@@ -16,6 +16,7 @@ import struct
 import pytest
 import zstandard
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from native_support import impl, other  # noqa: F401 (fixtures)
 from test_image_support import BS, content, make_store, open_store, seeded
 
 import foundation.native as N
@@ -25,27 +26,11 @@ from foundation.store import format as F
 from foundation.store import layout as L
 from foundation.store.verify import verify
 
-IMPLS = {"native": N.native_impl, "reference": N.reference_impl}
 H = N.HEADER_SIZE
 IV = bytes.fromhex("00112233445566778899aabbccddeeff")
 ENC = bytes(range(32))
 MAC = b"mac key"
 WORDS = b"the of and backup arena block index bloom summary score venti foundation disk".split()
-
-
-@pytest.fixture(params=sorted(IMPLS))
-def impl(request):
-    if IMPLS[request.param] is None:
-        pytest.skip("foundation._native is not built")
-    return IMPLS[request.param]
-
-
-@pytest.fixture
-def other(impl):
-    o = IMPLS["reference" if impl.name == "native" else "native"]
-    if o is None:
-        pytest.skip("foundation._native is not built")
-    return o
 
 
 def text(rng, size):
