@@ -540,36 +540,19 @@ static int seal(packjob *j, work *w, size_t i, uint64_t pos, const uint8_t *src)
 	return FDN_OK;
 }
 
+/* Blocks lo..hi alone. With scratch == buf (fill in place) each payload is made aside, then put over
+ * its own block (which is read by then); a raw block stays where it is. */
 static int fill_range(void *arg, size_t lo, size_t hi)
 {
 	packjob *j = arg;
 	work *w = work_get(j->c);
-	int rc = w ? FDN_OK : FDN_ENOMEM;
+	int rc = w ? FDN_OK : FDN_ENOMEM, inplace = j->scratch == j->buf;
 
+	if (rc == FDN_OK && inplace && !grow(&w->tmp, &w->tmpcap, j->blen))
+		rc = FDN_ENOMEM;
 	for (size_t i = lo; i < hi && rc == FDN_OK; i++)
-		rc = fill(j, w, i, j->scratch + i * j->blen, 0);
-	work_put(j->c, w);
-	return rc;
-}
-
-/* fill_range with scratch == buf: each payload made aside, then put over its own block (which is
- * read by then); a raw block stays where it is. */
-static int fill_in_place(void *arg, size_t lo, size_t hi)
-{
-	packjob *j = arg;
-	work *w = work_get(j->c);
-	int rc = w ? FDN_OK : FDN_ENOMEM;
-
-	if (rc == FDN_OK && w->tmpcap < j->blen) {
-		free(w->tmp);
-		w->tmpcap = 0;
-		if ((w->tmp = malloc(j->blen)) == NULL)
-			rc = FDN_ENOMEM;
-		else
-			w->tmpcap = j->blen;
-	}
-	for (size_t i = lo; i < hi && rc == FDN_OK; i++)
-		if ((rc = fill(j, w, i, w->tmp, 0)) == FDN_OK && j->codec[i] == FDN_CODEC_ZSTD)
+		if ((rc = fill(j, w, i, inplace ? w->tmp : j->scratch + i * j->blen, 0)) == FDN_OK &&
+		    inplace && j->codec[i] == FDN_CODEC_ZSTD)
 			memcpy(j->scratch + i * j->blen, w->tmp, j->slen[i]);
 	work_put(j->c, w);
 	return rc;
@@ -677,8 +660,6 @@ int fdn_fill(fdn_codec *c, const uint8_t *buf, size_t len, size_t bs,
 		return FDN_EARG;	/* overlapping, but not the blocks themselves */
 	if (kmax >= 2)
 		return fill_runs(&j, n, kmax, threads);
-	if (scratch == buf)
-		return fdn_share(threads, n, GRAIN, fill_in_place, &j);
 	return fdn_share(threads, n, GRAIN, fill_range, &j);
 }
 

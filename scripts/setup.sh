@@ -20,7 +20,7 @@ PKGS=(gcc make pkg-config libssl-dev libzstd-dev
       qemu-utils qemu-system-x86 libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients libvirt-dev
       fuse3 libfuse3-dev e2fsprogs dosfstools mtools fdisk parted ntfs-3g
       dbus-daemon man-db
-      xfsprogs lvm2 thin-provisioning-tools btrfs-progs cryptsetup-bin exfatprogs exfat-fuse util-linux   # guest file systems (tests)
+      xfsprogs lvm2 thin-provisioning-tools btrfs-progs cryptsetup-bin exfatprogs exfat-fuse util-linux util-linux-extra   # guest file systems, fincore (tests)
       mmdebstrap ovmf)                  # the Debian guest lab (tests/lab/build.py)
 missing=()
 for p in "${PKGS[@]}"; do

@@ -8,16 +8,16 @@ import foundation.native as N
 IMPLS = {"native": N.native_impl, "reference": N.reference_impl}
 
 
+def _built(name):
+    assert IMPLS[name] is not None, "foundation._native is not built: run scripts/setup.sh (or foundation/native/build.py)"
+    return IMPLS[name]
+
+
 @pytest.fixture(params=sorted(IMPLS))
 def impl(request):
-    if IMPLS[request.param] is None:
-        pytest.skip("foundation._native is not built")
-    return IMPLS[request.param]
+    return _built(request.param)
 
 
 @pytest.fixture
 def other(impl):
-    o = IMPLS["reference" if impl.name == "native" else "native"]
-    if o is None:
-        pytest.skip("foundation._native is not built")
-    return o
+    return _built("reference" if impl.name == "native" else "native")

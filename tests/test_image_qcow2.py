@@ -1,21 +1,16 @@
 """qcow2.py's maps are the ones qemu-img gives, for every image it reads; it refuses what it does not read, and a layer still written."""
 
 import random
-import shutil
 import subprocess
 
 import pytest
 
+from test_image_support import qemu, scattered
+
 from foundation.image import qcow2, qemuimg
 
-pytestmark = pytest.mark.skipif(not shutil.which("qemu-img") or not shutil.which("qemu-io"),
-                                reason="needs qemu-img and qemu-io (qemu-utils)")
 MiB = 1 << 20
 SIZE = 8 * MiB
-
-
-def _qemu(*args):
-    subprocess.run(args, check=True, capture_output=True)
 
 
 def _by_qemu_img(monkeypatch):
@@ -50,27 +45,24 @@ def images(tmp_path):
     rng = random.Random(11)
     raw = tmp_path / "base.raw"
     with open(raw, "wb") as f:
-        f.truncate(SIZE)
-        for _ in range(20):
-            f.seek(rng.randrange(SIZE - 200_000))
-            f.write(rng.randbytes(rng.randrange(1, 200_000)))
+        scattered(f, SIZE, rng, 20, 200_000)
     p = {"raw": str(raw)}
     for name, opts in (("qcow2", []), ("v2", ["-o", "compat=0.10"]), ("small", ["-o", "cluster_size=4096"]),
                        ("big", ["-o", "cluster_size=2M"]), ("compressed", ["-c"])):
         p[name] = str(tmp_path / f"{name}.qcow2")
-        _qemu("qemu-img", "convert", "-O", "qcow2", *opts, p["raw"], p[name])
+        qemu("qemu-img", "convert", "-O", "qcow2", *opts, p["raw"], p[name])
     return p
 
 
 def _overlay(tmp_path, name, backing, fmt, *writes, opts=(), relative=False):
     top = tmp_path / name
-    _qemu("qemu-img", "create", "-f", "qcow2", *opts, "-b",
+    qemu("qemu-img", "create", "-f", "qcow2", *opts, "-b",
           backing.rsplit("/", 1)[1] if relative else backing, "-F", fmt, str(top))
     cmds = []
     for w in writes:
         cmds += ["-c", w]
     if cmds:
-        _qemu("qemu-io", "-f", "qcow2", *cmds, str(top))
+        qemu("qemu-io", "-f", "qcow2", *cmds, str(top))
     return str(top)
 
 
@@ -164,10 +156,10 @@ def test_what_it_does_not_read_goes_to_qemu_img(images, tmp_path, monkeypatch, c
 def test_a_smaller_layer_hides_what_lies_below_its_end(images, tmp_path, monkeypatch):
     """top (8 MiB) over mid (4 MiB) over base (8 MiB): beyond 4 MiB the guest reads zeros, not the base."""
     mid = str(tmp_path / "mid.qcow2")
-    _qemu("qemu-img", "create", "-f", "qcow2", "-b", images["qcow2"], "-F", "qcow2", mid, "4M")
+    qemu("qemu-img", "create", "-f", "qcow2", "-b", images["qcow2"], "-F", "qcow2", mid, "4M")
     top = str(tmp_path / "top.qcow2")
-    _qemu("qemu-img", "create", "-f", "qcow2", "-b", mid, "-F", "qcow2", top, "8M")
-    _qemu("qemu-io", "-f", "qcow2", "-c", "write -P 0x33 7M 64k", top)
+    qemu("qemu-img", "create", "-f", "qcow2", "-b", mid, "-F", "qcow2", top, "8M")
+    qemu("qemu-io", "-f", "qcow2", "-c", "write -P 0x33 7M 64k", top)
     got = qcow2.chain_map(top)
     assert sum(n for _, n, *_ in got) == SIZE
     below = [(s, n, f) for s, n, f, _, zero in got if s + n > 4 * MiB and not zero]

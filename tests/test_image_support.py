@@ -9,6 +9,7 @@ memory; it stands in only where a test needs to count or intercept calls.
 import hashlib
 import os
 import random
+import subprocess
 
 BS = 4096
 
@@ -188,3 +189,16 @@ def mutate(rng, img, days_ops=6, grow=False):
 def seeded(seed):
     return random.Random(seed)
 
+
+def qemu(*args):
+    """A qemu-img or qemu-io command that must succeed."""
+    subprocess.run(args, check=True, capture_output=True)
+
+
+def scattered(f, size, rng, writes, most):
+    """Make open file f a sparse raw disk of `size` bytes holding `writes` random extents of up to `most`
+    bytes each."""
+    f.truncate(size)
+    for _ in range(writes):
+        f.seek(rng.randrange(size - most))
+        f.write(rng.randbytes(rng.randrange(1, most)))

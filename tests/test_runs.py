@@ -319,6 +319,25 @@ def test_verify_and_restore_of_a_store_with_runs(tmp_path, capsys):
     assert out.read_bytes() == img
 
 
+def test_a_restore_whose_spans_cut_runs_reads_each_run_whole(tmp_path, capsys, monkeypatch):
+    """Log-order spans far shorter than a run: the runs their ends cut are read whole and decoded
+    where their blocks belong."""
+    from test_cli_images import cli, day, write
+    from foundation.store import read as R
+    store = make_store(tmp_path / "s", run=16)
+    img = b"".join(text(random.Random(i), BS) for i in range(256))
+    image_path = tmp_path / "disk.raw"
+    write(image_path, img)
+    assert cli(capsys, store, "import-image", "vm", image_path, "--at", day(1))[0] == 0
+    mended, mend = [], R.Reads._mend_runs
+    monkeypatch.setattr(R.Reads, "_mend_runs", lambda self, *a: mended.append(1) or mend(self, *a))
+    monkeypatch.setattr(R, "LOG_SPAN", 3 * BS)
+    out = tmp_path / "out.raw"
+    assert cli(capsys, store, "restore", "vm", out)[0] == 0
+    assert out.read_bytes() == img
+    assert mended
+
+
 def test_a_damaged_member_fails_its_run_loudly_in_the_store(tmp_path):
     path = make_store(tmp_path / "s", run=16)
     data = b"".join(text(random.Random(i), BS) for i in range(64))

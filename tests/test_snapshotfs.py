@@ -253,7 +253,6 @@ def _as_guest(tmp_path, tool):
     return str(p)
 
 
-@pytest.mark.skipif(shutil.which("fincore") is None, reason="fincore (util-linux) not installed")
 def test_a_copy_reads_past_the_page_cache_a_guest_through_it(world, tmp_path):
     """A copier's reads of vda.raw are answered straight into its buffer (nothing left in the page
     cache); a program that runs guests (QEMU) reads through the cache. Both read the day's bytes."""

@@ -6,6 +6,8 @@ import subprocess
 
 import pytest
 
+from test_image_support import qemu, scattered
+
 from foundation.image import qemuimg
 from foundation.vm.source import SnapshotSource
 
@@ -15,36 +17,29 @@ MiB = 1 << 20
 SIZE = 8 * MiB
 
 
-def _qemu(*args):
-    subprocess.run(args, check=True, capture_output=True)
-
-
 @pytest.fixture
 def images(tmp_path):
     """A raw disk of scattered random and text data, its qcow2 and compressed qcow2, and overlays on each."""
     rng = random.Random(5)
     raw = tmp_path / "base.raw"
     with open(raw, "wb") as f:
-        f.truncate(SIZE)
-        for _ in range(24):
-            f.seek(rng.randrange(SIZE - 300_000))
-            f.write(rng.randbytes(rng.randrange(1, 300_000)))
+        scattered(f, SIZE, rng, 24, 300_000)
         f.seek(5 * MiB)
         f.write(b"a text-like extent " * 9000)
     p = {"raw": str(raw), "qcow2": str(tmp_path / "base.qcow2"), "compressed": str(tmp_path / "c.qcow2")}
-    _qemu("qemu-img", "convert", "-O", "qcow2", p["raw"], p["qcow2"])
-    _qemu("qemu-img", "convert", "-c", "-O", "qcow2", p["raw"], p["compressed"])
+    qemu("qemu-img", "convert", "-O", "qcow2", p["raw"], p["qcow2"])
+    qemu("qemu-img", "convert", "-c", "-O", "qcow2", p["raw"], p["compressed"])
     for kind, fmt in (("raw", "raw"), ("qcow2", "qcow2"), ("compressed", "qcow2")):
         top = str(tmp_path / f"{kind}.fdn-1.qcow2")
-        _qemu("qemu-img", "create", "-f", "qcow2", "-b", p[kind], "-F", fmt, top)
-        _qemu("qemu-io", "-f", "qcow2", "-c", "write -P 0x5a 1000k 300k", "-c", "write -z 3M 64k", top)
+        qemu("qemu-img", "create", "-f", "qcow2", "-b", p[kind], "-F", fmt, top)
+        qemu("qemu-io", "-f", "qcow2", "-c", "write -P 0x5a 1000k 300k", "-c", "write -z 3M 64k", top)
         p[f"{kind}-overlay"] = top
     return p
 
 
 def _expected(path, fmt, tmp_path):
     out = tmp_path / "expected.raw"
-    _qemu("qemu-img", "convert", "-f", fmt, "-O", "raw", path, str(out))
+    qemu("qemu-img", "convert", "-f", fmt, "-O", "raw", path, str(out))
     data = out.read_bytes()
     assert len(data) == SIZE
     return data

@@ -1174,12 +1174,8 @@ class Log:
     def _mend_runs(self, n, b, start, group, got):
         """got with its run slices whose runs the span b (from arena offset start) did not hold
         decoded again from each run read whole, once."""
-        runs = {}
-        for x, v in enumerate(got):
-            if isinstance(v, native.RecordError) and v.kind == "span":
-                off = group[x] & 0xFFFFFFFF
-                first, end = L.run_span(b, off - start)
-                runs.setdefault((first + start, end + start), []).append(x)
+        runs = L.runs_to_read(b, start, ((x, group[x] & 0xFFFFFFFF) for x, v in enumerate(got)
+                                         if isinstance(v, native.RecordError) and v.kind == "span"))
         got = list(got)
         for (first, end), xs in runs.items():
             rb = self.disk.pread(self.fd(n), "arena", first, end - first)

@@ -56,6 +56,16 @@ def run_span(buf, off):
     return first, first + buf[off + H_RUNK] * step
 
 
+def runs_to_read(buf, base, members):
+    """{(first, end) arena offsets of a run: [x, ...]} for members (x, arena offset) whose runs
+    buf (buf[0] at arena offset base) did not hold: each run to be read whole, once."""
+    runs = {}
+    for x, off in members:
+        first, end = run_span(buf, off - base)
+        runs.setdefault((first + base, end + base), []).append(x)
+    return runs
+
+
 def whole_runs(recs, base, offs, k):
     """The most records, k at most, of packed records (recs[0] at arena offset base, record i
     at offs[i]) that end no run part way: a run is written whole or not at all."""

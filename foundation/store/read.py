@@ -547,11 +547,7 @@ class Reads:
         from each run read whole, once: into out where slots say (None: block x at x)."""
         out, keys, bad = got
         lg, bs = self.log, self.block_size
-        runs = {}
-        for x, e in bad.items():
-            if e.kind == "span":
-                first, end = L.run_span(b, offs[x] - start)
-                runs.setdefault((first + start, end + start), []).append(x)
+        runs = L.runs_to_read(b, start, ((x, offs[x]) for x, e in bad.items() if e.kind == "span"))
         if not runs:
             return got
         keys, bad = bytearray(keys), dict(bad)
