@@ -69,6 +69,8 @@ struct fdn_codec {
 	pthread_mutex_t lock;
 	work *idle[POOL];
 	int nidle;
+	work *zidle[POOL];	/* those that compress (fills): each holds a zstd context, ~0.3 MB */
+	int nzidle;
 };
 
 static void work_free(work *w)
@@ -84,12 +86,21 @@ static void work_free(work *w)
 	free(w);
 }
 
-static work *work_get(fdn_codec *c)
+/*
+ * A work context from the codec's idle ones. Those that compress are kept
+ * apart (z): taken from one stack, a context a seal had used was then taken
+ * by a fill and grew a zstd context (~0.3 MB for a 64 KiB run) and a run
+ * buffer, until every context of the pool held one; apart, only as many
+ * hold one as fills ran at once.
+ */
+static work *work_take(fdn_codec *c, int z)
 {
 	work *w = NULL;
 
 	pthread_mutex_lock(&c->lock);
-	if (c->nidle > 0)
+	if (z && c->nzidle > 0)
+		w = c->zidle[--c->nzidle];
+	else if (!z && c->nidle > 0)
 		w = c->idle[--c->nidle];
 	pthread_mutex_unlock(&c->lock);
 	if (w) {
@@ -107,17 +118,30 @@ fail:
 	return NULL;
 }
 
-static void work_put(fdn_codec *c, work *w)
+static void work_give(fdn_codec *c, work *w, int z)
 {
 	if (w == NULL)
 		return;
 	pthread_mutex_lock(&c->lock);
-	if (c->nidle < POOL) {
+	if (z && c->nzidle < POOL) {
+		c->zidle[c->nzidle++] = w;
+		w = NULL;
+	} else if (!z && c->nidle < POOL) {
 		c->idle[c->nidle++] = w;
 		w = NULL;
 	}
 	pthread_mutex_unlock(&c->lock);
 	work_free(w);
+}
+
+static work *work_get(fdn_codec *c)
+{
+	return work_take(c, 0);
+}
+
+static void work_put(fdn_codec *c, work *w)
+{
+	work_give(c, w, 0);
 }
 
 /* *buf with room for need bytes; 0 when out of memory */
@@ -167,6 +191,8 @@ void fdn_codec_free(fdn_codec *c)
 		return;
 	while (c->nidle > 0)
 		work_free(c->idle[--c->nidle]);
+	while (c->nzidle > 0)
+		work_free(c->zidle[--c->nzidle]);
 	fdn_hkey_free(&c->mac);
 	OPENSSL_cleanse(c->enckey, sizeof c->enckey);
 	pthread_mutex_destroy(&c->lock);
@@ -436,7 +462,7 @@ static int judge_range(void *arg, size_t lo, size_t hi)
 static int runs_range(void *arg, size_t lo, size_t hi)
 {
 	packjob *j = arg;
-	work *w = work_get(j->c);
+	work *w = work_take(j->c, 1);
 	int rc = w ? FDN_OK : FDN_ENOMEM, inplace = j->scratch == j->buf;
 	size_t most = 1;
 
@@ -457,7 +483,7 @@ static int runs_range(void *arg, size_t lo, size_t hi)
 		if (rc == FDN_OK && inplace && j->codec[i] == FDN_CODEC_ZSTD)
 			memcpy(j->scratch + i * j->blen, w->tmp, j->slen[i]);
 	}
-	work_put(j->c, w);
+	work_give(j->c, w, 1);
 	return rc;
 }
 
@@ -545,7 +571,7 @@ static int seal(packjob *j, work *w, size_t i, uint64_t pos, const uint8_t *src)
 static int fill_range(void *arg, size_t lo, size_t hi)
 {
 	packjob *j = arg;
-	work *w = work_get(j->c);
+	work *w = work_take(j->c, 1);
 	int rc = w ? FDN_OK : FDN_ENOMEM, inplace = j->scratch == j->buf;
 
 	if (rc == FDN_OK && inplace && !grow(&w->tmp, &w->tmpcap, j->blen))
@@ -554,7 +580,7 @@ static int fill_range(void *arg, size_t lo, size_t hi)
 		if ((rc = fill(j, w, i, inplace ? w->tmp : j->scratch + i * j->blen, 0)) == FDN_OK &&
 		    inplace && j->codec[i] == FDN_CODEC_ZSTD)
 			memcpy(j->scratch + i * j->blen, w->tmp, j->slen[i]);
-	work_put(j->c, w);
+	work_give(j->c, w, 1);
 	return rc;
 }
 
@@ -602,7 +628,7 @@ int64_t fdn_pack(fdn_codec *c, uint32_t arena, const uint8_t *iv,
 	kmax = n >= 2 ? run_max(c, j.blen, run) : 0;
 	if (kmax < 2 && (threads <= 1 || n < 2 * GRAIN)) {
 		/* one pass: each record goes straight where it belongs */
-		if ((w = work_get(c)) == NULL) {
+		if ((w = work_take(c, 1)) == NULL) {
 			rc = FDN_ENOMEM;
 			goto out;
 		}
@@ -612,7 +638,7 @@ int64_t fdn_pack(fdn_codec *c, uint32_t arena, const uint8_t *iv,
 				break;
 			pos += FDN_HEADER_SIZE + j.slen[i];
 		}
-		work_put(c, w);
+		work_give(c, w, 1);
 		goto out;
 	}
 	/* the caller's scratch (reused: its pages are not faulted in per call), else one of our own */
