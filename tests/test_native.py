@@ -972,6 +972,35 @@ def test_merge_lookup_model(impl, other, keylen, bucket_size, n, nbuckets):
                                again) == (index, spill)
 
 
+def test_merge_repeats_unsorted_and_half_flushed(impl, other):
+    """The merge looks only at a bucket's earlier entries for sorted input: exact repeats (next to
+    their twin), unsorted input and an index already holding part of the entries give the bytes
+    of the reference, which looks at every entry."""
+    keylen, bucket_size, nbuckets = 8, 4 + 6 * 16, 40
+    rng = random.Random(7)
+    model = [(rng.randbytes(keylen), rng.randrange(1 << 40)) for _ in range(150)]
+    model += model[10:20] + [(model[3][0], model[3][1] + 1)]  # exact repeats, a key twice
+    ents = bytearray(b"".join(k + a.to_bytes(8, "little") for k, a in model))
+    impl.sort_entries(ents, keylen + 8, keylen)
+    shuffled = [bytes(ents[i:i + 16]) for i in range(0, len(ents), 16)]
+    rng.shuffle(shuffled)
+    half = bytes(ents[:len(ents) // 32 * 16])
+    for region_size in (1, 5, nbuckets):
+        for batch in (bytes(ents), b"".join(shuffled)):
+            got = index_merge(impl, nbuckets, bucket_size, keylen, batch, region_size)
+            assert got == index_merge(other, nbuckets, bucket_size, keylen, batch, region_size)
+        # a flush cut short, then every entry merged again: each lands once
+        for flush in (impl, other):
+            index, _ = index_merge(flush, nbuckets, bucket_size, keylen, half, region_size)
+            again = index_merge(flush, nbuckets, bucket_size, keylen, bytes(ents), region_size, index)
+            if flush is impl:
+                first = again
+        assert first == again
+        index, spill = first
+        stored = sum(int.from_bytes(index[b * bucket_size:][:4], "little") for b in range(nbuckets))
+        assert stored + len(spill) // 16 == len(set(shuffled))  # every distinct entry, once
+
+
 def test_merge_spill_and_errors(impl):
     keylen, bs, nb = 8, 4 + 2 * 16, 10
     key = b"\xf0" + bytes(7)  # home 9 of 10: the last bucket
