@@ -71,7 +71,7 @@ def run(tree, work, mode, chrt, check):
         wall, user, sys_, rss = f.read().split()[-4:]
     du = subprocess.run(["du", "-sB1", store], capture_output=True, text=True, check=True).stdout.split()[0]
     got = {"wall_s": float(wall), "cpu_s": round(float(user) + float(sys_), 2), "user_s": float(user),
-           "sys_s": float(sys_), "peak_rss_mb": int(rss) // 1024, "load1": round(load, 2), "store_bytes": int(du)}
+           "sys_s": float(sys_), "peak_rss_mb": int(rss) // 1024, "peak_rss_kb": int(rss), "load1": round(load, 2), "store_bytes": int(du)}
     if check:
         out = os.path.join(work, "restored.raw")
         foundation(tree, store, key, "restore", "bench@2024-01-01T03:00:00Z", out)
@@ -109,7 +109,7 @@ def main():
                 runs[n][m].append(got)
                 print(f"round {r + 1} {n:>8} {m}: {json.dumps(got)}", flush=True)
     shutil.rmtree(os.path.join(a.work, "store"), ignore_errors=True)
-    medians = {n: {m: {f: median(runs[n][m], f) for f in ("wall_s", "cpu_s", "user_s", "sys_s", "peak_rss_mb")}
+    medians = {n: {m: {f: median(runs[n][m], f) for f in ("wall_s", "cpu_s", "user_s", "sys_s", "peak_rss_mb", "peak_rss_kb")}
                    for m in modes} for n in names}
     out = {"what": f"day 0 of the 2 GiB standard workload ({IMAGE}), import-image into a new encrypted hash store "
                    "made by init (defaults); cold = page cache dropped before; GNU time; trees alternated"
