@@ -14,7 +14,7 @@ enum {
 	ADDR = 8,		/* u64le log address after each key */
 	RADIX_MIN = 4096,	/* sorted by their top bytes first once there are this many entries */
 	SMALL = 24,		/* a digit's handful sorted by insertion up to this many */
-	SORT_THREADS = 2,	/* the digits' handfuls sorted on this many threads */
+	SORT_THREADS = 2,	/* the first-byte groups sorted on this many threads (64 k entries and up) */
 	SORT_GRAIN = 16		/* fewest first-byte groups worth a thread's share */
 };
 
