@@ -166,3 +166,25 @@ def test_a_smaller_layer_hides_what_lies_below_its_end(images, tmp_path, monkeyp
     assert below == [(7 * MiB, 64 << 10, top)]
     _by_qemu_img(monkeypatch)
     assert _norm(got) == _norm(qemuimg.chain_map(top, "qcow2"))
+
+
+def test_extents_read_ahead_are_used_only_while_the_layer_is_unchanged(images, tmp_path, monkeypatch):
+    """prefetch(top) reads the maps of the layers below the top ahead (they are frozen while the top
+    is written); chain_map uses them only if the file was not written since, and only once."""
+    mid = _overlay(tmp_path, "mid.qcow2", images["qcow2"], "qcow2", "write -P 0x22 2M 1M")
+    top = _overlay(tmp_path, "top.qcow2", mid, "qcow2", WRITES[0])
+    want = qcow2.chain_map(top)
+    monkeypatch.setattr(qcow2, "_AHEAD", {})
+    qcow2.prefetch(top)
+    assert sorted(qcow2._AHEAD) == sorted([mid, images["qcow2"]])     # not the top: it may still be written
+    read = []
+    real = qcow2.Image.extents
+    monkeypatch.setattr(qcow2.Image, "extents", lambda self: read.append(self.path) or real(self))
+    assert qcow2.chain_map(top) == want and read == [top] and qcow2._AHEAD == {}
+    # a layer written after its map was read ahead is read again
+    qcow2.prefetch(top)
+    qemu("qemu-io", "-f", "qcow2", "-c", "write -P 0x44 4M 64k", mid)
+    read.clear()
+    got = qcow2.chain_map(top)
+    assert read == [top, mid] and got != want
+    assert (4 * MiB, 64 << 10, mid) in [(s, n, f) for s, n, f, _, _ in got]

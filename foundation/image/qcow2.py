@@ -233,7 +233,7 @@ def chain_map(path, layers_out=None):
             out.extend((max(s, lsize), e, None, None, True) for s, e in gaps if e > lsize)
             gaps = [(s, min(e, lsize)) for s, e in gaps if s < lsize]
             if img is not None:
-                have = [(s, e, name if off is not None else None, off, zero) for s, e, off, zero in img.extents()]
+                have = [(s, e, name if off is not None else None, off, zero) for s, e, off, zero in _extents(img)]
             else:
                 have = _raw_extents(name, fd, lsize)
             left = []
@@ -262,6 +262,25 @@ def chain_map(path, layers_out=None):
     finally:
         for fd in fds:
             os.close(fd)
+
+
+# A frozen layer's extents read ahead (`prefetch`, while libvirt takes the snapshot): path -> (stamp,
+# extents), taken once by chain_map if the file's stamp is still the same.
+_AHEAD = {}
+
+
+def _stamp(fd):
+    """What changes when a file is written: its identity, size, modification and change times."""
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def _extents(img):
+    """img.extents(), or what prefetch read of it ahead if the file is unchanged since."""
+    hit = _AHEAD.pop(img.path, None)
+    if hit is not None and hit[0] == _stamp(img.fd):
+        return hit[1]
+    return img.extents()
 
 
 def _raw_extents(name, fd, size):
@@ -299,17 +318,23 @@ def _joined(ext):
 
 def prefetch(path, fmt="qcow2"):
     """Ask the kernel for the headers and tables chain_map(path) will read, through the chain (a
-    hint for a cold cache, given while something else waits: nothing is kept, every error ignored)."""
+    hint for a cold cache, given while something else waits; every error ignored). `path` may
+    still be written (the top before a snapshot), the layers below it are not (a backing file is
+    read-only to QEMU until a commit into it): their extents are read now and kept for chain_map,
+    which uses them only if the file's stamp is still the one taken before they were read."""
     try:
-        for _ in range(16):
+        for i in range(16):
             if fmt != "qcow2":
                 return
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             try:
+                stamp = _stamp(fd) if i else None
                 img = Image(path, fd)
                 for e in img.l1:
                     if e & OFFSET:
                         os.posix_fadvise(fd, e & OFFSET, img.cluster, os.POSIX_FADV_WILLNEED)
+                if i:
+                    _AHEAD[path] = (stamp, img.extents())
             finally:
                 os.close(fd)
             if img.backing is None:

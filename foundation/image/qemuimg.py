@@ -17,7 +17,6 @@ archived.
 
 import json
 import os
-import subprocess
 
 from foundation.errors import Error
 
@@ -40,6 +39,8 @@ class Started:
     close() ends it if it never does."""
 
     def __init__(self, args, what, ok=(0,)):
+        import subprocess  # here: a night of plain qcow2 layers starts no process and need not import it
+
         self.what, self.ok = what, ok
         try:
             self.p = subprocess.Popen(["qemu-img", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,

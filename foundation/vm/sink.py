@@ -126,6 +126,29 @@ class DirSink(Sink):
         os.rename(p + ".tmp", p)
 
 
+_ARENAS = False   # set once per process, at the first disk written
+
+
+def _one_malloc_arena():
+    """glibc's malloc gives each thread that allocates an arena of its own (up to 8 per core): the
+    write's threads (reads, fill, append, the early merge's) each kept their own freed blocks
+    of batch buffers, and a night peaked ~1 MB higher (paired nights, benchmarks/README.md
+    "wave 8, night7"). mallopt(M_ARENA_MAX, 1): threads that start allocating after this share
+    the main arena, and reuse each other's freed blocks. Only memory (the same CPU within the
+    noise; a fixed mmap threshold, also ~1 MB less, cost ~0.01-0.04 CPU s a night in page
+    faults); elsewhere than glibc nothing is done."""
+    global _ARENAS
+    if _ARENAS is not False:
+        return
+    _ARENAS = None
+    import ctypes  # here: the write imports it anyway (its O_DIRECT reads and write behind)
+
+    try:
+        _ARENAS = ctypes.CDLL(None).mallopt(-8, 1)    # M_ARENA_MAX (malloc.h)
+    except (OSError, AttributeError):
+        pass
+
+
 def _batch(total):
     """Bytes handed to the store at a time: 4 MiB for a whole disk, down to 1 MiB for a night's
     few MiB (64 batches or more). The write path holds about six such buffers (three read, three
@@ -166,6 +189,7 @@ class StoreSink(Sink):
 
         total = sum(n for _, n in changed) if changed is not None else size
         zeros = list(zeros)
+        _one_malloc_arena()
         root = write_image(self.store, src, size, prev=prev, changed=changed,
                            zeros=zeros, progress=progress, batch=_batch(total))
         if prev is not None and changed is not None and prev.size == size:
