@@ -28,6 +28,8 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+import measure  # noqa: E402
 DAYS = "/var/tmp/foundation-compare/days-2147483648-8-1"
 
 CHILD = r'''
@@ -107,10 +109,7 @@ def main(argv=None):
         print(tree, batch, fill, med)
     res = {"when": time.strftime("%Y%m%d-%H%M%S"), "day": a.day, "rounds": a.rounds, "note": a.note,
            "cpus": os.cpu_count(), "variants": summary}
-    path = os.path.join(ROOT, "benchmarks", "results", f"night-write-{res['when']}.json")
-    with open(path, "w") as f:
-        json.dump(res, f, indent=1)
-    print(path)
+    print("results:", measure.save("night-write", res))
 
 
 if __name__ == "__main__":

@@ -20,9 +20,10 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+import measure  # noqa: E402
 
 CHILD = r"""
 import os, random, sys, time, json
@@ -81,10 +82,7 @@ def main():
                    "cache, block cache 1 MiB, child process time", "cases": {n: {"tree": t, "store": s}
                                                                           for n, t, s, _ in cases},
            "blocks": a.blocks, "medians": med, "runs": runs}
-    path = os.path.join(ROOT, "benchmarks", "results", f"random-reads-{time.strftime('%Y%m%d-%H%M%S')}.json")
-    with open(path, "w") as f:
-        json.dump(out, f, indent=1)
-    print("results:", path)
+    print("results:", measure.save("random-reads", out))
 
 
 if __name__ == "__main__":

@@ -25,16 +25,18 @@ import shutil
 import statistics
 import subprocess
 import sys
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DAYS = "/var/tmp/foundation-compare/days-2147483648-8-1"
 
 
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+import measure  # noqa: E402
+
+
 def drop_caches():
-    subprocess.run(["sync"], check=True)
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3\n")
+    if not measure.drop_caches():
+        sys.exit("bench_runs: dropping the page cache needs root (the days are measured cold)")
 
 
 def step(tree, store, key, *args):
@@ -131,10 +133,7 @@ def main():
            "rounds": a.rounds, "note": a.note, "medians": medians, "runs": runs}
     for n in runs:
         print(n, json.dumps(medians[n]))
-    path = os.path.join(ROOT, "benchmarks", "results", f"runs-{time.strftime('%Y%m%d-%H%M%S')}.json")
-    with open(path, "w") as f:
-        json.dump(out, f, indent=1)
-    print("results:", path)
+    print("results:", measure.save("runs", out))
 
 
 if __name__ == "__main__":

@@ -34,7 +34,8 @@
 #include "internal.h"
 
 enum {
-	POOL = FDN_MAX_THREADS,	/* idle work contexts a codec keeps */
+	POOL = FDN_MAX_THREADS,	/* idle work contexts a codec keeps, of each kind */
+	ZWORK = 1,		/* the kind that compresses (work_get, work_put); 0 the others */
 	GRAIN = 32,		/* fewest blocks worth a thread of their own */
 	STEAL = 8,		/* records a thread takes at a time in a batch unpack */
 	AES_BLOCK = 16,
@@ -67,10 +68,8 @@ struct fdn_codec {
 	fdn_hkey mac;
 	int zlevel;
 	pthread_mutex_t lock;
-	work *idle[POOL];
-	int nidle;
-	work *zidle[POOL];	/* those that compress (fills): each holds a zstd context, ~0.3 MB */
-	int nzidle;
+	work *idle[2][POOL];	/* [ZWORK]: those that compress (fills): each holds a zstd context, ~0.3 MB */
+	int nidle[2];
 };
 
 static void work_free(work *w)
@@ -88,20 +87,18 @@ static void work_free(work *w)
 
 /*
  * A work context from the codec's idle ones. Those that compress are kept
- * apart (z): taken from one stack, a context a seal had used was then taken
+ * apart (z = ZWORK): taken from one stack, a context a seal had used was then taken
  * by a fill and grew a zstd context (~0.3 MB for a 64 KiB run) and a run
  * buffer, until every context of the pool held one; apart, only as many
  * hold one as fills ran at once.
  */
-static work *work_take(fdn_codec *c, int z)
+static work *work_get(fdn_codec *c, int z)
 {
 	work *w = NULL;
 
 	pthread_mutex_lock(&c->lock);
-	if (z && c->nzidle > 0)
-		w = c->zidle[--c->nzidle];
-	else if (!z && c->nidle > 0)
-		w = c->idle[--c->nidle];
+	if (c->nidle[z] > 0)
+		w = c->idle[z][--c->nidle[z]];
 	pthread_mutex_unlock(&c->lock);
 	if (w) {
 		w->rvalid = 0;	/* a run decoded in another call, from other bytes */
@@ -118,30 +115,17 @@ fail:
 	return NULL;
 }
 
-static void work_give(fdn_codec *c, work *w, int z)
+static void work_put(fdn_codec *c, work *w, int z)
 {
 	if (w == NULL)
 		return;
 	pthread_mutex_lock(&c->lock);
-	if (z && c->nzidle < POOL) {
-		c->zidle[c->nzidle++] = w;
-		w = NULL;
-	} else if (!z && c->nidle < POOL) {
-		c->idle[c->nidle++] = w;
+	if (c->nidle[z] < POOL) {
+		c->idle[z][c->nidle[z]++] = w;
 		w = NULL;
 	}
 	pthread_mutex_unlock(&c->lock);
 	work_free(w);
-}
-
-static work *work_get(fdn_codec *c)
-{
-	return work_take(c, 0);
-}
-
-static void work_put(fdn_codec *c, work *w)
-{
-	work_give(c, w, 0);
 }
 
 /* *buf with room for need bytes; 0 when out of memory */
@@ -189,10 +173,9 @@ void fdn_codec_free(fdn_codec *c)
 {
 	if (c == NULL)
 		return;
-	while (c->nidle > 0)
-		work_free(c->idle[--c->nidle]);
-	while (c->nzidle > 0)
-		work_free(c->zidle[--c->nzidle]);
+	for (int z = 0; z < 2; z++)
+		while (c->nidle[z] > 0)
+			work_free(c->idle[z][--c->nidle[z]]);
 	fdn_hkey_free(&c->mac);
 	OPENSSL_cleanse(c->enckey, sizeof c->enckey);
 	pthread_mutex_destroy(&c->lock);
@@ -462,7 +445,7 @@ static int judge_range(void *arg, size_t lo, size_t hi)
 static int runs_range(void *arg, size_t lo, size_t hi)
 {
 	packjob *j = arg;
-	work *w = work_take(j->c, 1);
+	work *w = work_get(j->c, ZWORK);
 	int rc = w ? FDN_OK : FDN_ENOMEM, inplace = j->scratch == j->buf;
 	size_t most = 1;
 
@@ -483,7 +466,7 @@ static int runs_range(void *arg, size_t lo, size_t hi)
 		if (rc == FDN_OK && inplace && j->codec[i] == FDN_CODEC_ZSTD)
 			memcpy(j->scratch + i * j->blen, w->tmp, j->slen[i]);
 	}
-	work_give(j->c, w, 1);
+	work_put(j->c, w, ZWORK);
 	return rc;
 }
 
@@ -571,7 +554,7 @@ static int seal(packjob *j, work *w, size_t i, uint64_t pos, const uint8_t *src)
 static int fill_range(void *arg, size_t lo, size_t hi)
 {
 	packjob *j = arg;
-	work *w = work_take(j->c, 1);
+	work *w = work_get(j->c, ZWORK);
 	int rc = w ? FDN_OK : FDN_ENOMEM, inplace = j->scratch == j->buf;
 
 	if (rc == FDN_OK && inplace && !grow(&w->tmp, &w->tmpcap, j->blen))
@@ -580,14 +563,14 @@ static int fill_range(void *arg, size_t lo, size_t hi)
 		if ((rc = fill(j, w, i, inplace ? w->tmp : j->scratch + i * j->blen, 0)) == FDN_OK &&
 		    inplace && j->codec[i] == FDN_CODEC_ZSTD)
 			memcpy(j->scratch + i * j->blen, w->tmp, j->slen[i]);
-	work_give(j->c, w, 1);
+	work_put(j->c, w, ZWORK);
 	return rc;
 }
 
 static int seal_range(void *arg, size_t lo, size_t hi)
 {
 	packjob *j = arg;
-	work *w = work_get(j->c);
+	work *w = work_get(j->c, 0);
 	int rc = w ? FDN_OK : FDN_ENOMEM;
 
 	for (size_t i = lo; i < hi && rc == FDN_OK; i++) {
@@ -596,7 +579,7 @@ static int seal_range(void *arg, size_t lo, size_t hi)
 			src = j->scratch + (i - j->runs[2 * i]) * j->blen + (size_t)j->runs[2 * i] * j->slen[i];
 		rc = seal(j, w, i, j->pos[i], src);
 	}
-	work_put(j->c, w);
+	work_put(j->c, w, 0);
 	return rc;
 }
 
@@ -628,7 +611,7 @@ int64_t fdn_pack(fdn_codec *c, uint32_t arena, const uint8_t *iv,
 	kmax = n >= 2 ? run_max(c, j.blen, run) : 0;
 	if (kmax < 2 && (threads <= 1 || n < 2 * GRAIN)) {
 		/* one pass: each record goes straight where it belongs */
-		if ((w = work_take(c, 1)) == NULL) {
+		if ((w = work_get(c, ZWORK)) == NULL) {
 			rc = FDN_ENOMEM;
 			goto out;
 		}
@@ -638,7 +621,7 @@ int64_t fdn_pack(fdn_codec *c, uint32_t arena, const uint8_t *iv,
 				break;
 			pos += FDN_HEADER_SIZE + j.slen[i];
 		}
-		work_give(c, w, 1);
+		work_put(c, w, ZWORK);
 		goto out;
 	}
 	/* the caller's scratch (reused: its pages are not faulted in per call), else one of our own */
@@ -878,14 +861,14 @@ int64_t fdn_unpack(fdn_codec *c, uint32_t arena, const uint8_t *iv,
 	if (offset >= FDN_ARENA_MAX || (c->enc && iv == NULL) || offset < base || offset - base > len ||
 	    base > FDN_ARENA_MAX || len > FDN_ARENA_MAX - base)
 		return FDN_EARG;
-	if ((w = work_get(c)) == NULL)
+	if ((w = work_get(c, 0)) == NULL)
 		return FDN_ENOMEM;
 	rc = check(c, w, arena, offset, buf + (size_t)(offset - base), len - (size_t)(offset - base), 1, e);
 	if (rc == FDN_OK && outcap < e->rlen)
 		rc = FDN_ESPACE;
 	if (rc == FDN_OK)
 		rc = decode(c, w, iv, e, &sp, out, &bad, 1);
-	work_put(c, w);
+	work_put(c, w, 0);
 	e->off = bad;	/* the record at fault, when one is */
 	return rc == FDN_OK ? (int64_t)e->rlen : rc;
 }
@@ -1015,7 +998,7 @@ static int many_one(manyjob *j, work *w, size_t i)
 static int many_range(void *arg, size_t lo, size_t hi)
 {
 	manyjob *j = arg;
-	work *w = work_get(j->c);
+	work *w = work_get(j->c, 0);
 	size_t i, end;
 	int rc = FDN_OK;
 
@@ -1025,7 +1008,7 @@ static int many_range(void *arg, size_t lo, size_t hi)
 	while (rc == FDN_OK && take_chunk(&j->next, j->cuts, j->ncuts, &i, &end))
 		for (; i < end && rc == FDN_OK; i++)
 			rc = many_one(j, w, i);
-	work_put(j->c, w);
+	work_put(j->c, w, 0);
 	return rc;
 }
 
@@ -1124,7 +1107,7 @@ int64_t fdn_scan(fdn_codec *c, uint32_t arena, const uint8_t *buf,
 	*end = base;
 	if (base > FDN_ARENA_MAX || len > FDN_ARENA_MAX - base)
 		return *err = FDN_EARG;
-	if (verify && (w = work_get(c)) == NULL)
+	if (verify && (w = work_get(c, 0)) == NULL)
 		return *err = FDN_ENOMEM;
 	while (pos < len) {
 		size_t avail = len - pos;
@@ -1138,7 +1121,7 @@ int64_t fdn_scan(fdn_codec *c, uint32_t arena, const uint8_t *buf,
 			break;
 		pos += FDN_HEADER_SIZE + ents[count++].slen;
 	}
-	work_put(c, w);
+	work_put(c, w, 0);
 	*end = base + pos;
 	*err = rc;
 	return (int64_t)count;
@@ -1234,7 +1217,7 @@ static int check_one(checkjob *j, work *w, uint8_t **data, size_t *cap, size_t i
 static int check_range(void *arg, size_t lo, size_t hi)
 {
 	checkjob *j = arg;
-	work *w = work_get(j->c);
+	work *w = work_get(j->c, 0);
 	uint8_t *data = NULL;
 	size_t cap = 0, i, end;
 	int rc = FDN_OK;
@@ -1246,7 +1229,7 @@ static int check_range(void *arg, size_t lo, size_t hi)
 		for (; i < end && rc == FDN_OK; i++)
 			rc = check_one(j, w, &data, &cap, i);
 	free(data);
-	work_put(j->c, w);
+	work_put(j->c, w, 0);
 	return rc;
 }
 

@@ -20,10 +20,11 @@ from native_support import impl, other  # noqa: F401 (fixtures)
 from test_image_support import BS, content, make_store, open_store, seeded
 
 import foundation.native as N
-from foundation.errors import DataCorrupt
+from foundation.errors import BadInput, DataCorrupt
 from foundation.native import RecordError
 from foundation.store import format as F
 from foundation.store import layout as L
+from foundation.store.store import Store
 from foundation.store.verify import verify
 
 H = N.HEADER_SIZE
@@ -471,8 +472,13 @@ def test_init_writes_the_default_and_old_configs_write_no_runs(tmp_path):
     assert buf[F.ARENA_HEADER_SIZE + 5] == 1
     assert F.store_run({"arena_size": 256 << 10, "block_size": 4096}) == 1
     assert F.store_run({"arena_size": 64 * 4096, "block_size": 4096, "run": 64}) == 31   # half an arena
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="not an integer from 1 .no runs. to 64"):
         F.store_run({"arena_size": 1 << 24, "block_size": 4096, "run": 65})
+    for bad in (0, 65, "16"):
+        (tmp_path / f"bad{bad}").mkdir()
+        with pytest.raises(BadInput, match=f"run = {bad!r}, which is not an integer from 1"):
+            Store.create(str(tmp_path / f"bad{bad}"), run=bad)
+        assert os.listdir(tmp_path / f"bad{bad}") == []   # nothing written
 
 
 def test_read_and_read_many_of_one_member(tmp_path):

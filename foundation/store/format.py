@@ -323,14 +323,20 @@ ZSTD_LEVELS = range(-7, 20)   # zstd's fast levels down to -7, and 1..19 (20+ ne
 # like `compression`. New stores are made with RUN_DEFAULT; a config without the key writes
 # no runs (1), as before.
 RUN_DEFAULT = 16
+RUN_MAX = 64
+
+
+def check_run(run):
+    """run, a `run` setting: an integer from 1 (no runs) to RUN_MAX; ValueError otherwise."""
+    if type(run) is not int or not 1 <= run <= RUN_MAX:
+        raise ValueError(f"run = {run!r}, which is not an integer from 1 (no runs) to {RUN_MAX}")
+    return run
 
 
 def store_run(conf):
     """The longest run the store's writers make (§3 `run`; 1: none), at most what half an arena
-    holds so a run always fits in an empty arena; ValueError for a value outside 1..64."""
-    run = conf.get("run", 1)
-    if type(run) is not int or not 1 <= run <= 64:
-        raise ValueError(f"run = {run!r}, which is not an integer from 1 to 64")
+    holds so a run always fits in an empty arena; ValueError for a value outside 1..RUN_MAX."""
+    run = check_run(conf.get("run", 1))
     return max(1, min(run, conf["arena_size"] // 2 // (64 + conf["block_size"])))
 
 

@@ -65,9 +65,10 @@ class Store(Writes, Reads, IndexCache):
                 F.compression_level(compression)
             except ValueError as e:
                 raise BadInput(str(e)) from None
-        run = F.RUN_DEFAULT if run is None else run
-        if type(run) is not int or not 1 <= run <= 64:
-            raise BadInput(f"run must be 1 (no runs) to 64 blocks, not {run!r}")
+        try:
+            run = F.check_run(F.RUN_DEFAULT if run is None else run)
+        except ValueError as e:
+            raise BadInput(str(e)) from None
         if not os.path.isdir(path):
             raise StoreMissing(path)
         if os.listdir(path):
