@@ -18,16 +18,19 @@ packages are whatever the mirror serves for bookworm that day.
 
     python3 benchmarks/osdisk.py build                 the days, cached
     python3 benchmarks/osdisk.py stores [--days N]     Foundation and restic, per day
-        [--compression zstd:N ...] [--block-size N ...] [--images DIR] [--no-restic]
+        [--compression zstd:N ...] [--block-size N ...] [--run N ...] [--images DIR]
+        [--no-restic] [--check]
 
 `stores` imports every day into a fresh encrypted Foundation store
 (by-hash mode; each day imported whole, compare-by-hash keeps the new
-blocks) with each `--compression` given, and backs the same files up with
+blocks) for each `--compression`, `--block-size` and `--run` given
+(every combination), and backs the same files up with
 restic (`restic init` defaults: repository v2, zstd "auto"), then prints
 and records each store's size after each day in benchmarks/results/.
-Foundation's size is its arenas (the log; the index and Bloom filter are
-derived and sized apart, see benchmarks/README.md); restic's is its whole
-repository directory.
+It prints Foundation's arenas (the log) and its whole store (with the
+derived index and Bloom filter) against restic's whole repository
+directory. `--check` restores every day from each Foundation store and
+compares it with its image.
 """
 
 import argparse
@@ -154,7 +157,15 @@ def timed(cmd, env):
     return wall, (after.children_user - before.children_user) + (after.children_system - before.children_system)
 
 
-def foundation_days(images, work, compression, block_size, run=None):
+def digest(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def foundation_days(images, work, compression, block_size, run=None, check=False):
     store, keyf = os.path.join(work, "store"), os.path.join(work, "store.key")
     env = {"PYTHONPATH": ROOT}
     base = [sys.executable, "-m", "foundation", "--store", store, "--key-file", keyf]
@@ -169,6 +180,16 @@ def foundation_days(images, work, compression, block_size, run=None):
         wall, cpu = timed([*base, "import-image", "os", img, "--at", f"2024-01-{day + 1:02d}T03:00:00Z"], env)
         rows.append({"day": day, "log_bytes": arena_bytes(store), "allocated": allocated(store),
                      "wall_s": round(wall, 2), "cpu_s": round(cpu, 2)})
+    if check:   # every day restored and compared with its image, after the last day's import
+        out = os.path.join(work, "restored.raw")
+        for day, img in enumerate(images):
+            measure.run([*base, "restore", f"os@2024-01-{day + 1:02d}T03:00:00Z", out, "--force"], env=env)
+            same = digest(out) == digest(img)
+            os.unlink(out)
+            if not same:
+                raise SystemExit(f"day {day} restored from {compression or 'default'}/{block_size}/run{run} "
+                                 f"differs from {img}")
+            rows[day]["restored_identical"] = True
     return rows
 
 
@@ -200,21 +221,24 @@ def stores(args):
                     name = (c or "default") + ("" if bs == "4096" else f"/{bs}") + (f"/run{run}" if run else "")
                     w = os.path.join(work, f"f-{name.replace('/', '-')}")
                     os.makedirs(w)
-                    result["foundation"][name] = foundation_days(images, w, c, bs, run)
+                    result["foundation"][name] = foundation_days(images, w, c, bs, run, args.check)
     result["loadavg_after"] = os.getloadavg()
     os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
     out = os.path.join(HERE, "results", f"osdisk-{time.strftime('%Y%m%d-%H%M%S')}.json")
     with open(out, "w") as f:
         json.dump(result, f, indent=1)
     print(table(result))
+    print(table(result, "allocated"))
     print(f"recorded {out}")
 
 
-def table(r):
-    lines = ["day  image used  " + "  ".join(f"{n:>14}" for n in ["restic" if "restic" in r else "-", *r["foundation"]])]
+def table(r, field="log_bytes"):
+    """Each store's size after each day: Foundation's arenas (`log_bytes`) or whole store (`allocated`)."""
+    lines = [f"{field}:", "day  image used  " +
+             "  ".join(f"{n:>14}" for n in ["restic" if "restic" in r else "-", *r["foundation"]])]
     for day in range(r["workload"]["days"]):
         cells = [r["restic"][day]["allocated"]] if "restic" in r else [0]
-        cells += [rows[day]["log_bytes"] for rows in r["foundation"].values()]
+        cells += [rows[day][field] for rows in r["foundation"].values()]
         lines.append(f"{day:>3}  {r['workload']['allocated'][day] / 1e6:8.0f} MB  " +
                      "  ".join(f"{c / 1e6:11.1f} MB" for c in cells))
     return "\n".join(lines)
@@ -237,6 +261,8 @@ def main(argv=None):
                    help="a Foundation store per setting (repeatable); '' = the default")
     s.add_argument("--run", action="append", default=None,
                    help="a Foundation store per `init --run N` (repeatable; default: init's own)")
+    s.add_argument("--check", action="store_true",
+                   help="restore every day from each Foundation store and compare it with its image (SHA-256)")
     args = p.parse_args(argv)
     if args.cmd == "build":
         print(build(args.days))
