@@ -543,3 +543,30 @@ def test_a_run_torn_by_a_crash_is_dropped_and_its_blocks_stored_again(tmp_path):
     with open_store(path, writable=False) as s:
         assert b"".join(s.read_blocks(refs)) == b
         assert not verify(s)[0]
+
+
+def test_the_store_made_for_system_disks_keeps_every_day(tmp_path, capsys):
+    """docs/sizing.md's store for system disks (16 KiB blocks, runs of 64, zstd:6), made by `init` as
+    the docs say: two days of an image restore exactly, verify passes, and the config keeps the three."""
+    import json
+    from foundation.cli import main
+    from test_cli_images import cli, day, write
+    store, key = tmp_path / "s", tmp_path / "k"
+    assert main(["--key-file", str(key), "init", str(store), "--arena-size", "4M", "--max-log-size", "64M",
+                 "--block-size", "16384", "--run", "64", "--compression", "zstd:6"]) == 0
+    config = json.loads((store / "foundation.json").read_text())
+    assert (config["block_size"], config["run"], config["compression"]) == (16384, 64, "zstd:6")
+    rng = random.Random(5)
+    img = bytearray(b"".join(text(random.Random(i), BS) for i in range(1024)) + content(rng, 4 << 20))
+    image = tmp_path / "disk.raw"
+    write(image, bytes(img))
+    assert cli(capsys, store, "--key-file", key, "import-image", "vm", image, "--at", day(1))[0] == 0
+    first = bytes(img)
+    img[100_000:140_000] = text(rng, 40_000)
+    write(image, bytes(img))
+    assert cli(capsys, store, "--key-file", key, "import-image", "vm", image, "--at", day(2))[0] == 0
+    assert cli(capsys, store, "--key-file", key, "verify")[0] == 0
+    for when, want in ((day(1), first), (day(2), bytes(img))):
+        out = tmp_path / "out.raw"
+        assert cli(capsys, store, "--key-file", key, "restore", f"vm@{when}", out, "--force")[0] == 0
+        assert out.read_bytes() == want
