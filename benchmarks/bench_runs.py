@@ -18,7 +18,6 @@ Results go to stdout and benchmarks/results/runs-<time>.json.
 """
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -56,14 +55,6 @@ def arena_bytes(store):
     return sum(os.path.getsize(os.path.join(d, x)) for x in os.listdir(d))
 
 
-def sha256(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(8 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def one(tree, run, work, check):
     store, key = os.path.join(work, "store"), os.path.join(work, "key")
     shutil.rmtree(store, ignore_errors=True)
@@ -87,7 +78,7 @@ def one(tree, run, work, check):
     wall, cpu = step(tree, store, key, "restore", "bench@2024-01-08T03:00:00Z", out)
     got["restore"] = {"wall_s": wall, "cpu_s": cpu}
     if check:
-        got["restored_identical"] = sha256(out) == man["day"][-1]["sha256"]
+        got["restored_identical"] = measure.sha256(out) == man["day"][-1]["sha256"]
     os.unlink(out)
     got["day0_arena_bytes"] = got["days"][0]["arena_bytes"]
     got["day7_arena_bytes"] = got["days"][-1]["arena_bytes"]

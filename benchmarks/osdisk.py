@@ -157,14 +157,6 @@ def timed(cmd, env):
     return wall, (after.children_user - before.children_user) + (after.children_system - before.children_system)
 
 
-def digest(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def foundation_days(images, work, compression, block_size, run=None, check=False):
     store, keyf = os.path.join(work, "store"), os.path.join(work, "store.key")
     env = {"PYTHONPATH": ROOT}
@@ -184,7 +176,7 @@ def foundation_days(images, work, compression, block_size, run=None, check=False
         out = os.path.join(work, "restored.raw")
         for day, img in enumerate(images):
             measure.run([*base, "restore", f"os@2024-01-{day + 1:02d}T03:00:00Z", out, "--force"], env=env)
-            same = digest(out) == digest(img)
+            same = measure.sha256(out) == measure.sha256(img)
             os.unlink(out)
             if not same:
                 raise SystemExit(f"day {day} restored from {compression or 'default'}/{block_size}/run{run} "
