@@ -41,9 +41,14 @@ DIRECT_READS = True  # a large log-order pass reads sealed arenas with O_DIRECT
 DIRECT_MIN = 64 << 20  # bytes of spans from which a pass reads around the page cache: a smaller one
 # (an 8 MiB window of a vda.raw copy) is one of a stream that the kernel's read-ahead serves best
 SWEPT_KEEP = 32  # summaries (keys and addresses, ~250 KB each) kept between a restore's windows
+SWEEP_SAMPLE = 128  # misses whose index buckets, then arenas' summaries, a sweep asks for at once (a
+# 16 KiB read each): a few more than the arenas a year-old image's blocks lie in
+SWEEP_ROUNDS = 3  # rounds of such samples before the misses left are looked up one by one
 SWEEP_MIN = 16384  # refs from which _locate_all sweeps whole arenas (a restore's window, 64 MiB of
 # 4 KiB blocks); fewer (a vda.raw window) are asked of the summaries already loaded, then one by one
 
+
+_FLIP = bytes([1, 0]) + bytes(254)  # bytes.translate table: a done flag (1) to 0, not done (0) to 1
 
 _pool = None
 _spare = []  # read buffers between passes (at most SPARE: what one pass has in flight)
@@ -475,6 +480,46 @@ class Reads:
         for j in miss:
             done[j] = 0
         swept = set()
+        try:
+            self._sweep_ahead(keys, t, found, done, miss, swept)
+            self._sweep_rest(keys, t, found, done, miss, swept)
+        finally:
+            self.forget_ahead()
+
+    def _sweep_ahead(self, keys, t, found, done, miss, swept):
+        """Sweep, a few rounds, the arenas that a sample of the misses spread over the image names,
+        each round's reads asked for together: SWEEP_SAMPLE keys' index buckets at once, then
+        their arenas' summaries and trailers at once (prefetch), the arenas then swept in
+        ascending order. One miss at a time, each arena cost an index read, then a summary
+        read, then a trailer read, each waiting for the one before: ~90 arenas of a newest day
+        0.08-0.13 s cold. A sample spread over the image finds nearly every arena, as an
+        image's neighbouring blocks were mostly written on the same night."""
+        kl = 32
+        for _ in range(SWEEP_ROUNDS):
+            # the positions not done (only misses are): selected by C-level iterators, no frame per ref
+            undone = array.array("q", itertools.compress(range(len(done)), done.translate(_FLIP)))
+            if len(undone) < SWEEP_SAMPLE:
+                return
+            sample = []
+            for j in undone[::len(undone) // SWEEP_SAMPLE][:SWEEP_SAMPLE]:
+                key = keys[j * kl:(j + 1) * kl]
+                same = [p for p in t.find(key) if done[p]]  # a block the image holds twice
+                if same:
+                    found[j] = found[same[0]]
+                    done[j] = 1
+                else:
+                    sample.append(key)
+            self.prefetch(sample)
+            arenas = sorted({a >> 32 for k in sample for a in self._ahead.get(k, ())} - swept)
+            if not arenas:
+                return
+            for n in arenas:
+                swept.add(n)
+                self._sweep_arena(n, t, found, done)
+
+    def _sweep_rest(self, keys, t, found, done, miss, swept):
+        """The misses no sweep found yet, one at a time: an index lookup names an arena to sweep."""
+        kl = 32
         for j in miss:
             if done[j]:
                 continue
