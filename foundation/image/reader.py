@@ -442,7 +442,8 @@ def write_raw(store, root, fd, sparse=True, progress=None, window=None, direct=N
             try:
                 # One stream over the windows: the next window's first spans are read and decoded
                 # while this one's last are, so the decoders never wait at a window's end.
-                for k, positions, data in store.log_order_stream(plans(), alloc, None if size < DIRECT_MIN else True):
+                for k, positions, data in store.log_order_stream(plans(), alloc, None if size < DIRECT_MIN else True,
+                                                                     wide=True):
                     w = wins[k]
                     if positions is None:  # the window's end
                         if data is not None:

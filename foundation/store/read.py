@@ -36,14 +36,18 @@ SPAN_BLOCKS = 512  # most blocks a span decodes into one buffer (2 MiB of 4 KiB 
 LOG_GAP = 256 << 10  # records closer than this share a read: the bytes between cost less than a seek
 AHEAD = 4  # spans read and decoded ahead of the consumer, in as many threads: with 2, both often
 # waited on the disk at once (a cold 2 GiB restore 2.84 -> 2.43 s on a quiet machine, +17 MB peak)
+AHEAD_BYTES = AHEAD * LOG_SPAN  # past AHEAD spans, more are read ahead while their bytes stay below this:
+# a newest day scattered over a year of arenas is ~700 spans of ~430 KB, and the disk serves reads of
+# that size faster with more of them in flight (448 KiB reads: 725 MB/s four at once, 813 sixteen)
+AHEAD_MOST = 12  # the most spans in flight (worker threads)
 READ_ALIGN = 4096  # what O_DIRECT asks of a read's offset, length and buffer
 DIRECT_READS = True  # a large log-order pass reads sealed arenas with O_DIRECT
 DIRECT_MIN = 64 << 20  # bytes of spans from which a pass reads around the page cache: a smaller one
 # (an 8 MiB window of a vda.raw copy) is one of a stream that the kernel's read-ahead serves best
 SWEPT_KEEP = 32  # summaries (keys and addresses, ~250 KB each) kept between a restore's windows
-SWEEP_SAMPLE = 128  # misses whose index buckets, then arenas' summaries, a sweep asks for at once (a
-# 16 KiB read each): a few more than the arenas a year-old image's blocks lie in
-SWEEP_ROUNDS = 3  # rounds of such samples before the misses left are looked up one by one
+SWEEP_SAMPLE = 32  # misses whose index buckets, then arenas' summaries, a sweep's first round asks for
+# at once (a 16 KiB read each); each later round twice as many, of the misses still left
+SWEEP_ROUNDS = 3  # rounds of such samples (32 + 64 + 128) before the misses left are looked up one by one
 SWEEP_MIN = 16384  # refs from which _locate_all sweeps whole arenas (a restore's window, 64 MiB of
 # 4 KiB blocks); fewer (a vda.raw window) are asked of the summaries already loaded, then one by one
 
@@ -62,7 +66,7 @@ def _workers():
     read and decoded at once while the consumer (a restore's writer, a window's copy) runs."""
     global _pool
     if _pool is None:
-        _pool = concurrent.futures.ThreadPoolExecutor(max_workers=AHEAD, thread_name_prefix="log-read")
+        _pool = concurrent.futures.ThreadPoolExecutor(max_workers=AHEAD_MOST, thread_name_prefix="log-read")
     return _pool
 
 
@@ -270,7 +274,7 @@ class Reads:
             if pos is not None:
                 yield pos, data
 
-    def log_order_stream(self, plans, alloc=None, direct=True):
+    def log_order_stream(self, plans, alloc=None, direct=True, wide=False):
         """Like read_blocks_in_log_order over a series of passes that run on without a pause:
         plans yields (tag, plan, target, error), a pass's plan (log_order_plan) or the error that
         kept it from being made, asked for only when the spans ahead reach it, so the next
@@ -281,7 +285,9 @@ class Reads:
         order (a window of the image): each span decodes straight into it, block k to
         positions[k] (native.unpack_blocks's slots), and data is then target itself (a span
         read again after damage is not: the caller copies it). direct: sealed arenas read with
-        O_DIRECT (None: a pass from DIRECT_MIN bytes)."""
+        O_DIRECT (None: a pass from DIRECT_MIN bytes). wide: past AHEAD spans, smaller ones are
+        read ahead up to AHEAD_MOST while their bytes stay within AHEAD_BYTES (a restore: alloc
+        must then hand out a buffer to each of them)."""
         rs, bs = self.ref_size, self.block_size
         lg = self.log
         pool = _workers()
@@ -330,9 +336,18 @@ class Reads:
                 got = self._mend_runs(arena, b, start, ps[3][i:j], got, ps[1][2][i:j] if ps[2] is not None else None)
             return got
 
-        def fill():  # keep AHEAD spans in flight, across passes
-            while sum(1 for x in pending if x[1] is not None) < AHEAD:
-                if not queue and not more():
+        def fill():  # keep AHEAD spans in flight across passes, more small ones (AHEAD_BYTES)
+            while True:
+                count, held = 0, 0
+                for x in pending:
+                    if x[1] is not None:
+                        count += 1
+                        held += x[1][2]
+                if count >= AHEAD:  # past AHEAD only a wide pass's next spans, never the next pass's plan
+                    if (not wide or count >= AHEAD_MOST or not queue or queue[0][1] is None
+                            or held + queue[0][1][2] > AHEAD_BYTES):
+                        return
+                elif not queue and not more():
                     return
                 ps, sp = queue.popleft()
                 if sp is None:
@@ -495,13 +510,14 @@ class Reads:
         0.08-0.13 s cold. A sample spread over the image finds nearly every arena, as an
         image's neighbouring blocks were mostly written on the same night."""
         kl = 32
-        for _ in range(SWEEP_ROUNDS):
+        for r in range(SWEEP_ROUNDS):
+            want = SWEEP_SAMPLE << r  # a small first sample: an image in a few arenas costs few index reads
             # the positions not done (only misses are): selected by C-level iterators, no frame per ref
             undone = array.array("q", itertools.compress(range(len(done)), done.translate(_FLIP)))
-            if len(undone) < SWEEP_SAMPLE:
+            if len(undone) < want:
                 return
             sample = []
-            for j in undone[::len(undone) // SWEEP_SAMPLE][:SWEEP_SAMPLE]:
+            for j in undone[::len(undone) // want][:want]:
                 key = keys[j * kl:(j + 1) * kl]
                 same = [p for p in t.find(key) if done[p]]  # a block the image holds twice
                 if same:
