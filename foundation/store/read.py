@@ -47,6 +47,7 @@ DIRECT_MIN = 64 << 20  # bytes of spans from which a pass reads around the page 
 SWEPT_KEEP = 32  # summaries (keys and addresses, ~250 KB each) kept between a restore's windows
 SWEEP_SAMPLE = 32  # misses whose index buckets, then arenas' summaries, a sweep's first round asks for
 # at once (a 16 KiB read each); each later round twice as many, of the misses still left
+SWEEP_PER = 256  # misses (1 MiB of 4 KiB blocks) a sample key stands for, at least
 SWEEP_ROUNDS = 3  # rounds of such samples (32 + 64 + 128) before the misses left are looked up one by one
 SWEEP_MIN = 16384  # refs from which _locate_all sweeps whole arenas (a restore's window, 64 MiB of
 # 4 KiB blocks); fewer (a vda.raw window) are asked of the summaries already loaded, then one by one
@@ -511,10 +512,12 @@ class Reads:
         image's neighbouring blocks were mostly written on the same night."""
         kl = 32
         for r in range(SWEEP_ROUNDS):
-            want = SWEEP_SAMPLE << r  # a small first sample: an image in a few arenas costs few index reads
             # the positions not done (only misses are): selected by C-level iterators, no frame per ref
             undone = array.array("q", itertools.compress(range(len(done)), done.translate(_FLIP)))
-            if len(undone) < want:
+            # small samples first, and no more than one a SWEEP_PER misses: an image in a few arenas
+            # costs few index reads
+            want = min(SWEEP_SAMPLE << r, len(undone) // SWEEP_PER)
+            if want < 2:
                 return
             sample = []
             for j in undone[::len(undone) // want][:want]:
