@@ -45,10 +45,11 @@ DIRECT_READS = True  # a large log-order pass reads sealed arenas with O_DIRECT
 DIRECT_MIN = 64 << 20  # bytes of spans from which a pass reads around the page cache: a smaller one
 # (an 8 MiB window of a vda.raw copy) is one of a stream that the kernel's read-ahead serves best
 SWEPT_KEEP = 32  # summaries (keys and addresses, ~250 KB each) kept between a restore's windows
-SWEEP_SAMPLE = 32  # misses whose index buckets, then arenas' summaries, a sweep's first round asks for
+SWEEP_SAMPLE = 8  # misses whose index buckets, then arenas' summaries, a sweep's first round asks for
 # at once (a 16 KiB read each); each later round twice as many, of the misses still left
 SWEEP_PER = 256  # misses (1 MiB of 4 KiB blocks) a sample key stands for, at least
-SWEEP_ROUNDS = 3  # rounds of such samples (32 + 64 + 128) before the misses left are looked up one by one
+SWEEP_ROUNDS = 3  # rounds of such samples (8 + 16 + 32; 32 + 64 + 128 cost a newest day 165 index reads for
+# its 89 arenas, most of them finding no new one) before the misses left are looked up one by one
 SWEEP_MIN = 16384  # refs from which _locate_all sweeps whole arenas (a restore's window, 64 MiB of
 # 4 KiB blocks); fewer (a vda.raw window) are asked of the summaries already loaded, then one by one
 
