@@ -607,6 +607,8 @@ def test_restore_keeps_small_spans_in_flight(tmp_path, monkeypatch):
         s.sync()
     monkeypatch.setattr(read_mod, "LOG_SPAN", 4 * BS)  # spans of 4 blocks: 128 of them
     monkeypatch.setattr(read_mod, "SPAN_BLOCKS", 4)
+    from foundation.image import reader as reader_mod
+    monkeypatch.setattr(reader_mod, "WIDE_AHEAD", True)  # the switch's path
     lock, now, most = threading.Lock(), [0], [0]
     span_read = read_mod._SpanReads.read
 
