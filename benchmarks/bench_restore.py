@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Restores after a year of nights: the newest day against a day of the first month.
 
-Builds the workload of issue 18 cheaply: VMS disks of --mb MiB each (three
-quarters random data, a quarter zeros), imported whole on the first night,
+Builds the workload of issue 18 cheaply: VMS disks of --mb MiB each (random
+data; --zeros 0.25, the workload before wave 8, leaves a quarter of each as
+zeros, so a year of nights wrote data over them and the newest day held 23 %
+more than the first month's), imported whole on the first night,
 then --nights nights of `import-image --changed` with --at dates one day
 apart, each night rewriting 1 MiB of each disk (eight 128 KiB extents at
 random places, as a guest writes files). Then `prune --keep-daily 7
