@@ -64,6 +64,7 @@ STREAM_DIRECT = True  # a stream's spans read sealed arenas with O_DIRECT, as a 
 # spans ahead run on across windows, so they keep the disk busy without the page cache's read-ahead
 WIDE_AHEAD = False  # more small spans in flight (store.read AHEAD_BYTES, AHEAD_MOST): off, as a 2 GiB
 # restore peaked 113 MB against 79 (more decode buffers) and was not measured faster (benchmarks/README.md)
+PARTS = True  # a restore's window planned in parts, each read as soon as its arenas are swept
 SPAN_BUFFERS = 5  # more than the spans the store decodes ahead of the one handed out (store.read.AHEAD)
 
 
@@ -514,8 +515,10 @@ def _plan(store, runs, part):
             parts.append(refs)
     refs = b"".join(parts)
     part((runs, leaf, nulls, refs))
-    if refs:
+    if refs and PARTS:
         store.log_order_plan(refs, part)
+    elif refs:
+        part(store.log_order_plan(refs))
 
 
 def _zeros(w, bs, size, rs, zero, submit):
