@@ -30,7 +30,6 @@ import itertools
 import mmap
 import operator
 import os
-import queue
 import stat
 import threading
 from collections import OrderedDict
@@ -58,13 +57,11 @@ DIRECT_WRITES = False  # O_DIRECT for a restore's file: up to 0.4 CPU s less a 2
 # restore then waits for the disk, where through the page cache it ends as the last write is queued
 # (wall 4.6-7.0 s against 3.3-3.7 s on the benchmark machine; benchmarks/README.md)
 DIRECT_ALIGN = 4096  # what O_DIRECT asks of a write's offset, length and buffer (a page covers every disk)
-SMALL_SPAN = 1 << 20  # a decode buffer for a span of at most this many bytes of blocks
 SPAN_BYTES = 2 << 20  # the largest span the store decodes into one buffer (store.read.SPAN_BLOCKS of 4 KiB)
 STREAM_DIRECT = True  # a stream's spans read sealed arenas with O_DIRECT, as a restore's do: its
 # spans ahead run on across windows, so they keep the disk busy without the page cache's read-ahead
 WIDE_AHEAD = False  # more small spans in flight (store.read AHEAD_BYTES, AHEAD_MOST): off, as a 2 GiB
 # restore peaked 113 MB against 79 (more decode buffers) and was not measured faster (benchmarks/README.md)
-PARTS = True  # a restore's window planned in parts, each read as soon as its arenas are swept
 SPAN_BUFFERS = 5  # more than the spans the store decodes ahead of the one handed out (store.read.AHEAD)
 
 
@@ -390,14 +387,13 @@ def write_raw(store, root, fd, sparse=True, progress=None, window=None, direct=N
     out = _Out(fd, direct)
 
     def alloc(n):
-        best = min(((len(b), i) for i, b in enumerate(free) if len(b) >= n), default=None)
-        if best is not None:  # the smallest that holds it: a large span finds the large ones free
-            return free.pop(best[1])
-        # page-aligned, and two sizes, so every one is reused: the restore holds as many as the
+        for i, b in enumerate(free):
+            if len(b) >= n:
+                return free.pop(i)
+        # page-aligned, and one size, so every one is reused: the restore holds as many as the
         # pipeline has spans in it (a buffer of each span's own size left the smaller ones unused
-        # in the free list, and their heap fragmented); the small ones serve the small spans read
-        # past AHEAD (WIDE_AHEAD)
-        return mmap.mmap(-1, SMALL_SPAN if n <= SMALL_SPAN else max(n, SPAN_BYTES))
+        # in the free list, and their heap fragmented)
+        return mmap.mmap(-1, max(n, SPAN_BYTES))
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="restore-write") as pool:
         pending = collections.deque()
@@ -413,67 +409,43 @@ def write_raw(store, root, fd, sparse=True, progress=None, window=None, direct=N
         grow = [per if -(-size // bs) <= per else max(1, per // FIRST_WINDOW_PART)]
         leaves = r.iter_leaves(batch=grow[0])
 
-        def plan(q):  # the planner thread: the next window's leaf runs, its blocks located, into q
+        def plan():  # the planner thread: the next window's leaf runs, its blocks located
             # The first window is small, so the disk and both cores are busy sooner; each later
             # one is planned while the one before it is read and written, and twice its size at
             # most (planning costs about half what decoding does, so the pipeline never waits).
-            # Its blocks go to q in parts, each as soon as its arenas are swept: the reads of
-            # the first arenas start while the others are located.
-            try:
-                want = grow[0]
-                grow[0] = min(per, 2 * want)
-                runs, n = [], 0
-                for run in leaves:
-                    runs.append(run)
-                    n += run[1]
-                    if n >= want:
-                        break
-                if runs:
-                    _plan(store, runs, q.put)
-                q.put(None)
-            except BaseException as e:  # raised again by the stream, in the consumer
-                q.put(_Failed(e))
-
-        def take(q):
-            got = q.get()
-            if isinstance(got, _Failed):
-                raise got.error
-            return got
+            want = grow[0]
+            grow[0] = min(per, 2 * want)
+            runs, n = [], 0
+            for run in leaves:
+                runs.append(run)
+                n += run[1]
+                if n >= want:
+                    break
+            return _plan(store, runs) if runs else None
 
         with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="restore-plan") as planner:
-            first = queue.SimpleQueue()
-            ahead = [planner.submit(plan, first)]
+            ahead = [planner.submit(plan)]
             wins = {}
 
-            def plans():  # the windows, each as the stream's spans reach it, in parts
-                k, q = 0, first
+            def plans():  # the windows, each as the stream's spans reach it
+                k = 0
                 while True:
-                    w = take(q)
+                    w = ahead[0].result()
                     if w is None:
                         return
                     # The next window is planned (tree read, blocks located: Python and small reads)
                     # while this one's spans are read and decoded (C, the GIL released).
-                    nq = queue.SimpleQueue()
-                    ahead[0] = planner.submit(plan, nq)
+                    ahead[0] = planner.submit(plan)
                     k += 1
                     wins[k] = w
                     _zeros(w, bs, size, rs, zero, submit)
-                    while (part := take(q)) is not None:
-                        yield (k,), part, None, None
-                    yield k, None, None, None  # the window's end
-                    q = nq
+                    yield k, w[3], None, None
 
             try:
                 # One stream over the windows: the next window's first spans are read and decoded
                 # while this one's last are, so the decoders never wait at a window's end.
                 for k, positions, data in store.log_order_stream(plans(), alloc, None if size < DIRECT_MIN else True,
                                                                      wide=WIDE_AHEAD):
-                    if isinstance(k, tuple):  # a part of window k[0]
-                        if positions is None:  # the part's end
-                            if data is not None:
-                                raise data
-                            continue
-                        k = k[0]
                     w = wins[k]
                     if positions is None:  # the window's end
                         if data is not None:
@@ -495,17 +467,9 @@ def write_raw(store, root, fd, sparse=True, progress=None, window=None, direct=N
             pending.popleft().result()
 
 
-class _Failed:
-    """An error of the planner thread, handed to the consumer to raise."""
-
-    def __init__(self, error):
-        self.error = error
-
-
-def _plan(store, runs, part):
-    """One window of leaf runs [(first leaf, count, refs or None)] -> part((runs, leaf of each ref, runs
-    of null leaves, its refs)), then part(p) for each part p of the store's log-order plan of its
-    refs (log_order_plan's part), then part(None)."""
+def _plan(store, runs):
+    """One window of leaf runs [(first leaf, count, refs or None)] -> (runs, leaf of each ref, runs of
+    null leaves, the store's log-order plan of its refs)."""
     leaf, parts, nulls = array.array("q"), [], []  # 8 bytes a leaf, not a Python int (36)
     for start, count, refs in runs:
         if refs is None:
@@ -514,11 +478,7 @@ def _plan(store, runs, part):
             leaf.extend(range(start, start + count))
             parts.append(refs)
     refs = b"".join(parts)
-    part((runs, leaf, nulls, refs))
-    if refs and PARTS:
-        store.log_order_plan(refs, part)
-    elif refs:
-        part(store.log_order_plan(refs))
+    return runs, leaf, nulls, store.log_order_plan(refs) if refs else None
 
 
 def _zeros(w, bs, size, rs, zero, submit):
@@ -526,7 +486,8 @@ def _zeros(w, bs, size, rs, zero, submit):
     whatever it held); a file leaves them holes."""
     if not zero:
         return
-    runs, leaf, nulls, refs = w
+    runs, leaf, nulls, plan = w
+    refs = plan[0] if plan else b""
     flags = native.zero_flags(refs, rs) if refs else b""  # the null ref is all zeros
     nulls += [(leaf[i], 1) for i in range(len(flags)) if flags[i]]
     jobs = []

@@ -41,8 +41,7 @@ AHEAD_BYTES = AHEAD * LOG_SPAN  # past AHEAD spans, more are read ahead while th
 # that size faster with more of them in flight (448 KiB reads: 725 MB/s four at once, 813 sixteen)
 AHEAD_MOST = 12  # the most spans in flight (worker threads)
 READ_ALIGN = 4096  # what O_DIRECT asks of a read's offset, length and buffer
-TASK_PIECES = 16  # most spans one task reads (each an aligned piece of its buffer)
-WIDE_SPAN = (1 << 20) - 2 * READ_ALIGN  # the largest span read past AHEAD: its read buffer is 1 MiB
+TASK_PIECES = 16  # most spans of one arena a worker reads and decodes as one task (each a piece of its buffer)
 DIRECT_READS = True  # a large log-order pass reads sealed arenas with O_DIRECT
 DIRECT_MIN = 64 << 20  # bytes of spans from which a pass reads around the page cache: a smaller one
 # (an 8 MiB window of a vda.raw copy) is one of a stream that the kernel's read-ahead serves best
@@ -52,45 +51,11 @@ SWEEP_SAMPLE = 8  # misses whose index buckets, then arenas' summaries, a sweep'
 SWEEP_PER = 256  # misses (1 MiB of 4 KiB blocks) a sample key stands for, at least
 SWEEP_ROUNDS = 3  # rounds of such samples (8 + 16 + 32; 32 + 64 + 128 cost a newest day 165 index reads for
 # its 89 arenas, most of them finding no new one) before the misses left are looked up one by one
-SWEEP_PART = 8  # arenas the one-by-one lookups of a sweep sweep before their blocks are handed on as a part
 SWEEP_MIN = 16384  # refs from which _locate_all sweeps whole arenas (a restore's window, 64 MiB of
 # 4 KiB blocks); fewer (a vda.raw window) are asked of the summaries already loaded, then one by one
 
 
 _FLIP = bytes([1, 0]) + bytes(254)  # bytes.translate table: a done flag (1) to 0, not done (0) to 1
-
-class _Parts:
-    """A sweep's located blocks handed on a group of arenas at a time (Reads.log_order_plan's part):
-    each call passes emit(found, sub) the indexes done since the call before, a block the image
-    holds twice with the block it repeats."""
-
-    def __init__(self, found, emit):
-        self.found, self.emit, self.sent, self.twins = found, emit, 0, {}
-
-    def start(self, done, twins):
-        """twins: {first position: [the others]}, marked done before they are located."""
-        self.n, self.twins = len(done), twins
-        if twins:
-            mask = bytearray(len(done))
-            for js in twins.values():
-                for j in js:
-                    mask[j] = 1
-            self.sent = int.from_bytes(mask, "little")
-
-    def __call__(self, done):
-        new = int.from_bytes(done, "little") & ~self.sent  # the flags are 0 or 1 a byte: one AND for all
-        if not new:
-            return
-        self.sent |= new
-        flags = new.to_bytes(self.n, "little")
-        sub = array.array("q", itertools.compress(range(self.n), flags))
-        for j0, js in self.twins.items():
-            if flags[j0]:
-                for j in js:
-                    self.found[j] = self.found[j0]
-                sub.extend(js)
-        self.emit(self.found, sub)
-
 
 _pool = None
 _spare = []  # read buffers between passes (at most SPARE: what one pass has in flight)
@@ -110,28 +75,22 @@ def _workers():
 
 def _tasks(spans):
     """A pass's spans -> tasks (arena, start, size, i, j, pieces): consecutive spans of one arena
-    whose bytes together stay within LOG_SPAN and SPAN_BLOCKS records are one task, its spans
-    its pieces (None: a task of one span). A newest day scattered over a year of arenas is
-    ~730 spans of ~270 KB; one task each cost a hand-off between threads each (submit, wake,
-    result, the GIL taken again), as much as the decode of its bytes."""
-    out, run = [], []
-
-    def close():
-        if len(run) == 1:
-            out.append((*run[0], None))
-        elif run:
-            out.append((run[0][0], run[0][1], sum(p[2] for p in run), run[0][3], run[-1][4], tuple(run)))
-        run.clear()
-
-    size = 0
+    whose bytes together stay within LOG_SPAN, and SPAN_BLOCKS records, are one task of
+    TASK_PIECES spans at most, its spans its pieces (None: a task of one span). A newest day
+    scattered over a year of arenas is ~730 spans of ~270 KB: a task each cost a hand-off
+    between threads each (submit, wake, result, the GIL taken again); as tasks they are ~220."""
+    out, run, size = [], [], 0
     for sp in spans:
         if run and (sp[0] != run[0][0] or size + sp[2] > LOG_SPAN or sp[4] - run[0][3] > SPAN_BLOCKS
                     or len(run) >= TASK_PIECES):
-            close()
-            size = 0
+            out.append((*run[0], None) if len(run) == 1 else
+                       (run[0][0], run[0][1], size, run[0][3], run[-1][4], tuple(run)))
+            run, size = [], 0
         run.append(sp)
         size += sp[2]
-    close()
+    if run:
+        out.append((*run[0], None) if len(run) == 1 else
+                   (run[0][0], run[0][1], size, run[0][3], run[-1][4], tuple(run)))
     return out
 
 
@@ -168,23 +127,22 @@ class _SpanReads:
             except OSError:
                 self.direct[arena] = None
 
-    def buffer(self, size=0):
-        """A read buffer for a span of size bytes: one the pass is done with, one of the process's
-        spares or a new one, the smallest that holds it. Spares outlive a pass, so a stream of
-        small passes (a vda.raw copy's windows) faults no fresh pages; its spans read as bytes
-        instead left tens of MB of freed heap in the worker threads' arenas. A small span read
-        past AHEAD (wide) takes a buffer of WIDE_SPAN, so more in flight cost little memory."""
-        need = _mib(size + 2 * READ_ALIGN)
-        if size > WIDE_SPAN or need > self.need:
-            need = self.need = max(self.need, need)  # a later part's span may be larger than the first's
-        best = min(((len(b), k) for k, b in enumerate(self.free) if len(b) >= need), default=None)
-        if best is not None:
-            return self.free.pop(best[1])
+    def buffer(self, size):
+        """A read buffer for size bytes: one the pass is done with, one of the process's spares or a
+        new one. Spares outlive a pass, so a stream of small passes (a vda.raw copy's windows) faults
+        no fresh pages; its spans read as bytes instead left tens of MB of freed heap in the worker
+        threads' arenas. Every buffer of a pass has one size, the largest any of its tasks needs
+        (a task of several spans may need more than its largest span), so each serves any task."""
+        self.need = max(self.need, _mib(size + 2 * READ_ALIGN))
+        while self.free:
+            b = self.free.pop()
+            if len(b) >= self.need:
+                return b
         with _spare_lock:
             for k, b in enumerate(_spare):
-                if len(b) >= need:
+                if len(b) >= self.need:
                     return _spare.pop(k)
-        return mmap.mmap(-1, need)
+        return mmap.mmap(-1, self.need)
 
     def read(self, arena, start, size, rb):
         """The span's bytes, a view of rb (fewer at the end of the arena's file)."""
@@ -318,36 +276,17 @@ class Reads:
 
     # ---- whole images: the log read once, in order ---------------------------------
 
-    def log_order_plan(self, refs, part=None):
+    def log_order_plan(self, refs):
         """What read_blocks_in_log_order does before it reads: every block located, sorted by log
         address, cut into spans. Made apart (a restore plans its next window while the spans of
-        this one are read) and handed back as `plan`.
-
-        part, when given, is called with the plan in parts instead, each as soon as its blocks are
-        located, and nothing is returned: a large batch (a restore's window) is located by
-        sweeping arenas a group at a time, and a part holds every block of its group's arenas,
-        so the reads of one group start while the next is swept and each arena is still read in
-        one part, front to back. Each part's positions are those of the whole of refs."""
+        this one are read) and handed back as `plan`."""
         rs = self.ref_size
         n = len(refs) // rs
         if len(refs) != n * rs:
             raise BadInput(f"refs must be a multiple of {rs} bytes")
         refs = bytes(refs)
-        if part is None:
-            addrs, positions, keys = self._log_order(refs, n)
-            return refs, addrs, positions, self._log_spans(addrs), keys
-
-        def emit(found, live, sub):  # the located blocks at sub (positions in the live refs), as a plan
-            if len(sub) == len(found):
-                f, at = found, live
-            else:
-                f = array.array("Q", map(found.__getitem__, sub))
-                at = sub if isinstance(live, range) else array.array("q", map(live.__getitem__, sub))
-            addrs, positions, keys = native.plan_order(f, None if isinstance(at, range) else at, refs, rs)
-            if len(addrs):
-                part((refs, addrs, positions, self._log_spans(addrs), keys))
-
-        self._log_order(refs, n, emit)
+        addrs, positions, keys = self._log_order(refs, n)
+        return refs, addrs, positions, self._log_spans(addrs), keys
 
     def read_blocks_in_log_order(self, refs, alloc=None, plan=None):
         """Yield (positions, data) for the blocks named by the concatenated refs, in log order.
@@ -393,7 +332,7 @@ class Reads:
         reads = None
         queue = collections.deque()  # (pass, span) not yet submitted; a pass: (tag, plan, target, low)
         pending = collections.deque()  # (pass, span, future) submitted, in log order
-        ends = 0  # passes planned and not yet ended that hold a window's buffer or no span: at most two
+        ends = 0  # passes planned and not yet ended: a window's buffer each, so at most two
 
         def more():  # the next pass's spans into the queue (False: no pass left)
             nonlocal reads, ends
@@ -403,13 +342,10 @@ class Reads:
             if got is None:
                 return False
             tag, plan, target, err = got
+            ends += 1
             if err is not None or plan is None or not plan[3]:
-                ends += 1
                 queue.append(((tag, None, None, err), None))
                 return True
-            # a pass of spans read into buffers of their own (a part of a restore's window) does
-            # not count: it is asked for only once the queue is empty, so no more than one waits
-            ends += target is not None
             spans = plan[3]
             if reads is None:
                 most = max(sp[2] for sp in spans) if direct is None else max(LOG_SPAN, max(sp[2] for sp in spans))
@@ -420,22 +356,22 @@ class Reads:
             queue.append((ps, None))  # the pass's end
             return True
 
-        def decode(ps, sp, out, rb):  # a worker: read the span, decode it (the GIL released in both)
+        def decode(ps, sp, out, rb):  # a worker: read the task's span(s), decode them (the GIL released in both)
             if sp[5] is None:
                 return piece(ps, sp, out, rb)
             # the pieces of one arena read one after the other into rb, each decoded where its
-            # blocks belong in out: one task, not a thread's hand-off for every small span
+            # blocks belong in out: one task, not a hand-off between threads for every small span
             i, mv, at, keys, bad = sp[3], memoryview(rb), 0, [], {}
             for p in sp[5]:
                 got = piece(ps, p, None if out is None else memoryview(out)[(p[3] - i) * bs:], mv[at:])
-                if got[2] is True:  # cut short: the whole task read again, block by block
+                if got[2] is True:  # cut short: the whole task is read again, block by block
                     return got
                 keys.append(got[1])
                 bad.update((x + p[3] - i, e) for x, e in got[2].items())
                 at += _piece_room(p[2])
             return ps[2] if ps[2] is not None else out, b"".join(keys), bad
 
-        def piece(ps, sp, out, rb):
+        def piece(ps, sp, out, rb):  # one span: read into rb, decoded into out (or the pass's target)
             arena, start, size, i, j = sp[:5]
             addrs = ps[1][1]
             b = reads.read(arena, start, size, rb)
@@ -460,9 +396,9 @@ class Reads:
                     if x[1] is not None:
                         count += 1
                         held += x[1][2]
-                if count >= AHEAD:  # past AHEAD only a wide pass's next small spans, never the next pass's plan
+                if count >= AHEAD:  # past AHEAD only a wide pass's next spans, never the next pass's plan
                     if (not wide or count >= AHEAD_MOST or not queue or queue[0][1] is None
-                            or queue[0][1][2] > WIDE_SPAN or held + queue[0][1][2] > AHEAD_BYTES):
+                            or held + queue[0][1][2] > AHEAD_BYTES):
                         return
                 elif not queue and not more():
                     return
@@ -485,7 +421,7 @@ class Reads:
                 ps, sp, f = pending.popleft()
                 tag, plan = ps[0], ps[1]
                 if sp is None:  # a pass's end (or the error that kept it from being planned)
-                    ends -= plan is None or ps[2] is not None
+                    ends -= 1
                     fill()
                     if reads is not None:
                         reads.retire({x[1][0] for x in pending if x[1] is not None} |
@@ -524,13 +460,10 @@ class Reads:
             if reads is not None:
                 reads.close()
 
-    def _log_order(self, refs, n, emit=None):
+    def _log_order(self, refs, n):
         """(log addresses, positions in refs, their refs joined) of the non-null refs, sorted by
         address; a repeated block has one entry per position. Arrays and one bytes object, not
-        lists of Python ints and bytes: a restore holds two windows' plans (~20 MB less a pair).
-        emit, when given, is called as emit(found, live, sub) for each group of blocks located
-        (sub: their indexes in found and live), which together are all of them, and nothing
-        is returned."""
+        lists of Python ints and bytes: a restore holds two windows' plans (~20 MB less a pair)."""
         rs = self.ref_size
         flags = native.zero_flags(refs, rs)  # the null ref is all zeros
         if flags.count(0) == n:
@@ -543,21 +476,15 @@ class Reads:
         if self.mode != "hash":
             found = array.array("Q", struct.unpack(f">{len(live)}Q", keys))
         else:
-            found = self._locate_all(keys, None if emit is None else lambda f, sub: emit(f, live, sub))
-            if found is None:  # swept, and handed to emit a group at a time
-                return None
+            found = self._locate_all(keys)
             if not isinstance(found, array.array):
                 found = array.array("Q", found)
         del keys
-        if emit is not None:  # located in one go (too few to sweep): one part
-            emit(found, live, range(len(found)))
-            return None
         # the sort by address and the refs side by side in one C call (plan_order): no Python per block
         return native.plan_order(found, None if isinstance(live, range) else live, refs, rs)
 
-    def _locate_all(self, keys, emit=None):
-        """The log address of each 32-byte score in keys (NotFound/DataCorrupt for one nothing holds).
-        emit: see _sweep; when a sweep calls it, None is returned."""
+    def _locate_all(self, keys):
+        """The log address of each 32-byte score in keys (NotFound/DataCorrupt for one nothing holds)."""
         self._recent = []
         sweep = len(keys) >= SWEEP_MIN * 32 and not self.venti
         # a sweep asks only the tables the index does not cover: every key asked of every loaded
@@ -567,8 +494,8 @@ class Reads:
         miss = array.array("q", itertools.compress(range(len(which)), map((0).__gt__, which)))  # C-level: no frame per key
         if sweep:
             found = array.array("Q", found)
-            self._sweep(keys, found, miss, None if emit is None else _Parts(found, emit))
-            return found if emit is None else None
+            self._sweep(keys, found, miss)
+            return found
         self._promote(which)
         checked = []  # summaries already asked
         i = 0
@@ -609,43 +536,25 @@ class Reads:
             if n in self.summaries:
                 self.summaries.move_to_end(n)
 
-    def _sweep(self, keys, found, miss, parts=None):
+    def _sweep(self, keys, found, miss):
         """Fill found[j] for the many misses j (a whole image): every key goes into one table, and
         each arena the index names for a miss is swept once, its summary's records looked up in
         that table. The work is one probe per record of the arenas touched, not one per miss and
-        arena (a whole day's refs asked of every arena in turn cost more than the decode).
-        parts (_Parts), when given, is handed the blocks located after each group of arenas."""
+        arena (a whole day's refs asked of every arena in turn cost more than the decode)."""
         kl = 32
         t = native.Table(kl, len(found))
         t.add(keys, array.array("Q", range(len(found))))
         done = bytearray(b"\1") * len(found)  # done[j]: found[j] holds its address
         for j in miss:
             done[j] = 0
-        # A block the image holds twice: the table names its first position, which a sweep fills;
-        # the others are marked done now and take its address when it is found (a part holds
-        # them all, so a later part never reads an arena again for one).
-        first = native.tables_lookup([t], keys, None)[0]
-        twins = {}
-        if any(map(operator.ne, first, range(len(found)))):  # C-level iterators: no frame per ref
-            for j in itertools.compress(range(len(found)), map(operator.ne, first, range(len(found)))):
-                if not done[j]:
-                    done[j] = 1
-                    twins.setdefault(first[j], []).append(j)
-        if parts is not None:
-            parts.start(done, twins)
         swept = set()
         try:
-            self._sweep_ahead(keys, t, found, done, swept, parts)
-            self._sweep_rest(keys, t, found, done, miss, swept, parts)
+            self._sweep_ahead(keys, t, found, done, miss, swept)
+            self._sweep_rest(keys, t, found, done, miss, swept)
         finally:
             self.forget_ahead()
-        for j0, js in twins.items():
-            for j in js:
-                found[j] = found[j0]
-        if parts is not None:
-            parts(done)
 
-    def _sweep_ahead(self, keys, t, found, done, swept, parts):
+    def _sweep_ahead(self, keys, t, found, done, miss, swept):
         """Sweep, a few rounds, the arenas that a sample of the misses spread over the image names,
         each round's reads asked for together: SWEEP_SAMPLE keys' index buckets at once, then
         their arenas' summaries and trailers at once (prefetch), the arenas then swept in
@@ -662,7 +571,15 @@ class Reads:
             want = min(SWEEP_SAMPLE << r, len(undone) // SWEEP_PER)
             if want < 2:
                 return
-            sample = [keys[j * kl:(j + 1) * kl] for j in undone[::len(undone) // want][:want]]
+            sample = []
+            for j in undone[::len(undone) // want][:want]:
+                key = keys[j * kl:(j + 1) * kl]
+                same = [p for p in t.find(key) if done[p]]  # a block the image holds twice
+                if same:
+                    found[j] = found[same[0]]
+                    done[j] = 1
+                else:
+                    sample.append(key)
             self.prefetch(sample)
             arenas = sorted({a >> 32 for k in sample for a in self._ahead.get(k, ())} - swept)
             if not arenas:
@@ -670,24 +587,24 @@ class Reads:
             for n in arenas:
                 swept.add(n)
                 self._sweep_arena(n, t, found, done)
-            if parts is not None:
-                parts(done)
 
-    def _sweep_rest(self, keys, t, found, done, miss, swept, parts):
-        """The misses no sweep found yet, one at a time: an index lookup names an arena to sweep;
-        parts is handed what they found every SWEEP_PART arenas."""
+    def _sweep_rest(self, keys, t, found, done, miss, swept):
+        """The misses no sweep found yet, one at a time: an index lookup names an arena to sweep."""
         kl = 32
-        fresh = 0
         for j in miss:
             if done[j]:
                 continue
             key = keys[j * kl:(j + 1) * kl]
+            same = [p for p in t.find(key) if done[p]]  # a block the image holds twice
+            if same:
+                found[j] = found[same[0]]
+                done[j] = 1
+                continue
             for a in self._index_lookup(key):
                 n = a >> 32
                 if n not in swept:
                     swept.add(n)
                     self._sweep_arena(n, t, found, done)
-                    fresh += 1
                 if done[j]:
                     break
             else:  # not where the index says: the slow path finds it or names it lost
@@ -696,9 +613,6 @@ class Reads:
                     self._missing(key)
                 found[j] = a
                 done[j] = 1
-            if parts is not None and fresh >= SWEEP_PART:
-                parts(done)
-                fresh = 0
 
     def _sweep_arena(self, n, t, found, done):
         """Take from arena n's summary the address of every key of t not yet done."""
