@@ -352,7 +352,9 @@ class Reads:
                 reads = _SpanReads(self, sum(sp[2] for sp in spans), most, direct)
             low = array.array("Q", map((0xFFFFFFFF).__and__, plan[1]))  # arena offsets, for every span at once
             ps = (tag, plan, target, low)
-            queue.extend((ps, sp) for sp in _tasks(spans))
+            # a pass into a target (a vda.raw window) keeps a task a span: its buffers stay the size
+            # of its largest span
+            queue.extend((ps, sp) for sp in (_tasks(spans) if target is None else ((*x, None) for x in spans)))
             queue.append((ps, None))  # the pass's end
             return True
 
