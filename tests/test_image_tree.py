@@ -592,6 +592,91 @@ def test_cold_restore_sweeps_each_arena_once(tmp_path, monkeypatch):
             assert direct and all(fd is not None for fd in direct), direct
 
 
+def test_restore_keeps_small_spans_in_flight(tmp_path, monkeypatch):
+    """A restore whose spans are small (a newest day scattered over a year of arenas) reads more of
+    them at once than AHEAD, at most AHEAD_MOST, and its file is exact."""
+    import threading
+    import time
+
+    from foundation.store import read as read_mod
+
+    path = make_store(tmp_path / "store", mode="hash")
+    img = content(seeded(32), 2 << 20)
+    with open_store(path) as s:
+        root = full(s, img)
+        s.sync()
+    monkeypatch.setattr(read_mod, "LOG_SPAN", 4 * BS)  # spans of 4 blocks: 128 of them
+    monkeypatch.setattr(read_mod, "SPAN_BLOCKS", 4)
+    from foundation.image import reader as reader_mod
+    monkeypatch.setattr(reader_mod, "WIDE_AHEAD", True)  # the switch's path
+    lock, now, most = threading.Lock(), [0], [0]
+    span_read = read_mod._SpanReads.read
+
+    def slow(self, *a):  # a read that takes a while, as a disk's does: the others start meanwhile
+        with lock:
+            now[0] += 1
+            most[0] = max(most[0], now[0])
+        time.sleep(0.003)
+        try:
+            return span_read(self, *a)
+        finally:
+            with lock:
+                now[0] -= 1
+
+    monkeypatch.setattr(read_mod._SpanReads, "read", slow)
+    out = tmp_path / "out.raw"
+    with open_store(path, writable=False) as s:
+        restore_image(s, root, out)
+    assert out.read_bytes() == img
+    assert read_mod.AHEAD < most[0] <= read_mod.AHEAD_MOST, most
+
+
+def test_restore_reads_small_spans_of_an_arena_as_one_task(tmp_path, monkeypatch):
+    """A day whose blocks lie in runs with gaps between them (the others overwritten) has many
+    small spans: those of one arena are read and decoded as one task of several pieces, each
+    block lands where it belongs, with O_DIRECT and through the page cache, and a damaged
+    record in a task is read again block by block and named."""
+    from foundation.image import reader as reader_mod
+    from foundation.store import read as read_mod
+
+    path = make_store(tmp_path / "store", mode="hash")
+    rng = seeded(33)
+    first = content(rng, 2 << 20)
+    later = bytearray(first)
+    for k in range(0, len(later) // BS, 32):  # every other run of 16 blocks written again
+        later[(k + 16) * BS:(k + 32) * BS] = rng.randbytes(16 * BS)
+    with open_store(path) as s:
+        full(s, first)
+        root = full(s, bytes(later))
+        s.sync()
+        s.flush()
+    monkeypatch.setattr(read_mod, "SWEEP_MIN", 256)
+    monkeypatch.setattr(read_mod, "LOG_GAP", 8 << 10)  # each run of 16 blocks its own span
+    tasks = []
+    cut = read_mod._tasks
+    monkeypatch.setattr(read_mod, "_tasks", lambda spans: tasks.append(cut(spans)) or tasks[-1])
+    for direct in (0, 1 << 40):
+        monkeypatch.setattr(read_mod, "DIRECT_MIN", direct)
+        tasks.clear()
+        out = tmp_path / f"out{direct}.raw"
+        with open_store(path, writable=False) as s:
+            restore_image(s, root, out)
+        assert out.read_bytes() == bytes(later)
+        pieces = [len(t[5]) for ts in tasks for t in ts if t[5] is not None]
+        assert pieces and max(pieces) > 1 and max(pieces) <= read_mod.TASK_PIECES, pieces
+        live = sum(1 for k in range(len(later) // BS) if any(later[k * BS:(k + 1) * BS]))
+        assert sum(t[4] - t[3] for ts in tasks for t in ts) == live  # every block of the day in one task
+    # the first record (block 0 of both days, the first piece of a task) damaged: the task is
+    # read again block by block, which names it
+    arena = sorted((tmp_path / "store" / "arenas").iterdir())[0]
+    with open(arena, "r+b") as f:
+        f.seek(72 + 64 + 100)  # inside the first record's payload
+        f.write(b"\xff\xfe")
+    with open_store(path, writable=False) as s:
+        with pytest.raises(DataCorrupt, match=r"arena 0 offset 72: record .* check failed"):
+            restore_image(s, root, tmp_path / "bad.raw")
+
+
 def test_direct_writes_whole_pages_and_the_rest_through_the_cache(tmp_path, monkeypatch):
     """A restore's writer: whole pages of a page-aligned buffer go through the O_DIRECT descriptor,
     a short last block through the page cache, and a file system that refuses O_DIRECT mid-way

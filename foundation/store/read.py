@@ -36,14 +36,26 @@ SPAN_BLOCKS = 512  # most blocks a span decodes into one buffer (2 MiB of 4 KiB 
 LOG_GAP = 256 << 10  # records closer than this share a read: the bytes between cost less than a seek
 AHEAD = 4  # spans read and decoded ahead of the consumer, in as many threads: with 2, both often
 # waited on the disk at once (a cold 2 GiB restore 2.84 -> 2.43 s on a quiet machine, +17 MB peak)
+AHEAD_BYTES = AHEAD * LOG_SPAN  # past AHEAD spans, more are read ahead while their bytes stay below this:
+# a newest day scattered over a year of arenas is ~700 spans of ~430 KB, and the disk serves reads of
+# that size faster with more of them in flight (448 KiB reads: 725 MB/s four at once, 813 sixteen)
+AHEAD_MOST = 12  # the most spans in flight (worker threads)
 READ_ALIGN = 4096  # what O_DIRECT asks of a read's offset, length and buffer
+TASK_PIECES = 16  # most spans of one arena a worker reads and decodes as one task (each a piece of its buffer)
 DIRECT_READS = True  # a large log-order pass reads sealed arenas with O_DIRECT
 DIRECT_MIN = 64 << 20  # bytes of spans from which a pass reads around the page cache: a smaller one
 # (an 8 MiB window of a vda.raw copy) is one of a stream that the kernel's read-ahead serves best
 SWEPT_KEEP = 32  # summaries (keys and addresses, ~250 KB each) kept between a restore's windows
+SWEEP_SAMPLE = 8  # misses whose index buckets, then arenas' summaries, a sweep's first round asks for
+# at once (a 16 KiB read each); each later round twice as many, of the misses still left
+SWEEP_PER = 256  # misses (1 MiB of 4 KiB blocks) a sample key stands for, at least
+SWEEP_ROUNDS = 3  # rounds of such samples (8 + 16 + 32; 32 + 64 + 128 cost a newest day 165 index reads for
+# its 89 arenas, most of them finding no new one) before the misses left are looked up one by one
 SWEEP_MIN = 16384  # refs from which _locate_all sweeps whole arenas (a restore's window, 64 MiB of
 # 4 KiB blocks); fewer (a vda.raw window) are asked of the summaries already loaded, then one by one
 
+
+_FLIP = bytes([1, 0]) + bytes(254)  # bytes.translate table: a done flag (1) to 0, not done (0) to 1
 
 _pool = None
 _spare = []  # read buffers between passes (at most SPARE: what one pass has in flight)
@@ -57,8 +69,39 @@ def _workers():
     read and decoded at once while the consumer (a restore's writer, a window's copy) runs."""
     global _pool
     if _pool is None:
-        _pool = concurrent.futures.ThreadPoolExecutor(max_workers=AHEAD, thread_name_prefix="log-read")
+        _pool = concurrent.futures.ThreadPoolExecutor(max_workers=AHEAD_MOST, thread_name_prefix="log-read")
     return _pool
+
+
+def _tasks(spans):
+    """A pass's spans -> tasks (arena, start, size, i, j, pieces): consecutive spans of one arena
+    whose bytes together stay within LOG_SPAN, and SPAN_BLOCKS records, are one task of
+    TASK_PIECES spans at most, its spans its pieces (None: a task of one span). A newest day
+    scattered over a year of arenas is ~730 spans of ~270 KB: a task each cost a hand-off
+    between threads each (submit, wake, result, the GIL taken again); as tasks they are ~220."""
+    out, run, size = [], [], 0
+    for sp in spans:
+        if run and (sp[0] != run[0][0] or size + sp[2] > LOG_SPAN or sp[4] - run[0][3] > SPAN_BLOCKS
+                    or len(run) >= TASK_PIECES):
+            out.append((*run[0], None) if len(run) == 1 else
+                       (run[0][0], run[0][1], size, run[0][3], run[-1][4], tuple(run)))
+            run, size = [], 0
+        run.append(sp)
+        size += sp[2]
+    if run:
+        out.append((*run[0], None) if len(run) == 1 else
+                   (run[0][0], run[0][1], size, run[0][3], run[-1][4], tuple(run)))
+    return out
+
+
+def _piece_room(size):
+    """Bytes of a task's read buffer that a piece of size bytes takes (an O_DIRECT read's alignment)."""
+    return -(-(size + 2 * READ_ALIGN) // READ_ALIGN) * READ_ALIGN
+
+
+def _mib(n):
+    """n rounded up to whole MiB."""
+    return -(-n // (1 << 20)) << 20
 
 
 class _SpanReads:
@@ -71,7 +114,7 @@ class _SpanReads:
 
     def __init__(self, store, nbytes, most, direct=None):
         self.store, self.direct, self.free = store, {}, []
-        self.need = -(-(most + 2 * READ_ALIGN) // (1 << 20)) << 20  # a buffer for the largest span
+        self.need = _mib(most + 2 * READ_ALIGN)  # a buffer for the largest span
         self.big = nbytes >= DIRECT_MIN if direct is None else direct
         self.ok = DIRECT_READS and self.big and bool(getattr(os, "O_DIRECT", 0))
 
@@ -84,13 +127,17 @@ class _SpanReads:
             except OSError:
                 self.direct[arena] = None
 
-    def buffer(self):
-        """A read buffer: one the pass is done with, one of the process's spares or a new one.
-        Spares outlive a pass, so a stream of small passes (a vda.raw copy's windows) faults no
-        fresh pages; its spans read as bytes instead left tens of MB of freed heap in the worker
-        threads' arenas."""
-        if self.free:
-            return self.free.pop()
+    def buffer(self, size):
+        """A read buffer for size bytes: one the pass is done with, one of the process's spares or a
+        new one. Spares outlive a pass, so a stream of small passes (a vda.raw copy's windows) faults
+        no fresh pages; its spans read as bytes instead left tens of MB of freed heap in the worker
+        threads' arenas. Every buffer of a pass has one size, the largest any of its tasks needs
+        (a task of several spans may need more than its largest span), so each serves any task."""
+        self.need = max(self.need, _mib(size + 2 * READ_ALIGN))
+        while self.free:
+            b = self.free.pop()
+            if len(b) >= self.need:
+                return b
         with _spare_lock:
             for k, b in enumerate(_spare):
                 if len(b) >= self.need:
@@ -265,7 +312,7 @@ class Reads:
             if pos is not None:
                 yield pos, data
 
-    def log_order_stream(self, plans, alloc=None, direct=True):
+    def log_order_stream(self, plans, alloc=None, direct=True, wide=False):
         """Like read_blocks_in_log_order over a series of passes that run on without a pause:
         plans yields (tag, plan, target, error), a pass's plan (log_order_plan) or the error that
         kept it from being made, asked for only when the spans ahead reach it, so the next
@@ -276,7 +323,9 @@ class Reads:
         order (a window of the image): each span decodes straight into it, block k to
         positions[k] (native.unpack_blocks's slots), and data is then target itself (a span
         read again after damage is not: the caller copies it). direct: sealed arenas read with
-        O_DIRECT (None: a pass from DIRECT_MIN bytes)."""
+        O_DIRECT (None: a pass from DIRECT_MIN bytes). wide: past AHEAD spans, smaller ones are
+        read ahead up to AHEAD_MOST while their bytes stay within AHEAD_BYTES (a restore: alloc
+        must then hand out a buffer to each of them)."""
         rs, bs = self.ref_size, self.block_size
         lg = self.log
         pool = _workers()
@@ -303,12 +352,29 @@ class Reads:
                 reads = _SpanReads(self, sum(sp[2] for sp in spans), most, direct)
             low = array.array("Q", map((0xFFFFFFFF).__and__, plan[1]))  # arena offsets, for every span at once
             ps = (tag, plan, target, low)
-            queue.extend((ps, sp) for sp in spans)
+            # a pass into a target (a vda.raw window) keeps a task a span: its buffers stay the size
+            # of its largest span
+            queue.extend((ps, sp) for sp in (_tasks(spans) if target is None else ((*x, None) for x in spans)))
             queue.append((ps, None))  # the pass's end
             return True
 
-        def decode(ps, sp, out, rb):  # a worker: read the span, decode it (the GIL released in both)
-            arena, start, size, i, j = sp
+        def decode(ps, sp, out, rb):  # a worker: read the task's span(s), decode them (the GIL released in both)
+            if sp[5] is None:
+                return piece(ps, sp, out, rb)
+            # the pieces of one arena read one after the other into rb, each decoded where its
+            # blocks belong in out: one task, not a hand-off between threads for every small span
+            i, mv, at, keys, bad = sp[3], memoryview(rb), 0, [], {}
+            for p in sp[5]:
+                got = piece(ps, p, None if out is None else memoryview(out)[(p[3] - i) * bs:], mv[at:])
+                if got[2] is True:  # cut short: the whole task is read again, block by block
+                    return got
+                keys.append(got[1])
+                bad.update((x + p[3] - i, e) for x, e in got[2].items())
+                at += _piece_room(p[2])
+            return ps[2] if ps[2] is not None else out, b"".join(keys), bad
+
+        def piece(ps, sp, out, rb):  # one span: read into rb, decoded into out (or the pass's target)
+            arena, start, size, i, j = sp[:5]
             addrs = ps[1][1]
             b = reads.read(arena, start, size, rb)
             if len(b) <= (addrs[j - 1] & 0xFFFFFFFF) - start:
@@ -325,16 +391,25 @@ class Reads:
                 got = self._mend_runs(arena, b, start, ps[3][i:j], got, ps[1][2][i:j] if ps[2] is not None else None)
             return got
 
-        def fill():  # keep AHEAD spans in flight, across passes
-            while sum(1 for x in pending if x[1] is not None) < AHEAD:
-                if not queue and not more():
+        def fill():  # keep AHEAD spans in flight across passes, more small ones (AHEAD_BYTES)
+            while True:
+                count, held = 0, 0
+                for x in pending:
+                    if x[1] is not None:
+                        count += 1
+                        held += x[1][2]
+                if count >= AHEAD:  # past AHEAD only a wide pass's next spans, never the next pass's plan
+                    if (not wide or count >= AHEAD_MOST or not queue or queue[0][1] is None
+                            or held + queue[0][1][2] > AHEAD_BYTES):
+                        return
+                elif not queue and not more():
                     return
                 ps, sp = queue.popleft()
                 if sp is None:
                     pending.append((ps, None, None))
                     continue
                 reads.open(sp[0])
-                rb = reads.buffer()
+                rb = reads.buffer(sp[2] if sp[5] is None else sum(map(_piece_room, (p[2] for p in sp[5]))))
                 out = None
                 if ps[2] is None and alloc is not None:
                     out = alloc((sp[4] - sp[3]) * bs)
@@ -358,7 +433,7 @@ class Reads:
                 data, keys, bad = f.result()
                 reads.free.append(f.rb)  # decoded: its read buffer serves the next span
                 fill()
-                arena, _, _, i, j = sp
+                arena, _, _, i, j = sp[:5]
                 pos = plan[2][i:j]
                 want = plan[4][i * rs:j * rs]
                 if bad:
@@ -475,6 +550,49 @@ class Reads:
         for j in miss:
             done[j] = 0
         swept = set()
+        try:
+            self._sweep_ahead(keys, t, found, done, miss, swept)
+            self._sweep_rest(keys, t, found, done, miss, swept)
+        finally:
+            self.forget_ahead()
+
+    def _sweep_ahead(self, keys, t, found, done, miss, swept):
+        """Sweep, a few rounds, the arenas that a sample of the misses spread over the image names,
+        each round's reads asked for together: SWEEP_SAMPLE keys' index buckets at once, then
+        their arenas' summaries and trailers at once (prefetch), the arenas then swept in
+        ascending order. One miss at a time, each arena cost an index read, then a summary
+        read, then a trailer read, each waiting for the one before: ~90 arenas of a newest day
+        0.08-0.13 s cold. A sample spread over the image finds nearly every arena, as an
+        image's neighbouring blocks were mostly written on the same night."""
+        kl = 32
+        for r in range(SWEEP_ROUNDS):
+            # the positions not done (only misses are): selected by C-level iterators, no frame per ref
+            undone = array.array("q", itertools.compress(range(len(done)), done.translate(_FLIP)))
+            # small samples first, and no more than one a SWEEP_PER misses: an image in a few arenas
+            # costs few index reads
+            want = min(SWEEP_SAMPLE << r, len(undone) // SWEEP_PER)
+            if want < 2:
+                return
+            sample = []
+            for j in undone[::len(undone) // want][:want]:
+                key = keys[j * kl:(j + 1) * kl]
+                same = [p for p in t.find(key) if done[p]]  # a block the image holds twice
+                if same:
+                    found[j] = found[same[0]]
+                    done[j] = 1
+                else:
+                    sample.append(key)
+            self.prefetch(sample)
+            arenas = sorted({a >> 32 for k in sample for a in self._ahead.get(k, ())} - swept)
+            if not arenas:
+                return
+            for n in arenas:
+                swept.add(n)
+                self._sweep_arena(n, t, found, done)
+
+    def _sweep_rest(self, keys, t, found, done, miss, swept):
+        """The misses no sweep found yet, one at a time: an index lookup names an arena to sweep."""
+        kl = 32
         for j in miss:
             if done[j]:
                 continue
