@@ -37,7 +37,9 @@ import trio
 WINDOW = 8 << 20  # bytes of image a sequential window decodes at once: the windows are the passes
 # of one stream of spans (ImageReader.read_window), each planned alone (its blocks located, its
 # arenas swept): 8 MiB cost a copy of a day ~0.3 CPU s less than 4 MiB, for 16-20 MB more
-AHEAD = 1  # windows fetched ahead of a sequential reader (the stream's spans run on past them)
+AHEAD = 2  # windows fetched ahead of a sequential reader: with two, the next fetch starts as the one
+# before it ends, not when the reader's next request comes (one ahead left the decoders idle for a
+# round trip through the event loop and the reader at every window; benchmarks/README.md, fuse8)
 KEEP = AHEAD + 3  # decoded windows kept per open file: the one read, those ahead of it, and those
 # a reader with several requests in flight (qemu-img convert, 8 of 2 MiB) has not finished with
 SEQUENTIAL = 2  # reads in a row adjoining a recent one that make a reader sequential...
