@@ -37,6 +37,7 @@ STAMPS = {
     "foundation.vm.sink": ["StoreSink.__init__", "StoreSink.write_disk", "StoreSink.add"],
     "foundation.store.store": ["Store.open", "Store.flush", "Store.close"],
     "foundation.image.qemuimg": ["run"],
+    "foundation.image.tree": ["_Builder.ensure"],
 }
 
 
