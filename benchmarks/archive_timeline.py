@@ -37,6 +37,7 @@ STAMPS = {
     "foundation.vm.sink": ["StoreSink.__init__", "StoreSink.write_disk", "StoreSink.add"],
     "foundation.store.store": ["Store.open", "Store.flush", "Store.close"],
     "foundation.image.qemuimg": ["run"],
+    "foundation.image.tree": ["_Builder.ensure"],
 }
 
 
@@ -95,7 +96,13 @@ def _waits():
         finally:
             add("wait in " + sys._getframe(1).f_code.co_name, time.perf_counter() - t)
     concurrent.futures.Future.result = result
+    try:
+        import libvirt         # the round trips to libvirtd a night makes, counted and timed
+    except ImportError:
+        libvirt = None
     for mod, names in ((native, ["scores", "pack", "tables_lookup", "zero_flags", "bloom_add", "scan_columns", "fill", "seal"]),
+                       (getattr(libvirt, "virDomain", None), ["XMLDesc", "isActive", "isPersistent", "blockJobInfo",
+                                                            "blockCommit", "snapshotCreateXML", "UUIDString"]),
                        (dedup.Writes, ["_queued", "_gather", "_index_added",
                                                                             "_write_hash", "_bloom_add"])):
         if mod is None:

@@ -46,8 +46,19 @@ def test_running_vm_nights_restore_byte_for_byte(make_vm, dir_archive):
     assert ".fdn-" not in snaps[0]["meta"]["domain_xml"]
 
 
+def looks_running(vm):
+    """The archiver's one-call answer (the live XML carries the domain's id) agrees with isActive."""
+    from foundation.vm.domain import Domain
+
+    live, root = Domain(vm.conn, vm.name).look()
+    assert live is vm.running()
+    assert root.find("devices/disk") is not None
+    return live
+
+
 def test_shut_off_vm_then_started(make_vm, dir_archive):
     vm = make_vm(TWO_DISKS, start=False)
+    assert not looks_running(vm)
     states = nights(vm, dir_archive, PLAN[:2])
     # a night without writes leaves a shut-off VM alone: same config, same files
     xml0 = vm.dom.XMLDesc(0)
@@ -58,8 +69,10 @@ def test_shut_off_vm_then_started(make_vm, dir_archive):
     assert vm.dom.XMLDesc(0) == xml0 and vm.overlays() == files
     # started the next day: the same chain continues live
     vm.start()
+    assert looks_running(vm)
     states += nights(vm, dir_archive, PLAN[2:3])
     vm.destroy()
+    assert not looks_running(vm)
     states += nights(vm, dir_archive, [[("vdb", 0x44, 0, 8192)]])
     dir_archive.check(vm.name, states)
     snaps = dir_archive.snapshots(vm.name)

@@ -84,3 +84,23 @@ def test_switched_off(monkeypatch):
     monkeypatch.setattr(warmup, "_files", lambda argv, env: started.append(argv) or [])
     warmup.start(["list"], {warmup.SWITCH: "0"})
     assert not started and not warmup._started
+
+
+def test_archive_asks_for_the_archiver_libvirt_and_the_summaries(tmp_path, monkeypatch):
+    store = tmp_path / "s"
+    (store / F.SUMMARIES).mkdir(parents=True)
+    for n in (0, 1):
+        (store / F.SUMMARIES / F.summary_name(n)).write_bytes(b"x" * 1000)
+    files = dict(warmup._files(["--store", str(store), "archive"], {}))
+    assert all(files[str(store / F.SUMMARIES / F.summary_name(n))] == 0 for n in (0, 1))
+    import importlib.util
+
+    import foundation.vm.archiver as archiver
+    pyc = importlib.util.cache_from_source(archiver.__file__)
+    assert pyc in files or not os.path.exists(pyc)  # (none is written under PYTHONDONTWRITEBYTECODE)
+    assert any(os.path.basename(f).startswith("libvirtmod") for f in files)
+    # an import-image does not load the archiver; a night of a big store asks for no summary
+    assert not any(os.sep.join(("foundation", "vm", "")) in f for f in dict(warmup._files(["import-image"], {})))
+    monkeypatch.setattr(warmup, "SUMMARIES_MAX", 1500)
+    assert not [f for f in dict(warmup._files(["--store", str(store), "archive"], {})) if F.SUMMARIES in f]
+    assert warmup.SUMMARIES == F.SUMMARIES

@@ -196,6 +196,11 @@ class Archiver:
         self._taken = set()             # new overlays this process's own snapshot made (backed by the old)
         self._beside = self._side = None   # archive()'s beside_merge, and its thread while it runs
         self._early = set()             # overlays(k) whose merge this process started during their archive
+        # libvirt's answers a run reuses where nothing of its own happened in between (one round trip
+        # each instead of several): the live look before the snapshot, the NVRAM path read with the
+        # archived XML, and the overlays(k) whose merge found the persistent config not naming them
+        self._seen = self._nv = None
+        self._unnamed = set()
 
     # -- one VM -----------------------------------------------------------
 
@@ -221,6 +226,8 @@ class Archiver:
     def _archive_vm(self, name):
         t0 = time.monotonic()
         res = Result(name)
+        self._seen = self._nv = None
+        self._unnamed.clear()
         try:
             dom = Domain(self.conn, name)
             with journal.Lock(self.state_dir, dom.uuid, name):
@@ -229,12 +236,13 @@ class Archiver:
                     "seq": 0, "disks": {}, "run": None, "last": None}
                 rec["name"] = name
                 try:
-                    self._thaw_if_frozen(dom, res)
+                    seen = self._thaw_if_frozen(dom, res)
                     if rec.get("run"):
                         beside, self._beside = self._beside, None
                         self._resume(dom, rec, res)
                         self._beside = beside
-                    self._run(dom, rec, res)
+                        seen = None             # the repair changed the chain: look again
+                    self._run(dom, rec, res, seen)
                 except Exception as e:     # noqa: BLE001 -- one VM's failure never stops the others
                     self._failed(res, e)
                 finally:
@@ -266,9 +274,13 @@ class Archiver:
     # -- repair -------------------------------------------------------------
 
     def _thaw_if_frozen(self, dom, res):
-        """Thaw a guest left frozen (a run killed while it was frozen, a stuck freeze hook), before anything else."""
-        if not dom.active() or not dom.frozen():
-            return
+        """Thaw a guest left frozen (a run killed while it was frozen, a stuck freeze hook), before anything else.
+
+        -> the domain's `look()` if nothing was thawed (the run starts from it), else None.
+        """
+        seen = dom.look()
+        if not seen[0] or not dom.frozen(seen[1]):
+            return seen
         try:
             n = dom.thaw()
         except AgentFailed as e:
@@ -276,6 +288,7 @@ class Archiver:
         msg = f"the guest's file systems were found frozen; thawed {n} of them"
         log.warning("%s: %s", dom.name, msg)
         res.repaired.append(msg)
+        return None
 
     def _resume(self, dom, rec, res):
         run = rec["run"]
@@ -331,10 +344,11 @@ class Archiver:
 
     # -- a run --------------------------------------------------------------
 
-    def _run(self, dom, rec, res):
+    def _run(self, dom, rec, res, seen=None):
         self.sink.check_name(dom.name)
-        live = dom.active()
-        disks, skipped = dom.disks()
+        seen = seen or dom.look()
+        live = seen[0]
+        disks, skipped = dom.disks(seen)
         if not disks:
             raise UnsupportedDisk(dom.name, "-", "it has no writable disk")
         self._adopt(dom, rec, disks, res)
@@ -347,10 +361,14 @@ class Archiver:
             rdisks[d.target] = {"base": r["base"], "base_format": r["base_format"],
                                 "old": r["top"] if r["top"] != r["base"] else None,
                                 "new": f"{r['base']}.fdn-{seq}.qcow2", "base_id": r.get("base_id")}
+        defined = dom.defined()
         run = {"id": _run_id(), "step": "snapshot", "started": _now().isoformat(),
                "time": None, "live": live, "quiesce": self.quiesce, "quiesced": None, "skipped_disks": skipped,
                "disks": rdisks,
-               "domain_xml": dom.archived_xml({t: (d["base"], d["base_format"]) for t, d in rdisks.items()})}
+               "domain_xml": dom.archived_xml({t: (d["base"], d["base_format"]) for t, d in rdisks.items()},
+                                              defined)}
+        # the NVRAM of the XML archived; the agent's channel as the run found it (its ping is asked anew)
+        self._nv, self._seen = (run["id"], dom.nvram(defined)), (run["id"], seen)
         if not live and self._unchanged(dom.name, rdisks):
             for d in rdisks.values():
                 d["new"] = None
@@ -456,8 +474,10 @@ class Archiver:
     def _snapshot(self, dom, run, res):
         news = {t: d["new"] for t, d in run["disks"].items()}
         others = [s["target"] for s in run["skipped_disks"]]
-        run["live"] = dom.active()
-        why = self._not_quiesced(dom, run["live"])
+        run["live"] = dom.active()          # asked again: the snapshot acts on what the domain is now
+        seen, self._seen = self._seen, None
+        root = seen[1][1] if seen and seen[0] == run["id"] and seen[1][0] and run["live"] else None
+        why = self._not_quiesced(dom, run["live"], root)
         frozen = None
         # the maps the archive reads next (qcow2 headers and tables), asked for while libvirt works
         want = [(d["old"], "qcow2") if d["old"] else (d["base"], d["base_format"]) for d in run["disks"].values()]
@@ -489,13 +509,13 @@ class Archiver:
             log.info("%s: snapshot of %d disk(s) %s: pause %.3f s", dom.name, len(news),
                      "crash-consistent" if run["live"] else "(shut off)", pause)
 
-    def _not_quiesced(self, dom, live):
+    def _not_quiesced(self, dom, live, root=None):
         """None if a running VM's snapshot is to be quiesced, else why not; raises QuiesceFailed for `always`."""
         if not live:
             return None                     # a shut-off VM's disks are at rest
         if self.quiesce == "never":
             return "quiesce = never"
-        why = dom.agent_problem()
+        why = dom.agent_problem(root)
         if why and self.quiesce == "always":
             raise QuiesceFailed(dom.name, why)
         if why:
@@ -551,7 +571,7 @@ class Archiver:
                 "vm_state": "running" if run["live"] else "shut off",
                 "domain_xml": self._sink("write the domain XML", name, self.sink.write_blob,
                                          run["domain_xml"].encode()),
-                "nvram": self._nvram(dom),
+                "nvram": self._nvram(dom, run["id"]),
                 "swap_zeroed": {t: n for t, n in swaps.items() if n},
                 "not_archived": run["skipped_disks"],
                 "changed_bytes": changed, "incremental": incr,
@@ -559,8 +579,9 @@ class Archiver:
         self._sink("record the snapshot in the catalog", name, self.sink.add, run["id"], name,
                    dom.uuid, datetime.datetime.fromisoformat(run["time"]), disks, meta)
 
-    def _nvram(self, dom):
-        path = dom.nvram()
+    def _nvram(self, dom, run_id):
+        nv, self._nv = self._nv, None
+        path = nv[1] if nv and nv[0] == run_id else dom.nvram()
         if not path:
             return None
         try:
@@ -657,13 +678,16 @@ class Archiver:
         self._on_base.add(d["new"])
         if dom.inactive_mentions(d["old"]):
             dom.redefine({target: (d["new"], "qcow2")})
+        else:
+            self._unnamed.add(d["old"])     # asked just now: the cleanup that follows asks no more
         _fsync_path(d["base"])
 
     def _merged(self, dom, target, d):
         """True if the new overlay sits on the base. libvirt moves its live chain only once QEMU's
         commit has rewritten the new overlay's header, so its word "merged" spares a `qemu-img
         info`; anything else is asked of the header itself."""
-        live = dict((x.target, x) for x in dom.disks()[0]).get(target) if dom.active() else None
+        seen = dom.look()
+        live = dict((x.target, x) for x in dom.disks(seen)[0]).get(target) if seen[0] else None
         if live is not None and live.path == d["new"] and live.backing == d["base"]:
             return True
         return qemuimg.backing_of(d["new"]) == d["base"]
@@ -676,6 +700,8 @@ class Archiver:
                 continue
             # (the merge just read the new overlay's backing file: one qemu-img less)
             on_old = d["new"] not in self._on_base and qemuimg.backing_of(d["new"]) == old
-            if old in tops.values() or on_old or dom.inactive_mentions(old):
+            named = old not in self._unnamed and dom.inactive_mentions(old)
+            self._unnamed.discard(old)
+            if old in tops.values() or on_old or named:
                 raise ChainInconsistent(dom.name, f"{old} is still in use after its merge; not deleted")
             os.unlink(old)

@@ -132,14 +132,25 @@ class Domain:
         """The XML that governs the disks' data: live while running, the persistent one otherwise."""
         return self.xml(inactive=not self.active())
 
-    def disks(self):
+    def look(self):
+        """(running?, parsed XML) from one libvirt call: the XML that governs the disks' data.
+
+        Without flags libvirt gives a running domain's live XML and a shut-off
+        one's persistent XML; only the live one carries the domain's id. So one
+        read answers both questions at the same instant, where `active()` then
+        `xml()` are two round trips with a window between them.
+        """
+        root = ET.fromstring(self.xml())
+        return root.get("id", "-1") != "-1", root
+
+    def disks(self, seen=None):
         """(archived disks, notes on disks left out); raises UnsupportedDisk.
 
         CD-ROMs, floppies, LUNs and read-only or shareable disks are left out
         (noted); a writable disk that is not a raw or qcow2 file stops the VM.
+        `seen` is a `look()` just made, to parse instead of asking again.
         """
-        live = self.active()
-        root = ET.fromstring(self.xml(inactive=not live))
+        live, root = seen or self.look()
         out, skipped = [], []
         for d in root.findall("devices/disk"):
             target = d.find("target").get("dev")
@@ -171,16 +182,22 @@ class Domain:
         """{target: current top file} from the governing XML."""
         return {d.target: d.path for d in self.disks()[0]}
 
-    def nvram(self):
-        el = ET.fromstring(self.xml(inactive=self.persistent())).find("os/nvram")
+    def defined(self):
+        """The parsed inactive XML (the live one of a transient domain): the VM as it would start."""
+        return ET.fromstring(self.xml(inactive=self.persistent()))
+
+    def nvram(self, root=None):
+        """The NVRAM file of `root` (a `defined()` just read), else of the inactive XML read now."""
+        el = (root if root is not None else self.defined()).find("os/nvram")
         return el.text.strip() if el is not None and el.text else None
 
-    def archived_xml(self, bases):
+    def archived_xml(self, bases, root=None):
         """The inactive XML with each archived disk pointing at its base: the VM as it is archived.
 
-        `bases` maps target -> (path, format).
+        `bases` maps target -> (path, format); `root` is a `defined()` just
+        read (changed in place), else it is read now.
         """
-        root = ET.fromstring(self.xml(inactive=self.persistent()))
+        root = root if root is not None else self.defined()
         for d in root.findall("devices/disk"):
             t = d.find("target").get("dev")
             if t in bases:
@@ -220,9 +237,12 @@ class Domain:
             raise AgentFailed(e.get_error_message()) from None
         return json.loads(out).get("return")
 
-    def agent_problem(self):
-        """None if the domain's QEMU guest agent answers a ping, else why not (a phrase for the log)."""
-        root = ET.fromstring(self.xml())
+    def agent_problem(self, root=None):
+        """None if the domain's QEMU guest agent answers a ping, else why not (a phrase for the log).
+
+        `root` is a live XML just read (`look()`): its channel's state, then the ping itself.
+        """
+        root = root if root is not None else ET.fromstring(self.xml())
         states = [t.get("state") for t in root.findall("devices/channel/target") if t.get("name") == AGENT_CHANNEL]
         if not states:
             return f"the domain has no guest agent channel ({AGENT_CHANNEL})"
@@ -234,9 +254,9 @@ class Domain:
             return f"the guest agent does not answer ({e})"
         return None
 
-    def frozen(self):
+    def frozen(self, root=None):
         """True if the guest's file systems are frozen, False if not, None if no agent answers."""
-        if self.agent_problem():
+        if self.agent_problem(root):
             return None
         try:
             return self.agent("guest-fsfreeze-status") == "frozen"
