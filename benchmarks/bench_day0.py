@@ -17,7 +17,6 @@ Results go to stdout and benchmarks/results/day0-<name>-<time>.json.
 """
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -28,12 +27,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IMAGE = "/var/tmp/foundation-compare/days-2147483648-8-1/day0.raw"
-
-
-def drop_caches():
-    subprocess.run(["sync"], check=True)
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3\n")
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+from measure import drop_caches, sha256  # noqa: E402
 
 
 def foundation(tree, store, key, *args, wrap=(), timing=None):
@@ -42,14 +37,6 @@ def foundation(tree, store, key, *args, wrap=(), timing=None):
     if timing:
         cmd = ["/usr/bin/time", "-f", "%e %U %S %M", "-o", timing, *cmd]
     subprocess.run(cmd, cwd=tree, env=env, check=True, stdout=subprocess.DEVNULL)
-
-
-def sha256(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(8 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def run(tree, work, mode, chrt, check):
