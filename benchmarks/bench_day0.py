@@ -28,7 +28,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IMAGE = "/var/tmp/foundation-compare/days-2147483648-8-1/day0.raw"
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-from measure import drop_caches, sha256  # noqa: E402
+from measure import drop_caches  # noqa: E402
+from workload import sha256_file  # noqa: E402
 
 
 def foundation(tree, store, key, *args, wrap=(), timing=None):
@@ -62,7 +63,7 @@ def run(tree, work, mode, chrt, check):
     if check:
         out = os.path.join(work, "restored.raw")
         foundation(tree, store, key, "restore", "bench@2024-01-01T03:00:00Z", out)
-        got["restored_identical"] = sha256(out) == sha256(IMAGE)
+        got["restored_identical"] = sha256_file(out) == sha256_file(IMAGE)
         os.unlink(out)
     return got
 

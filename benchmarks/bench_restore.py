@@ -29,7 +29,6 @@ Results: stdout and benchmarks/results/restore-NIGHTSn-TIMESTAMP.json.
 
 import argparse
 import datetime as dt
-import hashlib
 import json
 import os
 import random
@@ -45,6 +44,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 from measure import drop_caches  # noqa: E402  (benchmarks/ is the script's own directory)
+from workload import sha256_file  # noqa: E402
 
 from foundation.catalog import Catalog  # noqa: E402
 from foundation.cli import main as cli  # noqa: E402
@@ -80,7 +80,7 @@ def build(work, vms, mb, nights, zeros=0.0, seed=18):
                 f.write(rng.randbytes(MIB) if rng.random() >= zeros else bytes(MIB))
         assert cli([*base, "import-image", name, path, "--at", at(0)]) == 0
         if name == "vm0":
-            digests[name][0] = sha_file(path)
+            digests[name][0] = sha256_file(path)
     t0 = time.monotonic()
     ranges = os.path.join(work, "changed.json")
     for night in range(1, nights + 1):
@@ -95,7 +95,7 @@ def build(work, vms, mb, nights, zeros=0.0, seed=18):
                 json.dump(changed, f)
             assert cli([*base, "import-image", name, path, "--at", at(night), "--changed", ranges]) == 0
             if name == "vm0" and night in (30, nights):  # night 30 is January's last: monthly keeps it
-                digests[name][night] = sha_file(path)
+                digests[name][night] = sha256_file(path)
         if night % 30 == 0:
             print(f"  night {night}/{nights} ({time.monotonic() - t0:.0f} s)", file=sys.stderr)
     assert cli([*base, "prune", "--keep-daily", "7", "--keep-weekly", "8", "--keep-monthly", "13"]) == 0
@@ -103,14 +103,6 @@ def build(work, vms, mb, nights, zeros=0.0, seed=18):
     with open(os.path.join(work, "digests.json"), "w") as f:  # what a --reuse run checks against
         json.dump(digests, f)
     return store, key, digests
-
-
-def sha_file(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while b := f.read(8 * MIB):
-            h.update(b)
-    return h.hexdigest()
 
 
 def old_restore(commit):
@@ -173,7 +165,7 @@ def main():
                 with open(os.path.join(work, "digests.json")) as f:
                     digests = {vm: {int(k): v for k, v in d.items()} for vm, d in json.load(f).items()}
             except FileNotFoundError:
-                digests = {"vm0": {a.nights: sha_file(os.path.join(work, "vm0.raw"))}}
+                digests = {"vm0": {a.nights: sha256_file(os.path.join(work, "vm0.raw"))}}
         else:
             store, key, digests = build(work, a.vms, a.mb, a.nights, a.zeros)
             build_s = time.monotonic() - t0
@@ -193,7 +185,7 @@ def main():
         for label, night in (("newest", a.nights), ("first month", first)):
             for how, fn in readers.items():
                 runs = [restore_once(store, key, "vm0", night, out, fn) for _ in range(a.runs)]
-                got = sha_file(out)
+                got = sha256_file(out)
                 if night in digests["vm0"]:
                     ok = got == digests["vm0"][night]
                 else:  # no digest of that night: the two readers must agree byte for byte

@@ -31,6 +31,7 @@ DAYS = "/var/tmp/foundation-compare/days-2147483648-8-1"
 
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 import measure  # noqa: E402
+from workload import sha256_file  # noqa: E402
 
 
 def drop_caches():
@@ -78,7 +79,7 @@ def one(tree, run, work, check):
     wall, cpu = step(tree, store, key, "restore", "bench@2024-01-08T03:00:00Z", out)
     got["restore"] = {"wall_s": wall, "cpu_s": cpu}
     if check:
-        got["restored_identical"] = measure.sha256(out) == man["day"][-1]["sha256"]
+        got["restored_identical"] = sha256_file(out) == man["day"][-1]["sha256"]
     os.unlink(out)
     got["day0_arena_bytes"] = got["days"][0]["arena_bytes"]
     got["day7_arena_bytes"] = got["days"][-1]["arena_bytes"]

@@ -6,7 +6,6 @@ the parent's RSS as its own peak, since Linux carries the high-water mark
 across fork and exec. GNU time's own child is forked from a small process.
 """
 
-import hashlib
 import os
 import shutil
 import subprocess
@@ -112,12 +111,3 @@ def table(head, rows):
     lines = [head] + rows
     w = [max(len(r[i]) for r in lines) for i in range(len(head))]
     return "\n".join("  ".join(c.ljust(w[i]) for i, c in enumerate(r)).rstrip() for r in lines)
-
-
-def sha256(path):
-    """The file's SHA-256, hex: how a benchmark checks that a restore is its image."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(8 << 20):
-            h.update(chunk)
-    return h.hexdigest()

@@ -48,6 +48,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
 import measure  # noqa: E402
+from workload import sha256_file  # noqa: E402
 
 CACHE = os.environ.get("FOUNDATION_OSDISK_CACHE", "/var/cache/foundation/osdisk")
 SUITE = "bookworm"
@@ -176,7 +177,7 @@ def foundation_days(images, work, compression, block_size, run=None, check=False
         out = os.path.join(work, "restored.raw")
         for day, img in enumerate(images):
             measure.run([*base, "restore", f"os@2024-01-{day + 1:02d}T03:00:00Z", out, "--force"], env=env)
-            same = measure.sha256(out) == measure.sha256(img)
+            same = sha256_file(out) == sha256_file(img)
             os.unlink(out)
             if not same:
                 raise SystemExit(f"day {day} restored from {compression or 'default'}/{block_size}/run{run} "

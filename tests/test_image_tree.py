@@ -592,45 +592,6 @@ def test_cold_restore_sweeps_each_arena_once(tmp_path, monkeypatch):
             assert direct and all(fd is not None for fd in direct), direct
 
 
-def test_restore_keeps_small_spans_in_flight(tmp_path, monkeypatch):
-    """A restore whose spans are small (a newest day scattered over a year of arenas) reads more of
-    them at once than AHEAD, at most AHEAD_MOST, and its file is exact."""
-    import threading
-    import time
-
-    from foundation.store import read as read_mod
-
-    path = make_store(tmp_path / "store", mode="hash")
-    img = content(seeded(32), 2 << 20)
-    with open_store(path) as s:
-        root = full(s, img)
-        s.sync()
-    monkeypatch.setattr(read_mod, "LOG_SPAN", 4 * BS)  # spans of 4 blocks: 128 of them
-    monkeypatch.setattr(read_mod, "SPAN_BLOCKS", 4)
-    from foundation.image import reader as reader_mod
-    monkeypatch.setattr(reader_mod, "WIDE_AHEAD", True)  # the switch's path
-    lock, now, most = threading.Lock(), [0], [0]
-    span_read = read_mod._SpanReads.read
-
-    def slow(self, *a):  # a read that takes a while, as a disk's does: the others start meanwhile
-        with lock:
-            now[0] += 1
-            most[0] = max(most[0], now[0])
-        time.sleep(0.003)
-        try:
-            return span_read(self, *a)
-        finally:
-            with lock:
-                now[0] -= 1
-
-    monkeypatch.setattr(read_mod._SpanReads, "read", slow)
-    out = tmp_path / "out.raw"
-    with open_store(path, writable=False) as s:
-        restore_image(s, root, out)
-    assert out.read_bytes() == img
-    assert read_mod.AHEAD < most[0] <= read_mod.AHEAD_MOST, most
-
-
 def test_restore_reads_small_spans_of_an_arena_as_one_task(tmp_path, monkeypatch):
     """A day whose blocks lie in runs with gaps between them (the others overwritten) has many
     small spans: those of one arena are read and decoded as one task of several pieces, each

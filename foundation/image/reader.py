@@ -60,8 +60,6 @@ DIRECT_ALIGN = 4096  # what O_DIRECT asks of a write's offset, length and buffer
 SPAN_BYTES = 2 << 20  # the largest span the store decodes into one buffer (store.read.SPAN_BLOCKS of 4 KiB)
 STREAM_DIRECT = True  # a stream's spans read sealed arenas with O_DIRECT, as a restore's do: its
 # spans ahead run on across windows, so they keep the disk busy without the page cache's read-ahead
-WIDE_AHEAD = False  # more small spans in flight (store.read AHEAD_BYTES, AHEAD_MOST): off, as a 2 GiB
-# restore peaked 113 MB against 79 (more decode buffers) and was not measured faster (benchmarks/README.md)
 SPAN_BUFFERS = 5  # more than the spans the store decodes ahead of the one handed out (store.read.AHEAD)
 
 
@@ -444,8 +442,7 @@ def write_raw(store, root, fd, sparse=True, progress=None, window=None, direct=N
             try:
                 # One stream over the windows: the next window's first spans are read and decoded
                 # while this one's last are, so the decoders never wait at a window's end.
-                for k, positions, data in store.log_order_stream(plans(), alloc, None if size < DIRECT_MIN else True,
-                                                                     wide=WIDE_AHEAD):
+                for k, positions, data in store.log_order_stream(plans(), alloc, None if size < DIRECT_MIN else True):
                     w = wins[k]
                     if positions is None:  # the window's end
                         if data is not None:

@@ -36,10 +36,6 @@ SPAN_BLOCKS = 512  # most blocks a span decodes into one buffer (2 MiB of 4 KiB 
 LOG_GAP = 256 << 10  # records closer than this share a read: the bytes between cost less than a seek
 AHEAD = 4  # spans read and decoded ahead of the consumer, in as many threads: with 2, both often
 # waited on the disk at once (a cold 2 GiB restore 2.84 -> 2.43 s on a quiet machine, +17 MB peak)
-AHEAD_BYTES = AHEAD * LOG_SPAN  # past AHEAD spans, more are read ahead while their bytes stay below this:
-# a newest day scattered over a year of arenas is ~700 spans of ~430 KB, and the disk serves reads of
-# that size faster with more of them in flight (448 KiB reads: 725 MB/s four at once, 813 sixteen)
-AHEAD_MOST = 12  # the most spans in flight (worker threads)
 READ_ALIGN = 4096  # what O_DIRECT asks of a read's offset, length and buffer
 TASK_PIECES = 16  # most spans of one arena a worker reads and decodes as one task (each a piece of its buffer)
 DIRECT_READS = True  # a large log-order pass reads sealed arenas with O_DIRECT
@@ -69,7 +65,7 @@ def _workers():
     read and decoded at once while the consumer (a restore's writer, a window's copy) runs."""
     global _pool
     if _pool is None:
-        _pool = concurrent.futures.ThreadPoolExecutor(max_workers=AHEAD_MOST, thread_name_prefix="log-read")
+        _pool = concurrent.futures.ThreadPoolExecutor(max_workers=AHEAD, thread_name_prefix="log-read")
     return _pool
 
 
@@ -80,17 +76,20 @@ def _tasks(spans):
     scattered over a year of arenas is ~730 spans of ~270 KB: a task each cost a hand-off
     between threads each (submit, wake, result, the GIL taken again); as tasks they are ~220."""
     out, run, size = [], [], 0
+
+    def close():
+        out.append((*run[0], None) if len(run) == 1 else
+                   (run[0][0], run[0][1], size, run[0][3], run[-1][4], tuple(run)))
+
     for sp in spans:
         if run and (sp[0] != run[0][0] or size + sp[2] > LOG_SPAN or sp[4] - run[0][3] > SPAN_BLOCKS
                     or len(run) >= TASK_PIECES):
-            out.append((*run[0], None) if len(run) == 1 else
-                       (run[0][0], run[0][1], size, run[0][3], run[-1][4], tuple(run)))
+            close()
             run, size = [], 0
         run.append(sp)
         size += sp[2]
     if run:
-        out.append((*run[0], None) if len(run) == 1 else
-                   (run[0][0], run[0][1], size, run[0][3], run[-1][4], tuple(run)))
+        close()
     return out
 
 
@@ -312,7 +311,7 @@ class Reads:
             if pos is not None:
                 yield pos, data
 
-    def log_order_stream(self, plans, alloc=None, direct=True, wide=False):
+    def log_order_stream(self, plans, alloc=None, direct=True):
         """Like read_blocks_in_log_order over a series of passes that run on without a pause:
         plans yields (tag, plan, target, error), a pass's plan (log_order_plan) or the error that
         kept it from being made, asked for only when the spans ahead reach it, so the next
@@ -323,9 +322,7 @@ class Reads:
         order (a window of the image): each span decodes straight into it, block k to
         positions[k] (native.unpack_blocks's slots), and data is then target itself (a span
         read again after damage is not: the caller copies it). direct: sealed arenas read with
-        O_DIRECT (None: a pass from DIRECT_MIN bytes). wide: past AHEAD spans, smaller ones are
-        read ahead up to AHEAD_MOST while their bytes stay within AHEAD_BYTES (a restore: alloc
-        must then hand out a buffer to each of them)."""
+        O_DIRECT (None: a pass from DIRECT_MIN bytes)."""
         rs, bs = self.ref_size, self.block_size
         lg = self.log
         pool = _workers()
@@ -391,18 +388,9 @@ class Reads:
                 got = self._mend_runs(arena, b, start, ps[3][i:j], got, ps[1][2][i:j] if ps[2] is not None else None)
             return got
 
-        def fill():  # keep AHEAD spans in flight across passes, more small ones (AHEAD_BYTES)
-            while True:
-                count, held = 0, 0
-                for x in pending:
-                    if x[1] is not None:
-                        count += 1
-                        held += x[1][2]
-                if count >= AHEAD:  # past AHEAD only a wide pass's next spans, never the next pass's plan
-                    if (not wide or count >= AHEAD_MOST or not queue or queue[0][1] is None
-                            or held + queue[0][1][2] > AHEAD_BYTES):
-                        return
-                elif not queue and not more():
+        def fill():  # keep AHEAD spans (tasks) in flight, across passes
+            while sum(1 for x in pending if x[1] is not None) < AHEAD:
+                if not queue and not more():
                     return
                 ps, sp = queue.popleft()
                 if sp is None:
@@ -551,12 +539,12 @@ class Reads:
             done[j] = 0
         swept = set()
         try:
-            self._sweep_ahead(keys, t, found, done, miss, swept)
+            self._sweep_ahead(keys, t, found, done, swept)
             self._sweep_rest(keys, t, found, done, miss, swept)
         finally:
             self.forget_ahead()
 
-    def _sweep_ahead(self, keys, t, found, done, miss, swept):
+    def _sweep_ahead(self, keys, t, found, done, swept):
         """Sweep, a few rounds, the arenas that a sample of the misses spread over the image names,
         each round's reads asked for together: SWEEP_SAMPLE keys' index buckets at once, then
         their arenas' summaries and trailers at once (prefetch), the arenas then swept in
