@@ -17,6 +17,7 @@
 
 EVP_MD *fdn_sha256;
 EVP_CIPHER *fdn_aes_ctr;
+EVP_MAC *fdn_poly1305;	/* record tags of stores made with it (a codec asks for it) */
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 
@@ -24,6 +25,7 @@ static void fetch(void)
 {
 	fdn_sha256 = EVP_MD_fetch(NULL, "SHA256", NULL);
 	fdn_aes_ctr = EVP_CIPHER_fetch(NULL, "AES-256-CTR", NULL);
+	fdn_poly1305 = EVP_MAC_fetch(NULL, "POLY1305", NULL);
 }
 
 int fdn_api_version(void)

@@ -18,11 +18,11 @@
 #include <stdint.h>
 
 enum {
-	FDN_API_VERSION = 2,	/* bump on any change visible to foundation/native */
+	FDN_API_VERSION = 3,	/* bump on any change visible to foundation/native */
 	FDN_SCORE_SIZE = 32,	/* SHA-256, and the record's key field */
 	FDN_WEAK_SIZE = 8,	/* weak hash, u64 big-endian */
 	FDN_HEADER_SIZE = 64,	/* record header, see internal.h */
-	FDN_TAG_SIZE = 16,	/* truncated HMAC-SHA256 in the header */
+	FDN_TAG_SIZE = 16,	/* the record's tag: Poly1305, or truncated HMAC-SHA256 */
 	FDN_KEY_SIZE = 32,	/* AES-256 key */
 	FDN_IV_SIZE = 16,	/* AES-CTR initial counter block of an arena */
 	FDN_MAX_THREADS = 64,
@@ -40,7 +40,7 @@ enum {
 	/* a record is bad; the names are RecordError.kind in Python */
 	FDN_EMAGIC = -10,	/* not a record header: magic, codec or reserved (run fields) */
 	FDN_ELENGTH = -11,	/* impossible stored/raw lengths */
-	FDN_ETAG = -12,		/* the HMAC tag does not match: damaged or forged */
+	FDN_ETAG = -12,		/* the tag does not match: damaged or forged */
 	FDN_EDECOMPRESS = -13,	/* authentic, yet the payload does not decode to R bytes */
 	FDN_ETRUNCATED = -14,	/* the buffer ends inside the record */
 	FDN_ESCORE = -15,	/* the data does not match its score (fdn_check) */
@@ -83,7 +83,7 @@ typedef struct {
 } fdn_entry;
 
 fdn_codec *fdn_codec_new(const uint8_t *enckey, size_t enclen,
-	const uint8_t *mackey, size_t maclen, int zlevel);
+	const uint8_t *mackey, size_t maclen, const uint8_t *tagkey, size_t taglen, int zlevel);
 void fdn_codec_free(fdn_codec *c);
 int64_t fdn_pack(fdn_codec *c, uint32_t arena, const uint8_t *iv,
 	uint64_t offset, int btype, const uint8_t *buf, size_t len, size_t bs,
@@ -148,7 +148,7 @@ int64_t fdn_unpack_at(fdn_codec *c, uint32_t arena, const uint8_t *iv,
 	const uint8_t *buf, size_t len, uint64_t base, const uint64_t *offs,
 	size_t n, uint8_t *out, size_t outcap, const uint64_t *slots, size_t bs,
 	int32_t *errs, uint8_t *btypes, uint8_t *keys, size_t keyslen, int threads);
-int64_t fdn_scan(fdn_codec *c, uint32_t arena, const uint8_t *buf,
+int64_t fdn_scan(fdn_codec *c, uint32_t arena, const uint8_t *iv, const uint8_t *buf,
 	size_t len, uint64_t base, int verify, fdn_entry *ents, size_t nents,
 	uint64_t *end, int *err);
 /*
@@ -157,7 +157,7 @@ int64_t fdn_scan(fdn_codec *c, uint32_t arena, const uint8_t *buf,
  * bytes of its key field in keys[keylen i, keylen (i + 1)) and its tag in
  * tags[16 i, 16 i + 16); so a caller builds no object per record.
  */
-int64_t fdn_scan_cols(fdn_codec *c, uint32_t arena, const uint8_t *buf,
+int64_t fdn_scan_cols(fdn_codec *c, uint32_t arena, const uint8_t *iv, const uint8_t *buf,
 	size_t len, uint64_t base, int verify, fdn_entry *ents, size_t nents,
 	uint64_t *offs, uint8_t *btypes, uint8_t *keys, size_t keylen,
 	uint8_t *tags, uint64_t *end, int *err);

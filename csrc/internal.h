@@ -75,6 +75,7 @@ static inline void fdn_put64be(uint8_t *p, uint64_t v)
 int fdn_init(void);
 extern EVP_MD *fdn_sha256;
 extern EVP_CIPHER *fdn_aes_ctr;
+extern EVP_MAC *fdn_poly1305;
 int fdn_nblocks(size_t len, size_t bs, size_t *n);
 
 typedef int (*fdn_job)(void *arg, size_t lo, size_t hi);

@@ -16,6 +16,7 @@ import sys
 
 import pytest
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from cryptography.hazmat.primitives.poly1305 import Poly1305
 from native_support import IMPLS, impl, other  # noqa: F401 (fixtures)
 
 import foundation.native as N
@@ -65,7 +66,7 @@ MAC = b"mac key"
 def test_backend_and_api():
     forced = os.environ.get("FOUNDATION_NATIVE") == "0"
     assert N.backend == ("reference" if forced else "native")
-    assert N.API_VERSION == 2
+    assert N.API_VERSION == 3
     assert (N.HEADER_SIZE, N.TAG_SIZE, N.KEY_SIZE, N.RECORD_MAGIC) == (64, 16, 32, b"FDNr")
     for name in N.API:
         assert N.get(name) is getattr(N, name)
@@ -317,6 +318,60 @@ def test_ctr_and_tag_follow_the_spec(impl):
         want = hmac.new(MAC, struct.pack("<II", arena, off) + head[:48] + payload, "sha256").digest()[:16]
         assert head[48:64] == want
 
+
+
+TAGKEY = bytes(range(100, 132))
+
+
+@pytest.mark.parametrize("enc", [None, ENC])
+def test_poly1305_tag_follows_the_spec(impl, enc):
+    """With a tag key, a record's tag is Poly1305 under the tag key's AES-CTR keystream at the
+    record's own arena positions (format §5.2): checked with AES-ECB and Poly1305 directly."""
+    c = impl.Codec(enc, MAC, 0, TAGKEY)
+    iv = (2 ** 128 - 5).to_bytes(16, "big")  # the counter wraps within the records
+    bs, offset, arena = 100, 21, 3
+    buf = mixed(3, bs)
+    recs, offs = impl.pack(c, arena, iv, offset, 5, buf, bs, keys_for(3))
+    ecb = Cipher(algorithms.AES(TAGKEY), modes.ECB()).encryptor()
+    for off in offs:
+        rec = recs[off - offset:off - offset + H + bs]
+        otk = bytes(ecb.update(((int.from_bytes(iv, "big") + p // 16) % 2 ** 128).to_bytes(16, "big"))[p % 16]
+                    for p in range(off, off + 32))
+        want = Poly1305.generate_tag(otk, struct.pack("<II", arena, off) + rec[:48] + rec[H:])
+        assert rec[48:64] == want
+        assert impl.unpack(c, arena, iv, off, recs, offset)[0] == 5
+
+
+@pytest.mark.parametrize("enc", [None, ENC])
+def test_poly1305_tags_agree_and_catch_damage(impl, other, enc):
+    """Both backends write the same records with Poly1305 tags (runs too) and read each other's;
+    a flipped bit, another arena, offset or iv, or the HMAC reading fails as "tag"."""
+    bs, n = 4096, 40
+    buf = mixed(n, bs, seed=5)
+    keys = keys_for(n)
+    c, oc = impl.Codec(enc, MAC, 1, TAGKEY), other.Codec(enc, MAC, 1, TAGKEY)
+    recs, offs = impl.pack(c, 2, IV, 72, 1, buf, bs, keys, run=16)
+    assert (recs, offs) == other.pack(oc, 2, IV, 72, 1, buf, bs, keys, run=16)
+    assert recs != impl.pack(impl.Codec(enc, MAC, 1), 2, IV, 72, 1, buf, bs, keys, run=16)[0]
+    assert any(recs[o - 72 + 5] == 2 for o in offs)  # runs were made
+    for u, codec in ((impl, c), (other, oc)):
+        assert [g[2] for g in u.unpack_many(codec, 2, IV, recs, 72, offs)] == \
+            [buf[i * bs:(i + 1) * bs] for i in range(n)]
+        entries, end, err = u.scan(codec, 2, IV, recs, 72)
+        assert len(entries) == n and err is None
+    bad = bytearray(recs)
+    bad[offs[3] - 72 + H + 7] ^= 1
+    other_iv = bytes(16)
+    for u, codec in ((impl, c), (other, oc)):
+        for got, at in ((u.unpack_many(codec, 2, IV, bytes(bad), 72, [offs[3]])[0], offs[3]),
+                        (u.unpack_many(codec, 3, IV, recs, 72, [offs[0]])[0], offs[0]),
+                        (u.unpack_many(codec, 2, other_iv, recs, 72, [offs[0]])[0], offs[0])):
+            assert (got.kind, got.offset) == ("tag", at)
+        moved = bytes(8) + bytes(recs)  # the same bytes 8 further on
+        assert u.unpack_many(codec, 2, IV, moved, 72, [offs[0] + 8])[0].kind == "tag"
+        hm = u.Codec(enc, MAC, 1)
+        err = u.scan(hm, 2, IV, recs, 72)[2]
+        assert (err.kind, err.offset) == ("tag", 72)
 
 def test_pack_threads_identical(impl):
     bs, n = 4096, 300

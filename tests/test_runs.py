@@ -9,6 +9,7 @@ format document alone.
 
 import array
 import hmac
+import json
 import os
 import random
 import struct
@@ -16,6 +17,7 @@ import struct
 import pytest
 import zstandard
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from cryptography.hazmat.primitives.poly1305 import Poly1305
 from native_support import impl, other  # noqa: F401 (fixtures)
 from test_image_support import BS, content, make_store, open_store, seeded
 
@@ -286,7 +288,7 @@ def test_store_reads_runs_every_way(tmp_path, mode, encrypt):
         for n in range(s.log.open.n + 1):
             with open(os.path.join(path, "arenas", f"{n:08d}.arena"), "rb") as f:
                 buf = f.read()
-            entries, _, _ = s.log.scan(n, IV, memoryview(buf)[F.ARENA_HEADER_SIZE:], F.ARENA_HEADER_SIZE)
+            entries, _, _ = s.log.scan(n, s.log.iv(n), memoryview(buf)[F.ARENA_HEADER_SIZE:], F.ARENA_HEADER_SIZE)
             for e in entries:
                 counts[buf[e[0] + 5]] = counts.get(buf[e[0] + 5], 0) + 1
         assert counts.get(2, 0) > 100 and counts.get(0, 0) > 10
@@ -397,19 +399,25 @@ def test_gc_compacts_runs_part_dead(tmp_path, capsys):
 
 # ---- an independent reader, from docs/format.md §5.2 alone ----------------------------
 
-def doc_read(buf, o, arena, mac, enc=None, iv=None):
-    """The block of the record at offset o of an arena's bytes, as docs/format.md §5.2 says."""
+def doc_read(buf, o, arena, mac, enc=None, iv=None, poly=False):
+    """The block of the record at offset o of an arena's bytes, as docs/format.md §2 and §5.2 say."""
+    def keystream(key, p, data):  # AES-256-CTR from arena position p
+        block = ((int.from_bytes(iv, "big") + p // 16) % (1 << 128)).to_bytes(16, "big")
+        return Cipher(algorithms.AES(key), modes.CTR(block)).encryptor().update(bytes(p % 16) + data)[p % 16:]
+
     def rec(at):
         magic, btype, codec, j, k, S, R, key, tag = struct.unpack_from("<4sBBBBII32s16s", buf, at)
         assert magic == b"FDNr"
         payload = bytes(buf[at + 64:at + 64 + S])
-        want = hmac.new(mac, struct.pack("<II", arena, at) + bytes(buf[at:at + 48]) + payload, "sha256").digest()
-        assert want[:16] == tag, f"tag at {at}"
+        m = struct.pack("<II", arena, at) + bytes(buf[at:at + 48]) + payload
+        if poly:
+            otk = keystream(hmac.new(mac, b"foundation record tag", "sha256").digest(), at, bytes(32))
+            want = Poly1305.generate_tag(otk, m)
+        else:
+            want = hmac.new(mac, m, "sha256").digest()[:16]
+        assert want == tag, f"tag at {at}"
         if enc:
-            p = at + 64
-            block = ((int.from_bytes(iv, "big") + p // 16) % (1 << 128)).to_bytes(16, "big")
-            payload = Cipher(algorithms.AES(enc), modes.CTR(block)).encryptor().update(
-                bytes(p % 16) + payload)[p % 16:]
+            payload = keystream(enc, at + 64, payload)
         return codec, j, k, S, R, payload
 
     codec, j, k, S, R, payload = rec(o)
@@ -431,10 +439,13 @@ def doc_read(buf, o, arena, mac, enc=None, iv=None):
     return frame[j * R:(j + 1) * R]
 
 
-@pytest.mark.parametrize("encrypt", [False, True])
-def test_the_format_document_reads_a_store_with_runs(tmp_path, encrypt):
+@pytest.mark.parametrize("encrypt,tag", [(False, None), (True, None), (True, "hmac")])
+def test_the_format_document_reads_a_store_with_runs(tmp_path, encrypt, tag):
     kf = str(tmp_path / "key") if encrypt else None
-    path = make_store(tmp_path / "s", encrypt=encrypt, run=16, key_file=kf)
+    path = make_store(tmp_path / "s", encrypt=encrypt, run=16, key_file=kf, tag=tag)
+    with open(os.path.join(path, "foundation.json")) as f:
+        poly = json.load(f).get("tag", "hmac") == "poly1305"
+    assert poly == (tag is None)  # new stores: Poly1305 tags
     data = content(seeded(8), 2 << 20)
     with open_store(path, key_file=kf) as s:
         s.write_blocks(data)
@@ -452,7 +463,7 @@ def test_the_format_document_reads_a_store_with_runs(tmp_path, encrypt):
         for e in entries:
             if e[1] != F.DATA:
                 continue
-            block = doc_read(buf, e[0], n, keys.mac, keys.enc, iv)
+            block = doc_read(buf, e[0], n, keys.mac, keys.enc, iv, poly)
             assert block in blocks
             seen += 1
             runs += buf[e[0] + 5] == 2

@@ -134,6 +134,11 @@ EDITS = {
     "changed arena_size": (edit("arena_size", lambda v: v * 2), "was edited after the store was made"),
     "changed mode": (edit("mode", "value"), "was edited after the store was made"),
     "changed max_log_size": (edit("max_log_size", lambda v: v * 4), "was edited after the store was made"),
+    # the record tag is a parameter: HMAC would call every Poly1305-tagged record damaged
+    "tag removed": (edit("tag", drop=True), "was edited after the store was made"),
+    "tag changed": (edit("tag", "hmac"), "was edited after the store was made"),
+    "unknown tag": (edit("tag", "gmac"), "has an unknown record tag: tag = 'gmac', which is not one of "
+                                         "'hmac', 'poly1305'"),
 }
 
 

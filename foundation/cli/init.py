@@ -39,6 +39,9 @@ def add_arguments(p):
     p.add_argument("--run", type=int, metavar="N",
                    help="compress up to N neighbouring new blocks together as one run (1: each block "
                         "alone; default 16; docs/format.md §5.2)")
+    p.add_argument("--tag", choices=("poly1305", "hmac"),
+                   help="how each record is authenticated: poly1305 (the default) or hmac (slower; for "
+                        "a store that Foundations older than Poly1305 tags must read; docs/format.md §5.2)")
     p.add_argument("--passphrase", action="store_true",
                    help="protect the key file with a passphrase (asked, or FOUNDATION_PASSPHRASE)")
 
@@ -60,7 +63,8 @@ def run(args):
                 raise UsageError("the passphrases differ")
     kf = Store.create(path, mode=args.mode, block_size=args.block_size, arena_size=args.arena_size,
                       max_log_size=args.max_log_size, encrypt=not args.no_encrypt,
-                      key_file=key_file(args), passphrase=pw, compression=args.compression, run=args.run)
+                      key_file=key_file(args), passphrase=pw, compression=args.compression, run=args.run,
+                      tag=args.tag)
     print(f"created {args.mode} store in {path}")
     if kf:
         print(f"key file: {kf}")

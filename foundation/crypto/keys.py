@@ -55,6 +55,11 @@ class Keys:
     def unkeyed(cls):
         return cls(None, UNKEYED_MAC, None, 0)
 
+    def tag_key(self):
+        """The key of Poly1305 record tags (docs/format.md §2, §5.2), derived from the MAC key, so
+        an unencrypted store's is public like its MAC key: integrity, not authenticity."""
+        return hmac.new(self.mac, b"foundation record tag", "sha256").digest()
+
     def check_value(self):
         """A value stored in the store's config to recognise the right key."""
         return hmac.new(self.mac, b"foundation key check", "sha256").hexdigest()[:32]

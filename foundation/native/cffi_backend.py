@@ -87,19 +87,22 @@ class _Native:
     class Codec:
         """Keys and compression level for records; pools C contexts, thread-safe."""
 
-        def __init__(self, enc_key, mac_key, zlevel):
-            checks.codec_args(enc_key, mac_key, zlevel)
+        def __init__(self, enc_key, mac_key, zlevel, tag_key=None):
+            checks.codec_args(enc_key, mac_key, zlevel, tag_key)
             c = _lib.fdn_codec_new(_ffi.NULL if enc_key is None else _ro(enc_key),
                                    0 if enc_key is None else KEY_SIZE,
-                                   _ro(mac_key), checks.nbytes(mac_key), zlevel)
+                                   _ro(mac_key), checks.nbytes(mac_key),
+                                   _ffi.NULL if tag_key is None else _ro(tag_key),
+                                   0 if tag_key is None else KEY_SIZE, zlevel)
             if c == _ffi.NULL:
                 raise MemoryError("cannot set up a record codec")
             self._c = _ffi.gc(c, _lib.fdn_codec_free)
             self.encrypted = enc_key is not None
             self.zlevel = zlevel
+            self.tag = "hmac" if tag_key is None else "poly1305"
 
         def __repr__(self):
-            return f"<native Codec encrypted={self.encrypted} zlevel={self.zlevel}>"
+            return f"<native Codec encrypted={self.encrypted} zlevel={self.zlevel} tag={self.tag}>"
 
     @staticmethod
     def pack(codec, arena, iv, offset, btype, buf, bs, keys, threads=1, out=None, scratch=None, run=1):
@@ -328,7 +331,7 @@ class _Native:
         entries = []
         while True:
             done = end[0] - base
-            k = _lib.fdn_scan(c, arena, b + done, size - done, end[0], bool(verify),
+            k = _lib.fdn_scan(c, arena, _ro(iv), b + done, size - done, end[0], bool(verify),
                               ents, cap, end, err)
             # the array's bytes in one struct pass, not a cdata field access per record
             entries += [(off, btype, key, slen, rlen)
@@ -356,7 +359,7 @@ class _Native:
         got_offs, got_types, got_keys, got_tags = array.array("Q"), bytearray(), bytearray(), bytearray()
         while True:
             done = end[0] - base
-            k = _lib.fdn_scan_cols(c, arena, b + done, size - done, end[0], bool(verify), ents, cap,
+            k = _lib.fdn_scan_cols(c, arena, _ro(iv), b + done, size - done, end[0], bool(verify), ents, cap,
                                    offs, btypes, keys, keylen, tags, end, err)
             if k > 0:
                 got_offs.frombytes(_ffi.buffer(offs, 8 * k))

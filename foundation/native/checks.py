@@ -9,12 +9,12 @@ import array
 import sys
 from typing import NamedTuple
 
-API_VERSION = 2
+API_VERSION = 3
 
 SCORE_SIZE = 32  # SHA-256; the record's key field
 WEAK_SIZE = 8  # weak hash, u64 big-endian
 HEADER_SIZE = 4 + 1 + 1 + 2 + 4 + 4 + SCORE_SIZE + 16  # = 64, see reference.py
-TAG_SIZE = 16  # HMAC-SHA256 truncated
+TAG_SIZE = 16  # Poly1305, or HMAC-SHA256 truncated
 KEY_SIZE = 32  # AES-256
 IV_SIZE = 16  # an arena's initial AES-CTR counter block
 RECORD_MAGIC = b"FDNr"
@@ -87,7 +87,7 @@ class RecordError(ValueError):
     kind says what is wrong; offset is the record's arena offset:
       magic       not a record header (magic, codec or reserved bytes)
       length      impossible stored and raw lengths
-      tag         the HMAC tag does not match: damaged, misplaced or forged
+      tag         the tag does not match: damaged, misplaced or forged
       decompress  authentic, yet the payload does not decode to its raw length
       truncated   the bytes end inside the record (a torn tail when it is the last)
       span        a run slice (codec 2) whose run is not wholly in the bytes given: no damage,
@@ -161,9 +161,11 @@ def thread_count(threads):
     return min(threads, MAX_THREADS)
 
 
-def codec_args(enc_key, mac_key, zlevel):
+def codec_args(enc_key, mac_key, zlevel, tag_key=None):
     if enc_key is not None and nbytes(enc_key) != KEY_SIZE:
         raise ValueError(f"enc_key must be {KEY_SIZE} bytes or None")
+    if tag_key is not None and nbytes(tag_key) != KEY_SIZE:
+        raise ValueError(f"tag_key must be {KEY_SIZE} bytes or None (HMAC tags)")
     nbytes(mac_key)
     if not isinstance(zlevel, int) or not ZLEVEL_MIN <= zlevel <= ZLEVEL_MAX:
         raise ValueError(f"zlevel must be 0 (never compress) or a zstd level, not {zlevel!r}")

@@ -15,8 +15,11 @@ Record, as it lies in an arena (all integers little-endian):
     8    4     S                    stored payload length
     12   4     R                    raw block length
     16   32    key                  score or weak hash; opaque here
-    48   16    tag                  HMAC-SHA256(mac_key, u32le(arena) || u32le(offset)
-                                      || header[0:48] || payload)[:16]
+    48   16    tag                  of M = u32le(arena) || u32le(offset) || header[0:48]
+                                      || payload: Poly1305(otk, M), otk the tag key's
+                                      AES-256-CTR keystream at arena positions offset ..
+                                      offset + 31 (stores with a tag key, see tag());
+                                      else HMAC-SHA256(mac_key, M)[:16]
     64   S     payload              the block; zstd-compressed (one frame with its
                                       content size) when that is shorter than R
                                       and the block is not flat (see flat());
@@ -56,6 +59,7 @@ import sys
 
 import zstandard
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from cryptography.hazmat.primitives.poly1305 import Poly1305
 
 from foundation.native import checks
 from foundation.native.checks import (ARENA_LIMIT, HEADER_SIZE, RECORD_MAGIC, SCORE_SIZE, TAG_SIZE, WEAK_SIZE,
@@ -128,15 +132,17 @@ def weak_hashes(buf, bs, btype, seed, skip=None):
 class Codec:
     """Keys and compression level for records."""
 
-    def __init__(self, enc_key, mac_key, zlevel):
-        checks.codec_args(enc_key, mac_key, zlevel)
+    def __init__(self, enc_key, mac_key, zlevel, tag_key=None):
+        checks.codec_args(enc_key, mac_key, zlevel, tag_key)
         self.enc_key = None if enc_key is None else bytes(enc_key)
         self.mac = hmac.new(bytes(mac_key), digestmod=hashlib.sha256)  # keyed once, copied per record
+        self.tag_key = None if tag_key is None else bytes(tag_key)
         self.encrypted = enc_key is not None
         self.zlevel = zlevel
+        self.tag = "hmac" if tag_key is None else "poly1305"
 
     def __repr__(self):
-        return f"<reference Codec encrypted={self.encrypted} zlevel={self.zlevel}>"
+        return f"<reference Codec encrypted={self.encrypted} zlevel={self.zlevel} tag={self.tag}>"
 
 
 def _codec(codec):
@@ -153,11 +159,15 @@ def ctr(key, iv, pos, data):
     return (enc.update(bytes(skip) + data) + enc.finalize())[skip:]
 
 
-def tag(codec, arena, offset, head, payload):
+def tag(codec, arena, iv, offset, head, payload):
+    """The record's tag (16 bytes). With a tag key: Poly1305 under a one-time key that is the tag
+    key's keystream at the record's own arena positions offset .. offset + 31, so each record of an
+    arena file has its own; else HMAC-SHA256 under the mac key (stores made before tag keys)."""
+    msg = struct.pack("<II", arena, offset) + bytes(head[:HEAD.size]) + bytes(payload)
+    if codec.tag_key is not None:
+        return Poly1305.generate_tag(ctr(codec.tag_key, iv, offset, bytes(32)), msg)
     m = codec.mac.copy()
-    m.update(struct.pack("<II", arena, offset))
-    m.update(head[:HEAD.size])
-    m.update(payload)
+    m.update(msg)
     return m.digest()[:TAG_SIZE]
 
 
@@ -204,7 +214,7 @@ def pack(codec, arena, iv, offset, btype, buf, bs, keys, threads=1, out=None, sc
             payload = ctr(codec.enc_key, iv, pos + HEADER_SIZE, payload)
         head = HEAD.pack(RECORD_MAGIC, btype, kind, 0, len(payload), blen,
                          keys[i * SCORE_SIZE:(i + 1) * SCORE_SIZE])
-        out += head + tag(codec, arena, pos, head, payload) + payload
+        out += head + tag(codec, arena, iv, pos, head, payload) + payload
         offsets.append(pos)
         pos += HEADER_SIZE + len(payload)
     return bytes(out), offsets
@@ -306,7 +316,7 @@ def seal(codec, arena, iv, offset, btype, buf, bs, keys, filled, first=0, room=A
             payload = ctr(codec.enc_key, iv, pos + HEADER_SIZE, payload)
         reserved = j | k << 8 if kind == RUN else 0
         head = HEAD.pack(RECORD_MAGIC, btype, kind, reserved, size, blen, keys[i * SCORE_SIZE:(i + 1) * SCORE_SIZE])
-        t = tag(codec, arena, pos, head, payload)
+        t = tag(codec, arena, iv, pos, head, payload)
         recs += head + t + payload
         tags += t
         offsets.append(pos)
@@ -317,7 +327,7 @@ def seal(codec, arena, iv, offset, btype, buf, bs, keys, filled, first=0, room=A
     return bytes(recs), offsets, bytes(tags)
 
 
-def _check(codec, arena, offset, rec, verify):
+def _check(codec, arena, iv, offset, rec, verify):
     """The header fields of the record at offset whose bytes rec begins with."""
     if len(rec) < 4:
         raise RecordError("truncated", offset)
@@ -334,7 +344,7 @@ def _check(codec, arena, offset, rec, verify):
     if len(rec) - HEADER_SIZE < S:
         raise RecordError("truncated", offset)
     payload = rec[HEADER_SIZE:HEADER_SIZE + S]
-    if verify and not hmac.compare_digest(tag(codec, arena, offset, rec, payload),
+    if verify and not hmac.compare_digest(tag(codec, arena, iv, offset, rec, payload),
                                           bytes(rec[HEAD.size:HEADER_SIZE])):
         raise RecordError("tag", offset)
     return btype, kind, S, R, key, bytes(payload)
@@ -348,7 +358,7 @@ def unpack(codec, arena, iv, offset, rec, base=None):
 
 
 def _unpack(codec, arena, iv, offset, data, base):
-    btype, kind, S, R, key, payload = _check(codec, arena, offset, data[offset - base:], True)
+    btype, kind, S, R, key, payload = _check(codec, arena, iv, offset, data[offset - base:], True)
     if kind == RUN:
         at = offset - base
         return btype, key, _run(codec, arena, iv, offset, data, base, S, R, data[at + 6], data[at + 7])
@@ -369,7 +379,7 @@ def _run(codec, arena, iv, offset, data, base, S, R, j, k):
     for m in range(k):
         at = first + m * step
         rec = data[at - base:]
-        _, kind, S2, R2, _, payload = _check(codec, arena, at, rec, True)
+        _, kind, S2, R2, _, payload = _check(codec, arena, iv, at, rec, True)
         if kind != RUN or (rec[6], rec[7], S2, R2) != (m, k, S, R):
             raise RecordError("magic", at)
         joined += ctr(codec.enc_key, iv, at + HEADER_SIZE, payload) if codec.enc_key is not None else payload
@@ -455,7 +465,7 @@ def scan(codec, arena, iv, buf, base, verify=True):
         if not any(data[pos:pos + HEADER_SIZE]):
             break  # unwritten space
         try:
-            btype, _, S, R, key, _ = _check(codec, arena, base + pos, data[pos:], verify)
+            btype, _, S, R, key, _ = _check(codec, arena, iv, base + pos, data[pos:], verify)
         except RecordError as e:
             return entries, base + pos, e
         entries.append((base + pos, btype, key, S, R))
@@ -500,7 +510,7 @@ def check_span(codec, arena, iv, buf, base, depth=checks.DECODED, score_key=None
         rec = data[off - base:off - base + HEADER_SIZE + S]
         tags += rec[HEAD.size:HEADER_SIZE]
         try:
-            _check(codec, arena, off, rec, True)
+            _check(codec, arena, iv, off, rec, True)
         except RecordError as e:
             problems[i] = e.kind
             continue

@@ -309,7 +309,7 @@ def _reencode(local, w, iv, block):
     length and tag. Another encoding of the same length would put other ciphertext under the same
     counter blocks (docs/format.md §5.2); in hash mode such a block is stored again instead."""
     for level in dict.fromkeys((primary.store_level(local.conf), *ZLEVELS)):
-        codec = native.Codec(local.keys.enc, local.keys.mac, level)
+        codec = primary.codec(local.keys, level, local.conf)
         rec, _ = native.pack(codec, w.arena, iv, w.offset, w.btype, block, len(block), w.key)
         if len(rec) == w.length and L.tag(rec, 0) == w.tag:
             return rec

@@ -5,9 +5,9 @@ guards writers only once it exists: on a new or reinstalled host, or after
 the state directory was lost, a store put back older would be written on.
 Every replica's manifest carries the head it committed to (MACed with the
 store's key), so before a writer's first open on this host the replicas
-are asked, with two small reads each (the manifest, and the last record
+are asked, with three small reads each (the manifest, the last record
 of the open arena's last segment, the commit record that ends every
-sync), and the newest commit they hold becomes the host's record; the
+sync, and the arena's header, whose iv its tag is made under), and the newest commit they hold becomes the host's record; the
 open that follows then refuses an older store as usual (exit 26).
 
 Only a replica whose commit number (the head's generation, which never
@@ -18,7 +18,6 @@ passed over with a warning: the archive goes on, guarded from then on by
 the record its own open leaves. docs/format.md §6.2.
 """
 
-import hmac
 import logging
 
 from foundation.errors import Error
@@ -39,27 +38,33 @@ def replica_commit(local, backend):
     _, m, why = read_remote(local, backend)
     if m is None:
         return (None, why) if why else None
-    return m.head, last_commit_record(local.keys.mac, backend, m)
+    return m.head, last_commit_record(local, backend, m)
 
 
-def last_commit_record(mac_key, backend, m):
+def last_commit_record(local, backend, m):
     """(offset, tag) of the commit record that ends the manifest's open arena, read from its last
-    segment and checked by its tag, or (0, b"") when the segment does not end in one (a store
-    from before commit records)."""
+    segment and checked by its tag (under the iv of the arena's header, read from its first
+    segment), or (0, b"") when the segment does not end in one (a store from before commit
+    records)."""
     if not m.open.parts:
         return 0, b""
-    name, start, end, _ = m.open.objects()[-1]
-    if end - start < COMMIT_RECORD:
+    parts = m.open.objects()
+    name, start, end, _ = parts[-1]
+    if end - start < COMMIT_RECORD or parts[0][1] != 0:
         return 0, b""
     off = end - COMMIT_RECORD
     b = backend.get(name, off - start, COMMIT_RECORD)
     if (len(b) != COMMIT_RECORD or not L.is_record(b, 0) or L.btype(b, 0) != F.COMMIT
             or L.stored(b, 0) != F.COMMIT_SIZE):
         return 0, b""
-    tag = L.tag(b, 0)
-    want = F.mac(mac_key, m.head.arena.to_bytes(4, "little"), off.to_bytes(4, "little"),
-                 bytes(b[:L.H_TAG]), bytes(b[L.HEADER_SIZE:]))[:L.TAG_SIZE]
-    return (off, tag) if hmac.compare_digest(tag, want) else (0, b"")
+    try:
+        h = F.ArenaHeader.unpack(bytes(backend.get(parts[0][0], 0, F.ARENA_HEADER_SIZE)), local.keys.mac)
+    except ValueError:
+        return 0, b""
+    if h.arena != m.head.arena:
+        return 0, b""
+    entries, _, err = local.log.scan(h.arena, h.iv, b, off)
+    return (off, L.tag(b, 0)) if err is None and len(entries) == 1 else (0, b"")
 
 
 def seed(watch, local, specs, opener=open_backend):

@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from functools import partial
 
-from foundation import native
 from foundation.errors import DataCorrupt
 from foundation.replica.errors import (ForeignReplica, NotAReplica, PlaintextRefused, RemoteMissing, ReplicaAhead,
                                        ReplicaBusy, ReplicaTampered)
@@ -242,7 +241,13 @@ def own_prefix(local, n, mine, theirs, base, damage):
     if base < h and mine[:h - base] != theirs[:h - base] and not hurt(0):
         return 0
     start = max(base, h)
-    entries, end, err = local.log.scan(n, bytes(native.IV_SIZE), memoryview(theirs)[start - base:], start)
+    # records are tagged under their arena's iv (§5.2): the replica's header when it holds one,
+    # else the local one (a copy written under another iv then verifies nowhere: nothing is taken)
+    try:
+        iv = L.arena_iv(theirs) if base == 0 and len(theirs) >= h else local.log.iv(n)
+    except DataCorrupt:  # no header to trust: nothing is shown to be ours
+        return 0
+    entries, end, err = local.log.scan(n, iv, memoryview(theirs)[start - base:], start)
     for off, _, _, stored, _, _ in entries:
         a, b = off - base, off - base + L.HEADER_SIZE + stored
         if mine[a:b] == theirs[a:b]:

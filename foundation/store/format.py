@@ -307,10 +307,25 @@ class IndexHeader:
 # ---- config: JSON, written once by init -----------------------------------
 CONFIG_KEYS = ("format", "version", "uuid", "mode", "block_size", "arena_size",
                "max_log_size", "encrypted", "key_check", "index_buckets", "bucket_size", "created", "check",
-               "compression", "run")
+               "compression", "run", "tag")
 # The parameters a store is made with and their types; `check` MACs them (§2).
 CONFIG_TYPES = {"uuid": str, "mode": str, "block_size": int, "arena_size": int, "max_log_size": int,
                 "encrypted": bool, "key_check": str, "index_buckets": int, "bucket_size": int}
+
+
+# How records are tagged (§5.2): a parameter like those above, but optional, so that stores made
+# before it (HMAC tags, no key) keep their check. New stores are made with TAG_DEFAULT.
+TAGS = ("hmac", "poly1305")
+TAG_DEFAULT = "poly1305"
+
+
+def record_tag(conf):
+    """The store's record tag, "hmac" (absent: stores made before Poly1305 tags) or "poly1305";
+    ValueError otherwise."""
+    tag = conf.get("tag", "hmac")
+    if tag not in TAGS:
+        raise ValueError(f"tag = {tag!r}, which is not one of {', '.join(map(repr, TAGS))}")
+    return tag
 
 
 # How the writer compresses blocks: a policy, not a parameter (any record may hold
@@ -358,7 +373,8 @@ def compression_level(text):
 
 def config_check(mac_key, conf):
     """The config's `check`: a MAC over its parameters, so an edit is caught at open."""
-    body = json.dumps({k: conf[k] for k in sorted(CONFIG_TYPES)}, sort_keys=True, separators=(",", ":"))
+    keys = [*CONFIG_TYPES, *(["tag"] if "tag" in conf else [])]
+    body = json.dumps({k: conf[k] for k in sorted(keys)}, sort_keys=True, separators=(",", ":"))
     return mac(mac_key, b"config", body.encode()).hex()[:32]
 
 

@@ -13,7 +13,7 @@ U8, U16, U32 = 1, 2, 4
 MAGIC = b"FDNr"
 MAGIC_SIZE = len(MAGIC)
 KEY_SIZE = 32     # the key field: a score, or a weak hash and 24 zero bytes
-TAG_SIZE = 16     # truncated HMAC-SHA256 over header and stored bytes
+TAG_SIZE = 16     # Poly1305 (or truncated HMAC-SHA256) over header and stored bytes
 
 H_MAGIC = 0
 H_BTYPE = H_MAGIC + MAGIC_SIZE

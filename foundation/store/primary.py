@@ -86,6 +86,10 @@ def check_types(conf, where):
         F.store_run(conf)
     except ValueError as e:
         raise StoreConfigBad(where, f"has an unusable run setting: {e}") from None
+    try:
+        F.record_tag(conf)
+    except ValueError as e:
+        raise StoreConfigBad(where, f"has an unknown record tag: {e}") from None
 
 
 def store_level(conf):
@@ -141,8 +145,10 @@ def load_keys(conf, where, key_file=None, master=None, passphrase=None):
     return keys, master
 
 
-def codec(keys, zlevel):
-    return native.Codec(keys.enc, keys.mac, zlevel)
+def codec(keys, zlevel, conf):
+    """The record codec of the store whose config is conf: its keys, its record tag (§5.2)."""
+    poly = F.record_tag(conf) == "poly1305"
+    return native.Codec(keys.enc, keys.mac, zlevel, keys.tag_key() if poly else None)
 
 
 # ---- locks (docs/format.md §1) -----------------------------------------------------------------
@@ -284,7 +290,7 @@ class Primary:
         self.keys, self.master = load_keys(self.conf, path, key_file, master, passphrase)
         if config is None:
             check_config(self.conf, self.keys, os.path.join(path, F.CONFIG))
-        self.codec = codec(self.keys, 1)
+        self.codec = codec(self.keys, 1, self.conf)
         self.disk = Disk(path)
         self.log = Log(path, self.disk, self.codec, self.keys, self.conf, False)
         self._locks = []

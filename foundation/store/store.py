@@ -49,9 +49,10 @@ class Store(Writes, Reads, IndexCache):
 
     @staticmethod
     def create(path, mode="hash", block_size=4096, arena_size=16 << 20, max_log_size=256 << 30,
-               encrypt=True, key_file=None, passphrase=None, compression=None, run=None):
+               encrypt=True, key_file=None, passphrase=None, compression=None, run=None, tag=None):
         """Make a new store in the empty directory `path`; returns the key file path (or None).
-        `compression`, `run`: the writers' settings (format §3), None for the defaults."""
+        `compression`, `run`: the writers' settings (format §3), None for the defaults; `tag`:
+        the record tag (§5.2), None for the default."""
         if mode not in ("hash", "value"):
             raise BadInput(f"mode must be 'hash' or 'value', not {mode!r}")
         if block_size < 512 or block_size > 65536 or block_size & (block_size - 1):
@@ -67,6 +68,7 @@ class Store(Writes, Reads, IndexCache):
                 raise BadInput(str(e)) from None
         try:
             run = F.check_run(F.RUN_DEFAULT if run is None else run)
+            tag = F.record_tag({"tag": F.TAG_DEFAULT if tag is None else tag})
         except ValueError as e:
             raise BadInput(str(e)) from None
         if not os.path.isdir(path):
@@ -94,6 +96,8 @@ class Store(Writes, Reads, IndexCache):
                     arena_size=arena_size, max_log_size=max_log_size, encrypted=bool(encrypt),
                     key_check=keys.check_value(), index_buckets=home, bucket_size=4096,
                     created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+        if tag != "hmac":  # hmac: no key, so that Foundations made before Poly1305 tags read the store
+            conf["tag"] = tag
         conf["check"] = F.config_check(keys.mac, conf)
         if compression is not None:
             conf["compression"] = compression
@@ -101,7 +105,7 @@ class Store(Writes, Reads, IndexCache):
         os.makedirs(os.path.join(path, F.ARENAS))
         os.makedirs(os.path.join(path, F.SUMMARIES))
         disk = Disk(path)
-        lg = Log(path, disk, primary.codec(keys, 0), keys, conf, True)
+        lg = Log(path, disk, primary.codec(keys, 0, conf), keys, conf, True)
         lg.head = F.Head(0, F.ARENA_HEADER_SIZE, 0, F.ZERO_CHAIN)
         lg.open = lg._create_arena(0)
         lg.write_head(both=True)
@@ -154,7 +158,7 @@ class Store(Writes, Reads, IndexCache):
         else:
             self._share()
         self.disk = Disk(path)
-        self.codec = primary.codec(self.keys, primary.store_level(conf) if tuning.zlevel is None else tuning.zlevel)
+        self.codec = primary.codec(self.keys, primary.store_level(conf) if tuning.zlevel is None else tuning.zlevel, conf)
         self.venti = tuning.policy == "venti"
         self.blocks = LRU(tuning.block_cache_bytes)
         self.summaries = OrderedDict()  # arena -> native.Table (the index cache)
