@@ -188,3 +188,26 @@ def test_extents_read_ahead_are_used_only_while_the_layer_is_unchanged(images, t
     got = qcow2.chain_map(top)
     assert read == [top, mid] and got != want
     assert (4 * MiB, 64 << 10, mid) in [(s, n, f) for s, n, f, _, _ in got]
+
+
+def test_the_chain_takes_the_top_from_its_locked_map_while_it_is_unchanged(images, tmp_path, monkeypatch):
+    """layer_map(top) with the lock, then chain_map(top): the top's tables are read once (a night
+    maps overlay(k) both ways); a top written in between, or mapped without the lock, is read again."""
+    top = _overlay(tmp_path, "top.qcow2", images["qcow2"], "qcow2", WRITES[0])
+    want = qcow2.chain_map(top)
+    monkeypatch.setattr(qcow2, "_AHEAD", {})
+    read = []
+    real = qcow2.Image.extents
+    monkeypatch.setattr(qcow2.Image, "extents", lambda self: read.append(self.path) or real(self))
+    qcow2.layer_map(top)
+    assert qcow2.chain_map(top) == want and read == [top, images["qcow2"]]    # the top by layer_map alone
+    read.clear()
+    assert qcow2.chain_map(top) == want and read == [top, images["qcow2"]]     # used once only
+    qcow2.layer_map(top, lock=False)
+    read.clear()
+    assert qcow2.chain_map(top) == want and read == [top, images["qcow2"]]
+    qcow2.layer_map(top)
+    qemu("qemu-io", "-f", "qcow2", "-c", "write -P 0x45 5M 64k", top)
+    read.clear()
+    got = qcow2.chain_map(top)
+    assert read == [top, images["qcow2"]] and (5 * MiB, 64 << 10, top) in [(s, n, f) for s, n, f, _, _ in got]

@@ -195,7 +195,12 @@ def layer_map(path, lock=True):
     offset | None, zero)]. With `lock`, fails with LayerBusy if a process still writes it."""
     fd = _open(path, lock)
     try:
-        return [(s, e - s, off, zero) for s, e, off, zero in Image(path, fd).extents()]
+        stamp = _stamp(fd) if lock else None
+        ext = Image(path, fd).extents()
+        if lock:        # chain_map of the same frozen layer, right after, takes them (see _extents)
+            _LOCKED.clear()
+            _LOCKED[path] = (stamp, ext)
+        return [(s, e - s, off, zero) for s, e, off, zero in ext]
     finally:
         os.close(fd)
 
@@ -267,6 +272,9 @@ def chain_map(path, layers_out=None):
 # A frozen layer's extents read ahead (`prefetch`, while libvirt takes the snapshot): path -> (stamp,
 # extents), taken once by chain_map if the file's stamp is still the same.
 _AHEAD = {}
+# The last layer mapped with the lock (layer_map): path -> (stamp, extents). A night maps overlay(k)
+# with the lock, then the chain above which overlay(k) is the top: its tables are read once.
+_LOCKED = {}
 
 
 def _stamp(fd):
@@ -276,8 +284,10 @@ def _stamp(fd):
 
 
 def _extents(img):
-    """img.extents(), or what prefetch read of it ahead if the file is unchanged since."""
+    """img.extents(), or what prefetch or layer_map read of it before if the file is unchanged since."""
     hit = _AHEAD.pop(img.path, None)
+    if hit is None:
+        hit = _LOCKED.pop(img.path, None)
     if hit is not None and hit[0] == _stamp(img.fd):
         return hit[1]
     return img.extents()
