@@ -15,6 +15,7 @@ archive_timeline.py (its per-step ms recorded). Every `--check`-th night
 and the last are restored from both stores and compared byte for byte.
 
     python3 benchmarks/archive_nights.py WORK --tree /var/tmp/base --tree . --nights 10 [--warm] [--timeline]
+    python3 benchmarks/archive_nights.py --steps results/archive-nights-X.json   (the step medians again)
 """
 
 import argparse
@@ -34,6 +35,38 @@ from workload import sha256_file  # noqa: E402
 GIB, MIB = 1 << 30, 1 << 20
 
 
+STEPS = ("domain.Domain.snapshot", "source.SnapshotSource.__init__", "sink.StoreSink.write_disk",
+         "tree._Builder.ensure", "sink.StoreSink.read_ahead [prefetch]", "archiver.Archiver._cleanup")
+
+
+def steps(res):
+    """Per tree, cold and warm: the median over the nights of each STEPS' ms (summed over its calls
+    in a night), of the gap from the snapshot's end to the write's start, and of the timeline's end."""
+    out = {}
+    for t in res["trees"]:
+        for cold in (True, False):
+            nights = [r for r in res["runs"] if r["night"] > 0 and r["tree"] == t and r["cold"] == cold
+                      and r.get("timeline")]
+            if not nights:
+                continue
+            per = {}
+            for r in nights:
+                got = {}
+                for line in r["timeline"]:
+                    f = line.split(None, 3)
+                    if len(f) == 4 and not line.startswith("waits"):
+                        got.setdefault(f[3], []).append((float(f[0]), float(f[1])))
+                for k in STEPS:
+                    per.setdefault(k, []).append(sum(e - s for s, e in got.get(k, [])))
+                snap, write = got.get("domain.Domain.snapshot"), got.get("sink.StoreSink.write_disk")
+                if snap and write:
+                    per.setdefault("snapshot end -> write start", []).append(write[0][0] - snap[0][1])
+                per.setdefault("timeline end", []).append(max(e for v in got.values() for _, e in v))
+            out.setdefault(t, {})["cold" if cold else "warm"] = {
+                k: round(statistics.median(v), 1) for k, v in per.items()}
+    return out
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("work")
@@ -44,6 +77,11 @@ def main():
     p.add_argument("--timeline", action="store_true")
     p.add_argument("--check", type=int, default=5, help="restore and compare every N-th night (and the last)")
     p.add_argument("--label", default="nights")
+    if sys.argv[1:2] == ["--steps"]:
+        for f in sys.argv[2:]:
+            with open(f) as fh:
+                print(f, json.dumps(steps(json.load(fh)), indent=1))
+        return
     a = p.parse_args()
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)   # else each run recompiles every module it imports
     trees = [os.path.abspath(t) for t in a.tree]
@@ -118,6 +156,9 @@ def main():
                 diffs.setdefault(k, []).append(r[trees[1]][k] - r[trees[0]][k])
     res["paired_median_diff_b_minus_a"] = {k: statistics.median(v) for k, v in diffs.items()}
     print("paired median B - A:", res["paired_median_diff_b_minus_a"])
+    if a.timeline:
+        res["steps_ms"] = steps(res)
+        print(json.dumps(res["steps_ms"], indent=1))
     print(measure.save(f"archive-nights-{a.label}", res))
 
 
