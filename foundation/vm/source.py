@@ -16,12 +16,9 @@ read the partition table.
 
 import bisect
 import concurrent.futures
-import threading
 
 from foundation.image import qemuimg
 from foundation.image.source import RawSource
-
-PARALLEL_READS = True  # a first run's batches read as two halves at once (False: one read per batch)
 
 
 class SnapshotSource:
@@ -57,20 +54,13 @@ class SnapshotSource:
         self._starts = [e[0] for e in self._ext]
         self._files = {}
         self._nbd = None
-        self._opening = threading.Lock()
-        # A whole disk read from its files alone (no qemu-nbd: one connection, one read at a time) is
-        # read as a raw image is, each batch as two halves at once (pread has no file position).
-        self.parallel_reads = PARALLEL_READS and self.changed is None and self.direct
 
     # -- byte sources ---------------------------------------------------
 
     def _file(self, path):
         f = self._files.get(path)
         if f is None:
-            with self._opening:  # (two readers: one descriptor)
-                f = self._files.get(path)
-                if f is None:
-                    f = self._files[path] = RawSource(path)
+            f = self._files[path] = RawSource(path)
         return f
 
     def _pread(self, path, offset, view):
