@@ -121,7 +121,7 @@ def summary(m, window=0.25):
         b[2] += v[2]
     out.append("threads: " + ", ".join(f"{n} x{c} {run:.2f} s (runq {w:.2f})"
                                        for n, (c, run, w) in sorted(by.items(), key=lambda x: -x[1][1])))
-    step = max(1, round(window / 0.05))
+    step = max(1, round(window / max(0.01, rows[1]["t"] - rows[0]["t"]))) if len(rows) > 1 else 1
     for a, b in zip(rows[::step], rows[step::step]):
         dt = b["t"] - a["t"]
         run = sum(v[1] - a["tasks"].get(k, [0, 0, 0])[1] for k, v in b["tasks"].items()) / dt
@@ -130,6 +130,29 @@ def summary(m, window=0.25):
         out.append(f"{a['t']:6.2f} cores {run:4.2f} runq {wait:4.2f} | machine busy {cpu[0] + cpu[1] + cpu[2]:4.2f} "
                    f"idle {cpu[3]:4.2f} iowait {cpu[4]:4.2f} | {len(b['tasks'])} threads")
     return out
+
+
+def span_summary(spans):
+    """From the write path's timed calls (archive_timeline.py's TIMELINE_SPANS: thread, call, start,
+    end): each call's count, sum and median/p90 ms, and what the other threads were in while the fill
+    thread (the compression, the chain when the cores are free) sat between two fills."""
+    by = {}
+    for th, what, a, b in spans:
+        by.setdefault(f"{what} [{th}]", []).append((a, b))
+    calls = {}
+    for k, iv in by.items():
+        d = sorted(b - a for a, b in iv)
+        calls[k] = {"n": len(d), "sum_s": round(sum(d), 3), "median_ms": round(d[len(d) // 2] * 1e3, 2),
+                    "p90_ms": round(d[int(len(d) * 0.9)] * 1e3, 2)}
+    fills = sorted(by.get("fill [store-fill_0]", []))
+    gaps = [(x[1], y[0]) for x, y in zip(fills, fills[1:])]
+    during = {}
+    for k, iv in by.items():
+        t = sum(max(0.0, min(g1, b) - max(g0, a)) for a, b in iv for g0, g1 in gaps if a < g1 and b > g0)
+        if t >= 0.01:
+            during[k] = round(t, 3)
+    return {"calls": calls, "fill_idle_s": round(sum(b - a for a, b in gaps), 3),
+            "during_fill_idle_s": dict(sorted(during.items(), key=lambda x: -x[1]))}
 
 
 def main():
@@ -159,6 +182,10 @@ def main():
         for m in res["runs"]:
             print(f"{m['tree']} round {m['round']}: {m['seconds']} s, {m['cpu_seconds']} CPU s, load {m['load']}")
             print("\n".join(summary(m)))
+            sp = m.get("spans")
+            if sp:
+                print(f"fill thread idle between fills {sp['fill_idle_s']} s; meanwhile: " + ", ".join(
+                    f"{k} {v}" for k, v in list(sp["during_fill_idle_s"].items())[:8]))
         return
     if not a.work or not a.tree:
         p.error("WORK and --tree are needed")
@@ -225,12 +252,13 @@ def main():
                     cmd = [w.replace("{out}", out) for w in a.wrap.split()] + cmd
                 m = measure.op(cmd, cwd=tree, env=env, cold=not a.warm)
                 m.update(tree=tree, round=r, load=round(os.getloadavg()[0], 2), probe=a.probe)
-                if sampler is not None:
-                    m["threads"] = sampler.stop()
+                if sampler is not None:   # kept every 250 ms (what summary() shows), rounded: ~100 kB a run
+                    m["threads"] = [dict(r, tasks={k: [round(x, 3) for x in v] for k, v in r["tasks"].items()})
+                                    for r in sampler.stop()[::5]]
                     with open(os.path.join(d, "timeline.txt")) as f:
                         m["timeline"] = f.read().splitlines()
                     with open(os.path.join(d, "spans.json")) as f:
-                        m["spans"] = json.load(f)
+                        m["spans"] = span_summary(json.load(f))   # (every call's span: megabytes a run)
                 if a.check:
                     m["restored_equal"] = _check(tree, cfg, name, d, image, fmt)
                 print(json.dumps({k: v for k, v in m.items() if k not in ("threads", "timeline", "spans")}), flush=True)
