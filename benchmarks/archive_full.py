@@ -4,13 +4,16 @@ encrypted store made by `init`, the page cache dropped, then `archive` measured 
 process and its children, peak RSS by GNU time); rounds alternate between the source trees.
 
     python3 benchmarks/archive_full.py WORK --tree /work/main --tree . [--rounds 3] [--probe]
+    python3 benchmarks/archive_full.py WORK --tree . --timeline [--raw] [--wrap "chrt -f 10"]
+    python3 benchmarks/archive_full.py --show benchmarks/results/archive-full-LABEL-TIME.json
 
 With --timeline each run goes through archive_timeline.py (its steps and the write path's waits,
 TIMELINE_WAITS) while every thread of the process tree has its CPU and run-queue wait sampled each
 50 ms (/proc/PID/task/*/stat and schedstat); --check restores each backup and compares it with the
 image (qemu-img compare). With --probe every run also goes under memprobe/ (VmRSS every 5 ms, what held the peak), which
 costs CPU: probe rounds and timed rounds are best made apart. Without --check nothing is
-restored: the nights and restores are archive_profile.py's.
+restored: the nights and restores are archive_profile.py's. --raw runs day 0's path instead
+(`import-image` of a raw copy of the same bytes, no domain): the two on the same data.
 """
 
 import argparse
