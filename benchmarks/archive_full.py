@@ -4,13 +4,16 @@ encrypted store made by `init`, the page cache dropped, then `archive` measured 
 process and its children, peak RSS by GNU time); rounds alternate between the source trees.
 
     python3 benchmarks/archive_full.py WORK --tree /work/main --tree . [--rounds 3] [--probe]
+    python3 benchmarks/archive_full.py WORK --tree . --timeline [--raw] [--wrap "chrt -f 10"]
+    python3 benchmarks/archive_full.py --show benchmarks/results/archive-full-LABEL-TIME.json
 
 With --timeline each run goes through archive_timeline.py (its steps and the write path's waits,
 TIMELINE_WAITS) while every thread of the process tree has its CPU and run-queue wait sampled each
 50 ms (/proc/PID/task/*/stat and schedstat); --check restores each backup and compares it with the
 image (qemu-img compare). With --probe every run also goes under memprobe/ (VmRSS every 5 ms, what held the peak), which
 costs CPU: probe rounds and timed rounds are best made apart. Without --check nothing is
-restored: the nights and restores are archive_profile.py's.
+restored: the nights and restores are archive_profile.py's. --raw runs day 0's path instead
+(`import-image` of a raw copy of the same bytes, no domain): the two on the same data.
 """
 
 import argparse
@@ -64,6 +67,8 @@ class Sampler:
         tick = os.sysconf("SC_CLK_TCK")
         while not self.done.wait(self.every):
             row = {"t": round(time.monotonic() - self.t0, 3), "tasks": {}}
+            with open("/proc/stat") as f:    # the whole machine: user, nice, system, idle, iowait (s)
+                row["cpu"] = [int(x) / tick for x in f.readline().split()[1:6]]
             for pid in self._procs():
                 try:
                     with open(f"/proc/{pid}/comm") as f:
@@ -72,9 +77,10 @@ class Sampler:
                         with open(f"/proc/{pid}/task/{tid}/stat") as f:
                             st = f.read()
                         v = st[st.rindex(")") + 2:].split()
+                        name = f"{comm}/{st[st.index('(') + 1:st.rindex(')')]}"   # process/thread name
                         with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
                             run, wait = f.read().split()[:2]       # ns on a CPU, ns runnable but waiting
-                        row["tasks"][f"{comm}:{pid}:{tid}"] = [(int(v[11]) + int(v[12])) / tick,
+                        row["tasks"][f"{name}:{pid}:{tid}"] = [(int(v[11]) + int(v[12])) / tick,
                                                                int(run) / 1e9, int(wait) / 1e9]
                 except OSError:
                     continue
@@ -86,8 +92,8 @@ class Sampler:
         return self.rows
 
 
-def _check(tree, cfg, name, d, base):
-    """Restore the newest backup of the domain and compare it with the image archived."""
+def _check(tree, cfg, name, d, base, fmt="qcow2"):
+    """Restore the newest backup of the domain (or image) and compare it with the image archived."""
     env = {"PYTHONPATH": tree}
     out = subprocess.run([sys.executable, "-m", "foundation", "--config", cfg, "list", "--json", name], cwd=tree,
                          env=dict(os.environ, **env), capture_output=True, check=True).stdout
@@ -95,15 +101,67 @@ def _check(tree, cfg, name, d, base):
     raw = os.path.join(d, "restore.raw")
     subprocess.run([sys.executable, "-m", "foundation", "--config", cfg, "restore", f"{name}@{snap['time']}", raw],
                    cwd=tree, env=dict(os.environ, **env), check=True, capture_output=True)
-    same = subprocess.run(["qemu-img", "compare", "-q", "-f", "raw", "-F", "qcow2", raw, base]).returncode == 0
+    same = subprocess.run(["qemu-img", "compare", "-q", "-f", "raw", "-F", fmt, raw, base]).returncode == 0
     os.unlink(raw)
     return same
 
 
+def summary(m, window=0.25):
+    """Lines that say where a timed run's cores went: each thread's CPU (by name), then per window
+    the run's cores busy, its threads' run-queue wait and the machine's idle and iowait."""
+    rows = [r for r in m.get("threads", []) if r["tasks"]]
+    if not rows:
+        return []
+    out, last = [], {}
+    for r in rows:
+        last.update(r["tasks"])
+    by = {}
+    for k, v in last.items():
+        n = k.split(":")[0]
+        b = by.setdefault(n, [0, 0.0, 0.0])
+        b[0] += 1
+        b[1] += v[1]
+        b[2] += v[2]
+    out.append("threads: " + ", ".join(f"{n} x{c} {run:.2f} s (runq {w:.2f})"
+                                       for n, (c, run, w) in sorted(by.items(), key=lambda x: -x[1][1])))
+    step = max(1, round(window / max(0.01, rows[1]["t"] - rows[0]["t"]))) if len(rows) > 1 else 1
+    for a, b in zip(rows[::step], rows[step::step]):
+        dt = b["t"] - a["t"]
+        run = sum(v[1] - a["tasks"].get(k, [0, 0, 0])[1] for k, v in b["tasks"].items()) / dt
+        wait = sum(v[2] - a["tasks"].get(k, [0, 0, 0])[2] for k, v in b["tasks"].items()) / dt
+        cpu = [(y - x) / dt for x, y in zip(a.get("cpu", [0] * 5), b.get("cpu", [0] * 5))]
+        out.append(f"{a['t']:6.2f} cores {run:4.2f} runq {wait:4.2f} | machine busy {cpu[0] + cpu[1] + cpu[2]:4.2f} "
+                   f"idle {cpu[3]:4.2f} iowait {cpu[4]:4.2f} | {len(b['tasks'])} threads")
+    return out
+
+
+def span_summary(spans):
+    """From the write path's timed calls (archive_timeline.py's TIMELINE_SPANS: thread, call, start,
+    end): each call's count, sum and median/p90 ms, and what the other threads were in while the fill
+    thread (the compression, the chain when the cores are free) sat between two fills."""
+    by = {}
+    for th, what, a, b in spans:
+        by.setdefault(f"{what} [{th}]", []).append((a, b))
+    calls = {}
+    for k, iv in by.items():
+        d = sorted(b - a for a, b in iv)
+        calls[k] = {"n": len(d), "sum_s": round(sum(d), 3), "median_ms": round(d[len(d) // 2] * 1e3, 2),
+                    "p90_ms": round(d[int(len(d) * 0.9)] * 1e3, 2)}
+    fills = sorted(by.get("fill [store-fill_0]", []))
+    gaps = [(x[1], y[0]) for x, y in zip(fills, fills[1:])]
+    during = {}
+    for k, iv in by.items():
+        t = sum(max(0.0, min(g1, b) - max(g0, a)) for a, b in iv for g0, g1 in gaps if a < g1 and b > g0)
+        if t >= 0.01:
+            during[k] = round(t, 3)
+    return {"calls": calls, "fill_idle_s": round(sum(b - a for a, b in gaps), 3),
+            "during_fill_idle_s": dict(sorted(during.items(), key=lambda x: -x[1]))}
+
+
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("work")
-    p.add_argument("--tree", action="append", required=True)
+    p.add_argument("work", nargs="?")
+    p.add_argument("--tree", action="append")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--size", type=int, default=2 * GIB)
     p.add_argument("--data", type=int, default=3 * GIB // 2)
@@ -112,7 +170,28 @@ def main():
     p.add_argument("--check", action="store_true", help="restore each backup and compare it with the image")
     p.add_argument("--timeline", action="store_true",
                    help="run through archive_timeline.py and sample every thread's CPU each 50 ms")
+    p.add_argument("--raw", action="store_true",
+                   help="no domain: `import-image` of the same bytes as a raw file (WORK/base.raw, sparse), "
+                        "day 0's write path on the full backup's data")
+    p.add_argument("--warm", action="store_true", help="the image read once before each run, cache not dropped")
+    p.add_argument("--perf", action="store_true", help="each run under `perf record` (WORK/perf-TREE-ROUND.data)")
+    p.add_argument("--wrap", help="a command put before each run's (split at spaces; {out} becomes "
+                                  "WORK/wrap-TREE-ROUND), e.g. 'py-spy record -r 250 -t -f raw -o {out}.txt --'")
+    p.add_argument("--show", metavar="RESULT", help="print a saved --timeline result's summary")
     a = p.parse_args()
+    if a.show:
+        with open(a.show) as f:
+            res = json.load(f)
+        for m in res["runs"]:
+            print(f"{m['tree']} round {m['round']}: {m['seconds']} s, {m['cpu_seconds']} CPU s, load {m['load']}")
+            print("\n".join(summary(m)))
+            sp = m.get("spans")
+            if sp:
+                print(f"fill thread idle between fills {sp['fill_idle_s']} s; meanwhile: " + ", ".join(
+                    f"{k} {v}" for k, v in list(sp["during_fill_idle_s"].items())[:8]))
+        return
+    if not a.work or not a.tree:
+        p.error("WORK and --tree are needed")
     trees = [os.path.abspath(t) for t in a.tree]
     work = os.path.abspath(a.work)
     os.makedirs(work, exist_ok=True)
@@ -128,7 +207,13 @@ def main():
         Workload(a.size, seed=7, fill=a.data / a.size).create(ref)
         subprocess.run(["qemu-img", "convert", "-O", "qcow2", ref, base], check=True)
         os.unlink(ref)
-    res = {"label": a.label, "size": a.size, "data": a.data, "trees": trees, "runs": []}
+    image, fmt = base, "qcow2"
+    if a.raw:
+        image, fmt = os.path.join(work, "base.raw"), "raw"
+        if not os.path.exists(image):  # qemu-img writes no zeros: as sparse as the qcow2
+            subprocess.run(["qemu-img", "convert", "-O", "raw", base, image], check=True)
+    res = {"label": a.label, "size": a.size, "data": a.data, "trees": trees, "raw": a.raw, "warm": a.warm,
+           "runs": []}
     name = f"fdnfull-{os.getpid()}"
     try:
         for r in range(a.rounds):
@@ -136,9 +221,10 @@ def main():
                 d = os.path.join(work, "round")
                 shutil.rmtree(d, ignore_errors=True)
                 os.makedirs(d)
-                disk = os.path.join(d, "vda.qcow2")
-                shutil.copyfile(base, disk)
-                conn.defineXML(peer_domains._domain_xml(name, disk)).create()
+                if not a.raw:
+                    disk = os.path.join(d, "vda.qcow2")
+                    shutil.copyfile(base, disk)
+                    conn.defineXML(peer_domains._domain_xml(name, disk)).create()
                 key, store, cfg = (os.path.join(d, x) for x in ("key", "store", "foundation.toml"))
                 env = {"PYTHONPATH": tree}
                 measure.run([sys.executable, "-m", "foundation", "--key-file", key, "init", store], cwd=tree, env=env)
@@ -149,24 +235,43 @@ def main():
                     os.makedirs(os.path.dirname(probe), exist_ok=True)
                     env = {"PYTHONPATH": f"{tree}:{os.path.join(HERE, 'memprobe')}", "MEMPROBE": probe}
                 cmd = [sys.executable, "-m", "foundation", "--config", cfg, "archive"]
+                if a.raw:
+                    cmd[-1:] = ["import-image", name, image, "--format", "raw"]
+                if a.warm:
+                    with open(image if a.raw else disk, "rb") as f:
+                        while f.read(8 << 20):
+                            pass
                 sampler = None
                 if a.timeline:
                     cmd[1:3] = [os.path.join(HERE, "archive_timeline.py")]
+                    env = dict(env, TIMELINE_ERR=os.path.join(d, "timeline.txt"), TIMELINE_WAITS="1",
+                               TIMELINE_SPANS=os.path.join(d, "spans.json"))
                     sampler = Sampler()
-                    env = dict(env, TIMELINE_ERR=os.path.join(d, "timeline.txt"), TIMELINE_WAITS="1")
-                m = measure.op(cmd, cwd=tree, env=env)
+                if a.perf:
+                    cmd = ["perf", "record", "-q", "-F", "999", "-g", "-o",
+                           os.path.join(work, f"perf-{os.path.basename(tree)}-{'raw-' if a.raw else ''}{r}.data"), "--", *cmd]
+                if a.wrap:
+                    out = os.path.join(work, f"wrap-{os.path.basename(tree)}-{'raw-' if a.raw else ''}{r}")
+                    cmd = [w.replace("{out}", out) for w in a.wrap.split()] + cmd
+                m = measure.op(cmd, cwd=tree, env=env, cold=not a.warm)
                 m.update(tree=tree, round=r, load=round(os.getloadavg()[0], 2), probe=a.probe)
-                if sampler is not None:
-                    m["threads"] = sampler.stop()
+                if sampler is not None:   # kept every 250 ms (what summary() shows), rounded: ~100 kB a run
+                    m["threads"] = [dict(r, tasks={k: [round(x, 3) for x in v] for k, v in r["tasks"].items()})
+                                    for r in sampler.stop()[::5]]
                     with open(os.path.join(d, "timeline.txt")) as f:
                         m["timeline"] = f.read().splitlines()
+                    with open(os.path.join(d, "spans.json")) as f:
+                        m["spans"] = span_summary(json.load(f))   # (every call's span: megabytes a run)
                 if a.check:
-                    m["restored_equal"] = _check(tree, cfg, name, d, base)
-                print(json.dumps(m), flush=True)
+                    m["restored_equal"] = _check(tree, cfg, name, d, image, fmt)
+                print(json.dumps({k: v for k, v in m.items() if k not in ("threads", "timeline", "spans")}), flush=True)
+                if sampler is not None:
+                    print("\n".join(summary(m)), flush=True)
                 res["runs"].append(m)
-                dom = conn.lookupByName(name)
-                dom.destroy()
-                dom.undefineFlags(libvirt.VIR_DOMAIN_UNDEFINE_CHECKPOINTS_METADATA)
+                if not a.raw:
+                    dom = conn.lookupByName(name)
+                    dom.destroy()
+                    dom.undefineFlags(libvirt.VIR_DOMAIN_UNDEFINE_CHECKPOINTS_METADATA)
     finally:
         try:
             dom = conn.lookupByName(name)

@@ -18,6 +18,7 @@ import threading
 import time
 
 T0 = time.monotonic()
+P0 = time.perf_counter()
 EVENTS = []
 
 STAMPS = {
@@ -26,7 +27,6 @@ STAMPS = {
     "foundation.cli.find": ["update_listings"],
     "foundation.snapshotfs.filesindex": ["FilesIndex.__init__", "FilesIndex.update", "FilesIndex._unchanged",
                                          "FilesIndex._index_one", "changed_ranges"],
-    "foundation.catalog": ["Catalog.load"],
     "foundation.vm.archiver": ["Archiver._snapshot", "Archiver._archive", "Archiver._commit", "Archiver._cleanup",
                                "Archiver._adopt", "Archiver._thaw_if_frozen", "Archiver._merge"],
     "foundation.vm.journal": ["save"],
@@ -35,7 +35,11 @@ STAMPS = {
     "foundation.vm.source": ["SnapshotSource.__init__"],
     "foundation.vm.swap": ["find_swap"],
     "foundation.vm.sink": ["StoreSink.__init__", "StoreSink.write_disk", "StoreSink.add"],
-    "foundation.store.store": ["Store.open", "Store.flush", "Store.close"],
+    "foundation.store.store": ["Store.open", "Store.flush", "Store.close", "Store.sync"],
+    "foundation.store.arena": ["Log.sync", "Log.seal"],
+    "foundation.store.index": ["Index.flush"],
+    "foundation.store.cache": ["IndexCache._save_bloom"],
+    "foundation.catalog": ["Catalog.load", "Catalog.commit"],
     "foundation.image.qemuimg": ["run"],
     "foundation.image.tree": ["_Builder.ensure"],
 }
@@ -72,20 +76,28 @@ def _patch():
 
 
 WAITS = {}   # (thread, what) -> [calls, seconds]
+SPANS = []   # (thread, what, start, end) of every call summed in WAITS, when TIMELINE_SPANS names a file
 
 
 def _waits():
     """Sum the waits of the write path: futures waited for (by the function that waits), the
     append thread's work and the C calls that release the GIL (their time includes taking it back)."""
     import concurrent.futures
+    import os
     from foundation import native
-    from foundation.store import dedup
+    from foundation.image import source
+    from foundation.store import arena, dedup
+
+    spans = bool(os.environ.get("TIMELINE_SPANS"))
 
     def add(what, dt):
         th = threading.current_thread().name
         w = WAITS.setdefault((th, what), [0, 0.0])
         w[0] += 1
         w[1] += dt
+        if spans:
+            t = time.perf_counter() - P0
+            SPANS.append((th, what, round(t - dt, 6), round(t, 6)))
 
     res = concurrent.futures.Future.result
 
@@ -104,7 +116,8 @@ def _waits():
                        (getattr(libvirt, "virDomain", None), ["XMLDesc", "isActive", "isPersistent", "blockJobInfo",
                                                             "blockCommit", "snapshotCreateXML", "UUIDString"]),
                        (dedup.Writes, ["_queued", "_gather", "_index_added",
-                                                                            "_write_hash", "_bloom_add"])):
+                                                                            "_write_hash", "_bloom_add"]),
+                       (source.RawSource, ["readinto"]), (arena.Log, ["_write_direct"])):
         if mod is None:
             continue
         for n in names:
@@ -124,8 +137,25 @@ def _waits():
             setattr(mod, n, wrap())
 
 
+def _name_threads():
+    """Each Python thread's name given to its OS thread (/proc/PID/task/TID/comm, 15 bytes), so that a
+    sampler of /proc tells them apart; threads the C core starts inherit their starter's name."""
+    import ctypes
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return
+    boot = threading.Thread._bootstrap_inner
+
+    def named(self):
+        prctl(15, self.name.replace("ThreadPoolExecutor-", "pool").encode()[:15], 0, 0, 0)  # PR_SET_NAME
+        return boot(self)
+    threading.Thread._bootstrap_inner = named
+
+
 def main():
     t = time.monotonic()
+    _name_threads()
     import foundation.cli
     _patch()
     import os
@@ -145,6 +175,10 @@ def main():
             print(f"waits {dt * 1e3:9.1f} ms {n:6d} calls  {what} [{th}]", file=out)
         if path:
             out.close()
+        if os.environ.get("TIMELINE_SPANS"):
+            import json
+            with open(os.environ["TIMELINE_SPANS"], "w") as f:
+                json.dump(SPANS, f)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 import os
 import random
 import shutil
+import threading
 
 import pytest
 
@@ -523,6 +524,62 @@ def test_pipelined_arena_writes_around_the_page_cache(make_store, monkeypatch, d
         assert [b"".join(s.read_blocks(r)) for r in refs] == batches
     for size in sizes[:-1]:  # sealed arenas end with their trailer, nothing past it
         assert size <= 256 << 10 and size > (256 << 10) - F.TRAILER_SIZE - 5000
+
+
+@pytest.mark.parametrize("background", [True, False])
+def test_sealed_arenas_synced_in_the_background(make_store, monkeypatch, background):
+    """Inside pipelined(), each sealed arena is fsynced by the syncer after its last write, so the
+    sync that commits fsyncs only the open arena; every arena is fsynced before the head names it
+    either way, and a background fsync that fails fails that sync and every later one."""
+    import errno
+
+    from foundation.errors import StoreDiskFailed
+    from foundation.store import arena, disk
+    monkeypatch.setattr(arena, "SYNC_SEALED", background)
+    synced, heads = [], []
+    real_fsync = disk.Disk.fsync
+
+    def fsync(self, fd, what="sync"):
+        synced.append((os.readlink(f"/proc/self/fd/{fd}"), threading.current_thread().name))
+        return real_fsync(self, fd, what)
+    monkeypatch.setattr(disk.Disk, "fsync", fsync)
+    op = make_store("hash", encrypt=True, arena_size=256 << 10)
+    batches = [blocks(90, seed=s) for s in range(1, 7)]
+    with op() as s:
+        real_head = s.log.write_head
+        monkeypatch.setattr(s.log, "write_head", lambda *a, **k: (heads.append(list(synced)), real_head(*a, **k)))
+        with s.pipelined():
+            refs = [s.write_blocks(b) for b in batches]
+        sealed = s.log.open.n
+        assert sealed >= 2
+        s.sync()
+        files = arena_files(op.path)
+        before = {p for p, _ in heads[-1]}
+        assert set(files) <= before  # every arena durable before the head that names it
+        by_sync = [p for p, th in heads[-1] if not th.startswith("arena-sync")]
+        if background:
+            assert sum(p in files[:sealed] for p in by_sync) == 0  # the sealed ones: the syncer's
+            assert sum(th.startswith("arena-sync") for _, th in heads[-1]) == sealed
+        else:
+            assert set(files[:sealed]) <= set(by_sync)
+        assert [b"".join(s.read_blocks(r)) for r in refs] == batches
+        if background:
+            def failing(self, fd, what="sync"):
+                raise self._error(OSError(errno.EIO, "EIO"), what)
+            monkeypatch.setattr(disk.Disk, "fsync", failing)
+            with pytest.raises(StoreDiskFailed):
+                with s.pipelined():
+                    for seed in (7, 8, 9, 10, 11):
+                        s.write_blocks(blocks(100, seed=seed))
+            with pytest.raises(StoreDiskFailed):
+                s.sync()
+            monkeypatch.setattr(disk.Disk, "fsync", real_fsync)
+            with pytest.raises(StoreDiskFailed):
+                s.sync()  # still: an fsync that failed once may pass the next time without the data
+            s.close(clean=False)
+    with op() as s:
+        assert [b"".join(s.read_blocks(r)) for r in refs] == batches
+        assert verify(s)[0] == []
 
 
 def test_log_scan_names_every_record_with_its_tag_and_key(make_store, mode):

@@ -19,7 +19,11 @@ writes go around the page cache (O_DIRECT) in whole pages: the partial
 page at the end stays in memory, packed in front of the next batch, and
 is written through the cache only when something must see the file (a
 seal, sync, read or close). The kernel's copy into the cache and its
-writeback cost more CPU than the compression's whole second core.
+writeback cost more CPU than the compression's whole second core. A
+sealed arena is made durable by a thread of its own as soon as its last
+bytes are written (`SYNC_SEALED`), so the sync that commits a first
+archive (~64 arenas) fsyncs the open arena only, not every arena of the
+day one after another while nothing else runs.
 """
 
 import bisect
@@ -51,6 +55,7 @@ _tag_at = struct.Struct(f"{L.TAG_SIZE}s").unpack_from   # a record header's tag,
 # first archive cost the same CPU with 1 or 2).
 PACK_BYTES = 4 << 20
 WRITE_QUEUE = 1
+SYNC_SEALED = True  # inside write_behind(), a sealed arena fsynced in the background (False: by sync())
 PAGE = 4096  # O_DIRECT writes: offsets, lengths and buffers aligned to this
 
 
@@ -246,6 +251,9 @@ class Log:
         self.moved = {}  # arena -> the file a reader reads instead (a pending gc switch's new arena)
         self.writer = None  # the writer thread of write_behind()
         self.queued = deque()  # its writes not yet waited for
+        self.syncer = None  # the thread that fsyncs sealed arenas inside write_behind()
+        self.syncing = deque()  # its fsyncs not yet waited for: futures of their arenas' numbers
+        self.synced = set()  # arenas fsynced since their last write (sync() leaves them out)
         self.spare = deque()  # pack buffers whose records are written, to pack into again
         self.failed = None  # the error of a write behind: every later write and sync fails with it
         self.direct = None  # _Direct: the open arena's page-aligned writes inside write_behind()
@@ -622,7 +630,8 @@ class Log:
                 self.fds[old] = ofd
                 continue
             self.drain()  # no queued write may outlive its file's descriptor
-            if old in self.dirty:
+            self._wait_syncs()
+            if old in self.dirty and old not in self.synced:
                 self.disk.fsync(ofd, "arena")
                 self.dirty.discard(old)
             os.close(ofd)
@@ -631,6 +640,8 @@ class Log:
     def forget(self, n):
         """Arena n's file is about to be replaced: close it and drop what was read from it."""
         self.drain()
+        self._wait_syncs()
+        self.synced.discard(n)
         fd = self.fds.pop(n, None)
         if fd is not None:
             os.close(fd)
@@ -648,6 +659,8 @@ class Log:
     def close(self):
         with contextlib.suppress(Exception):  # a write's failure was raised where it was found
             self.drain()
+        with contextlib.suppress(Exception):
+            self._wait_syncs()
         self._end_direct()
         for fd in self.fds.values():
             os.close(fd)
@@ -839,14 +852,20 @@ class Log:
             yield
             return
         self.writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="arena-write")
+        if SYNC_SEALED:
+            self.syncer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="arena-sync")
         try:
             yield
         finally:
             try:
                 self.drain()
+                self._wait_syncs()
             finally:
                 self.writer.shutdown()
                 self.writer = None
+                if self.syncer is not None:
+                    self.syncer.shutdown()
+                    self.syncer = None
                 self._end_direct()
                 self.spare.clear()  # ~4 MiB each: not held through the flush at close
                 self.scratch = None
@@ -982,6 +1001,24 @@ class Log:
             self.failed = self.failed or e
             raise
 
+    def _sync_sealed(self, n, fd, written):
+        """The syncer's fsync of sealed arena n once its last write (`written`) is done -> n."""
+        written.result()  # (its failure is the writer's to report: then this arena is not synced)
+        self.disk.fsync(fd, "arena")
+        return n
+
+    def _wait_syncs(self):
+        """Wait for the background fsyncs: their arenas join `synced`; a failure fails every later
+        write and sync (an fsync that failed once may pass the next time without the data)."""
+        while self.syncing:
+            f = self.syncing.popleft()
+            try:
+                self.synced.add(f.result())
+            except BaseException as e:
+                self.failed = self.failed or e
+        if self.failed is not None:
+            raise self.failed
+
     def drain(self):
         """Wait for every write queued; the first failure is raised (and by every later call)."""
         while self.queued:
@@ -1007,9 +1044,11 @@ class Log:
         elif self.direct is not None and self.direct.n == oa.n:
             d = self.direct  # the carried partial page and the trailer: the arena's last bytes
             self._put(oa.fd, d.pos, d.carry + trailer)
+            self._background_sync(oa)
             self._end_direct()
         else:
             self._put(oa.fd, oa.end, trailer)
+            self._background_sync(oa)
         # No fsync here: the next sync() makes every arena written since the
         # last one durable before the head names them (see docs/format.md).
         self.dirty.add(oa.n)
@@ -1020,6 +1059,15 @@ class Log:
         self.head = F.Head(oa.n + 1, F.ARENA_HEADER_SIZE, 0, chain, self.head.generation)
 
     on_seal = None
+
+    def _background_sync(self, oa):
+        """Inside write_behind(), sealed arena oa fsynced by the syncer after its last write (the
+        newest one queued): sync() then need not. Its descriptor stays open until the fsync was
+        waited for (fd(), forget() and close() wait for the fsyncs first)."""
+        if self.syncer is None or not self.queued:
+            return
+        self.synced.discard(oa.n)
+        self.syncing.append(self.syncer.submit(self._sync_sealed, oa.n, oa.fd, self.queued[-1]))
 
     def _write_summary(self, n, oa, amac):
         b = F.pack_summary(n, self.keylen, amac, oa.keys, oa.addrs, oa.types)
@@ -1042,17 +1090,20 @@ class Log:
         """The commit point: a COMMIT record ends what was written, every arena written since the
         last sync is made durable, then the head slot of the new generation (docs/format.md §12)."""
         self.drain()
+        self._wait_syncs()  # (a failed one: no commit record written)
         if (self.open.n, self.open.end) == self.committed and not self.dirty:
             return
         if (self.open.n, self.open.end) != self.committed:
             self._append_commit()
             self.drain()  # the commit record is on its way to the file before the fsync
-        for n in sorted(self.dirty):
+        self._wait_syncs()  # (the commit's seal, if it sealed)
+        for n in sorted(self.dirty - self.synced):
             self.disk.fsync(self.fd(n), "arena")
         self.disk.fsync(self.open.fd, "arena")
         if self.dirty:
             fsync_dir(self.dir)  # the names of the arenas created since the last sync
         self.dirty.clear()
+        self.synced.clear()
         self.write_head()
 
     def _append_commit(self):
