@@ -25,7 +25,7 @@ when bs == len(buf).
     zero_flags(buf, bs) -> bytes                          n flags, 1 = all zero
     scores(buf, bs, btype, key=None, skip=None, threads=1) -> bytes    n * 32
     weak_hashes(buf, bs, btype, seed, skip=None) -> bytes               n * 8
-    Codec(enc_key, mac_key, zlevel)
+    Codec(enc_key, mac_key, zlevel, tag_key=None)   tag_key: Poly1305 record tags under it; None: HMAC
     pack(codec, arena, iv, offset, btype, buf, bs, keys, threads=1, out=None, scratch=None, run=1)
         -> (records, offsets)
         out: a writable buffer of >= n * (HEADER_SIZE + blen) bytes to pack into (records
