@@ -157,7 +157,8 @@ def main(argv=None):
         load = None
     out = os.path.join(HERE, "results", time.strftime("restore-memory-%Y%m%d-%H%M%S.json"))
     with open(out, "w") as f:
-        json.dump({"runs": res, "median": summary, "image": a.image, "load": load, "tool": a.tool, "check_every": a.check_every,
+        json.dump({"runs": res, "median": summary, "image": a.image, "load": load, "tool": a.tool,
+                   "check_every": a.check_every,
                    "trees": {t: subprocess.run(["git", "-C", t, "rev-parse", "--short", "HEAD"],
                                                capture_output=True, text=True).stdout.strip() for t in a.tree}},
                   f, indent=1)

@@ -13,16 +13,17 @@ compared with the blocks. Results: stdout and benchmarks/results/tags-<time>.jso
 """
 
 import argparse
-import datetime as dt
-import json
 import os
 import resource
 import statistics
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
 
 import foundation.native as N  # noqa: E402
+from measure import save  # noqa: E402
 
 BS, MIB = 4096, 1 << 20
 IMAGE = "/var/tmp/foundation-compare/days-2147483648-8-1/day0.raw"
@@ -52,7 +53,6 @@ def main():
     p.add_argument("--image", default=IMAGE)
     p.add_argument("--mib", type=int, default=384)
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     args = p.parse_args()
     blocks = data_blocks(args.image, args.mib * MIB)
     n = len(blocks) // BS
@@ -84,12 +84,9 @@ def main():
            for k in ("pack_cpu_s", "unpack_cpu_s")}
     print(f"Poly1305 saves {per['pack_cpu_s']} µs a record packed, {per['unpack_cpu_s']} µs a record read "
           f"(medians, load {os.getloadavg()[0]:.1f})")
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, f"tags-{dt.datetime.now():%Y%m%d-%H%M%S}.json")
-    with open(path, "w") as f:
-        json.dump({"image": args.image, "mib": args.mib, "records": n, "rounds": got, "summary": summary,
-                   "saved_us_per_record": per, "load1": os.getloadavg()[0]}, f, indent=1)
-    print(f"results: {path}")
+    print("results:", save("tags", {"image": args.image, "mib": args.mib, "records": n, "rounds": got,
+                                    "summary": summary, "saved_us_per_record": per,
+                                    "load1": os.getloadavg()[0]}))
 
 
 if __name__ == "__main__":

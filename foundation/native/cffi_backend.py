@@ -95,7 +95,8 @@ class _Native:
                                    _ffi.NULL if tag_key is None else _ro(tag_key),
                                    0 if tag_key is None else KEY_SIZE, zlevel)
             if c == _ffi.NULL:
-                raise MemoryError("cannot set up a record codec")
+                raise MemoryError("cannot set up a record codec: out of memory, or this OpenSSL lacks "
+                                  "AES-256-CTR, SHA-256 or Poly1305")
             self._c = _ffi.gc(c, _lib.fdn_codec_free)
             self.encrypted = enc_key is not None
             self.zlevel = zlevel

@@ -7,8 +7,9 @@ Every replica's manifest carries the head it committed to (MACed with the
 store's key), so before a writer's first open on this host the replicas
 are asked, with three small reads each (the manifest, the last record
 of the open arena's last segment, the commit record that ends every
-sync, and the arena's header, whose iv its tag is made under), and the newest commit they hold becomes the host's record; the
-open that follows then refuses an older store as usual (exit 26).
+sync, and that arena's header, whose iv the record's tag is made under),
+and the newest commit they hold becomes the host's record; the open that
+follows then refuses an older store as usual (exit 26).
 
 Only a replica whose commit number (the head's generation, which never
 goes down in one store) is at least the store's own is taken: a replica

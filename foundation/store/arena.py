@@ -252,7 +252,7 @@ class Log:
         self.writer = None  # the writer thread of write_behind()
         self.queued = deque()  # its writes not yet waited for
         self.syncer = None  # the thread that fsyncs sealed arenas inside write_behind()
-        self.syncing = deque()  # its fsyncs not yet waited for: futures of their arenas' numbers
+        self.syncing = {}  # arena -> its background fsync, not yet waited for
         self.synced = set()  # arenas fsynced since their last write (sync() leaves them out)
         self.spare = deque()  # pack buffers whose records are written, to pack into again
         self.failed = None  # the error of a write behind: every later write and sync fails with it
@@ -630,7 +630,7 @@ class Log:
                 self.fds[old] = ofd
                 continue
             self.drain()  # no queued write may outlive its file's descriptor
-            self._wait_syncs()
+            self._wait_syncs(old)  # nor its fsync (those of the arenas sealed since run on)
             if old in self.dirty and old not in self.synced:
                 self.disk.fsync(ofd, "arena")
                 self.dirty.discard(old)
@@ -640,7 +640,7 @@ class Log:
     def forget(self, n):
         """Arena n's file is about to be replaced: close it and drop what was read from it."""
         self.drain()
-        self._wait_syncs()
+        self._wait_syncs(n)
         self.synced.discard(n)
         fd = self.fds.pop(n, None)
         if fd is not None:
@@ -1001,19 +1001,22 @@ class Log:
             self.failed = self.failed or e
             raise
 
-    def _sync_sealed(self, n, fd, written):
-        """The syncer's fsync of sealed arena n once its last write (`written`) is done -> n."""
+    def _sync_sealed(self, fd, written):
+        """The syncer's fsync of a sealed arena's file once its last write (`written`) is done."""
         written.result()  # (its failure is the writer's to report: then this arena is not synced)
         self.disk.fsync(fd, "arena")
-        return n
 
-    def _wait_syncs(self):
-        """Wait for the background fsyncs: their arenas join `synced`; a failure fails every later
-        write and sync (an fsync that failed once may pass the next time without the data)."""
-        while self.syncing:
-            f = self.syncing.popleft()
+    def _wait_syncs(self, n=None):
+        """Wait for the background fsyncs (n: arena n's only): their arenas join `synced`; a failure
+        fails every later write and sync (an fsync that failed once may pass the next time without
+        the data)."""
+        for k in list(self.syncing) if n is None else [n]:
+            f = self.syncing.pop(k, None)
+            if f is None:
+                continue
             try:
-                self.synced.add(f.result())
+                f.result()
+                self.synced.add(k)
             except BaseException as e:
                 self.failed = self.failed or e
         if self.failed is not None:
@@ -1067,7 +1070,7 @@ class Log:
         if self.syncer is None or not self.queued:
             return
         self.synced.discard(oa.n)
-        self.syncing.append(self.syncer.submit(self._sync_sealed, oa.n, oa.fd, self.queued[-1]))
+        self.syncing[oa.n] = self.syncer.submit(self._sync_sealed, oa.fd, self.queued[-1])
 
     def _write_summary(self, n, oa, amac):
         b = F.pack_summary(n, self.keylen, amac, oa.keys, oa.addrs, oa.types)

@@ -319,13 +319,17 @@ TAGS = ("hmac", "poly1305")
 TAG_DEFAULT = "poly1305"
 
 
-def record_tag(conf):
-    """The store's record tag, "hmac" (absent: stores made before Poly1305 tags) or "poly1305";
-    ValueError otherwise."""
-    tag = conf.get("tag", "hmac")
+def check_tag(tag):
+    """tag, a `tag` setting: one of TAGS; ValueError otherwise."""
     if tag not in TAGS:
         raise ValueError(f"tag = {tag!r}, which is not one of {', '.join(map(repr, TAGS))}")
     return tag
+
+
+def record_tag(conf):
+    """The store's record tag: its `tag` setting, "hmac" when absent (stores made before Poly1305
+    tags); ValueError for another value."""
+    return check_tag(conf.get("tag", "hmac"))
 
 
 # How the writer compresses blocks: a policy, not a parameter (any record may hold

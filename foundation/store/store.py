@@ -68,7 +68,7 @@ class Store(Writes, Reads, IndexCache):
                 raise BadInput(str(e)) from None
         try:
             run = F.check_run(F.RUN_DEFAULT if run is None else run)
-            tag = F.record_tag({"tag": F.TAG_DEFAULT if tag is None else tag})
+            tag = F.check_tag(F.TAG_DEFAULT if tag is None else tag)
         except ValueError as e:
             raise BadInput(str(e)) from None
         if not os.path.isdir(path):
@@ -158,7 +158,8 @@ class Store(Writes, Reads, IndexCache):
         else:
             self._share()
         self.disk = Disk(path)
-        self.codec = primary.codec(self.keys, primary.store_level(conf) if tuning.zlevel is None else tuning.zlevel, conf)
+        level = primary.store_level(conf) if tuning.zlevel is None else tuning.zlevel
+        self.codec = primary.codec(self.keys, level, conf)
         self.venti = tuning.policy == "venti"
         self.blocks = LRU(tuning.block_cache_bytes)
         self.summaries = OrderedDict()  # arena -> native.Table (the index cache)

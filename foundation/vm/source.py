@@ -17,7 +17,7 @@ read the partition table.
 import bisect
 import concurrent.futures
 
-from foundation.image import qcow2, qemuimg
+from foundation.image import qemuimg
 from foundation.image.source import RawSource
 
 
@@ -38,45 +38,20 @@ class SnapshotSource:
         self.base_raw = base_format == "raw"
         self._ext = []          # (start, end, file | None, host offset | None, zero), sorted
         self.changed = None
-        # the chain's `info`, top first: the disk's size comes with it
-        layers = self._plain(top) if top != base and top_format == "qcow2" else None
-        if layers is None:
-            layers = self._maps(top, top_format, base)
+        layers = []             # the chain's `info`, top first: the disk's size comes with it
+        if top != base:
+            # First, and alone: opened without -U, it is refused if anything still writes `top` (the
+            # error to report), and the chain's map below takes `top`'s extents from it (read once).
+            self.changed = _merge([(s, s + n) for s, n, _, _ in qemuimg.layer_map(top)])
+        # (a chain qcow2.py does not read: qemu-img's map and info side by side, each mostly process start)
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            chain = qemuimg.chain_map(top, top_format, pool, layers) if top_format != "raw" else []
+        self._ext = [(s, s + n, f, off, z) for s, n, f, off, z in chain]
         if self.size is None:
             self.size = (layers[0] if layers else qemuimg.info(top, top_format))["virtual-size"]
         self._starts = [e[0] for e in self._ext]
         self._files = {}
         self._nbd = None
-
-    def _plain(self, top):
-        """A chain of plain qcow2 layers, read here (qcow2.py) one map after the other: the day's
-        layer first, with the lock (refused if anything still writes it), then the chain, which
-        takes the top's extents from it (its tables read once). -> the layers' info, or None if
-        qcow2.py does not read this chain (then _maps)."""
-        layers = []
-        try:
-            day = qcow2.layer_map(top)
-            chain = qcow2.chain_map(top, layers)
-        except (qcow2.Unsupported, OSError):
-            return None
-        self.changed = _merge([(s, s + n) for s, n, _, _ in day])
-        self._ext = [(s, s + n, f, off, z) for s, n, f, off, z in chain]
-        return layers
-
-    def _maps(self, top, top_format, base):
-        """The maps through qemuimg (qcow2.py where it reads the chain, else `qemu-img`) -> the layers' info."""
-        # The qemu-img runs are independent: run them side by side (each is mostly process start).
-        with concurrent.futures.ThreadPoolExecutor(3) as pool:
-            # opened without -U: refused if anything still writes `top`
-            day = pool.submit(qemuimg.layer_map, top) if top != base else None
-            layers = []
-            try:
-                chain = qemuimg.chain_map(top, top_format, pool, layers) if top_format != "raw" else []
-            finally:                # a layer still written is the error to report, whatever else failed
-                if day is not None:
-                    self.changed = _merge([(s, s + n) for s, n, _, _ in day.result()])
-        self._ext = [(s, s + n, f, off, z) for s, n, f, off, z in chain]
-        return layers
 
     # -- byte sources ---------------------------------------------------
 
