@@ -429,6 +429,27 @@ def test_block_numbers_trusted_only_for_a_file_system_on_the_disk_itself(tmp_pat
     assert side.extents(elsewhere, a.addr) is None and side.span(elsewhere) is None
 
 
+def test_a_disk_without_a_file_system_is_given_up_after_reads_at_its_start(tmp_path):
+    """No table, no file system: a few reads near the start, not TSK's YAFFS2 probe over ~30 MiB."""
+    from foundation.guestfs.disk import DiskFiles
+
+    path = str(tmp_path / "noise.img")
+    with open(path, "wb") as f:
+        f.write(rnd(64 * MIB, "noise"))
+    src = _DamagedFile(path, 0, 0)
+    read, reads = src.read, []
+    src.read = lambda offset, length: reads.append(offset) or read(offset, length)
+    files = DiskFiles(src, "web@day disk vda")
+    assert files.volumes() == {} and files.failed == {}
+    # the partition tables (the GPT backup at the end) and the file systems' superblocks
+    chunks = {o >> 16 for o in reads if o < 32 * MIB}
+    assert chunks and max(chunks) < 8 and len(reads) < 40, sorted(reads)
+    # a file system there is still found by the same families
+    fat = GuestFS("vfat", str(tmp_path / "f.img"), 8 * MIB, {"a.txt": b"found\n"})
+    vols = DiskFiles(_DamagedFile(fat.path, 0, 0), "web@day disk vdb").volumes()
+    assert list(vols) == [""] and vols[""].type_name.startswith("fat")
+
+
 def test_a_deleted_partition_takes_its_files_a_damaged_one_is_an_error(tmp_path):
     import subprocess
 
