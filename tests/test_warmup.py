@@ -104,27 +104,3 @@ def test_archive_asks_for_the_archiver_libvirt_and_the_summaries(tmp_path, monke
     monkeypatch.setattr(warmup, "SUMMARIES_MAX", 1500)
     assert not [f for f in dict(warmup._files(["--store", str(store), "archive"], {})) if F.SUMMARIES in f]
     assert warmup.SUMMARIES == F.SUMMARIES
-
-
-def test_a_first_archive_imports_the_file_system_readers_beside_the_write():
-    """archive's preload imports what the listing needs in a thread; a failed import stays for the listing."""
-    code = (
-        "import sys, threading\n"
-        "from foundation.cli import archive\n"
-        "assert 'foundation.snapshotfs.changes' not in sys.modules\n"
-        "bad = sys.argv[1] == 'bad'\n"
-        "if bad: sys.modules['pytsk3'] = None   # an install without pytsk3\n"
-        "archive._preload_listings()\n"
-        "for t in threading.enumerate():\n"
-        "    if t.name == 'preload-listings': t.join()\n"
-        "print('changes' if 'foundation.snapshotfs.changes' in sys.modules else 'none',\n"
-        "      'filesindex' if 'foundation.snapshotfs.filesindex' in sys.modules else 'none')\n"
-        "if bad:\n"
-        "    try:\n"
-        "        import foundation.snapshotfs.changes\n"
-        "    except ImportError as e:\n"
-        "        print('listing sees:', e)\n")
-    out = {how: subprocess.run([sys.executable, "-c", code, how], cwd=ROOT, capture_output=True, text=True,
-                               check=True).stdout for how in ("good", "bad")}
-    assert out["good"].split() == ["changes", "filesindex"]
-    assert out["bad"].splitlines()[0] == "none none" and "listing sees:" in out["bad"] and "pytsk3" in out["bad"]

@@ -97,8 +97,6 @@ def _archive_all(args, conf, store, results):
         return
     tty = sys.stderr.isatty()
     sink = StoreSink(store)
-    if conf.list_files and not set(names) <= set(sink.catalog.names()):
-        _preload_listings()
     archiver = Archiver(conn, sink, settings(args).state_dir,
                         quiesce=args.quiesce or conf.quiesce,
                         progress=(lambda what, total: Progress(what, total)) if tty else None)
@@ -117,24 +115,6 @@ def _archive_all(args, conf, store, results):
     if beside is not None and beside.error is not None:
         raise beside.error      # what the close would have raised, raised where the close runs
     return beside
-
-
-def _preload_listings():
-    """Import the file-system readers in a thread while the disks are written: a VM's first
-    archive lists its disks from the store afterwards, and their imports (pytsk3, libfsxfs,
-    libvslvm, sqlite: ~25 ms) would otherwise wait at the end of the run, after the write.
-    A later night's listing mostly reads nothing, so it is not done then. Only a hint: a failed
-    import is met again, and reported, where the listing imports for itself."""
-    import threading
-
-    def load():
-        try:
-            import foundation.snapshotfs.changes  # noqa: F401
-            import foundation.snapshotfs.filesindex  # noqa: F401
-        except Exception:  # noqa: BLE001 - the listing imports again and warns
-            pass
-
-    threading.Thread(target=load, name="preload-listings", daemon=True).start()
 
 
 class _Beside:
