@@ -6,4 +6,11 @@ warmup.start(sys.argv[1:])  # before the imports below: the disk serves them and
 
 from foundation.cli import main  # noqa: E402
 
-sys.exit(main())
+code = main()
+# Done: what the command wrote is closed (files opened for writing are always in `with` blocks).
+# Frozen, the command's objects are skipped by the collections of the interpreter's exit, which
+# otherwise walk all of them again (~7 ms of a night).
+import gc  # noqa: E402
+
+gc.freeze()
+sys.exit(code)
