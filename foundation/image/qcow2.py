@@ -198,8 +198,7 @@ def layer_map(path, lock=True):
         stamp = _stamp(fd) if lock else None
         ext = Image(path, fd).extents()
         if lock:        # chain_map of the same frozen layer, right after, takes them (see _extents)
-            _LOCKED.clear()
-            _LOCKED[path] = (stamp, ext)
+            _AHEAD[path] = (stamp, ext)
         return [(s, e - s, off, zero) for s, e, off, zero in ext]
     finally:
         os.close(fd)
@@ -269,12 +268,11 @@ def chain_map(path, layers_out=None):
             os.close(fd)
 
 
-# A frozen layer's extents read ahead (`prefetch`, while libvirt takes the snapshot): path -> (stamp,
-# extents), taken once by chain_map if the file's stamp is still the same.
+# A frozen layer's extents read before chain_map reads the chain: path -> (stamp, extents), taken
+# once by chain_map if the file's stamp is still the same. Put there by prefetch (the layers below
+# the top, while libvirt takes the snapshot) and by layer_map with the lock (a night maps
+# overlay(k) so, then the chain above which it is the top: its tables are read once).
 _AHEAD = {}
-# The last layer mapped with the lock (layer_map): path -> (stamp, extents). A night maps overlay(k)
-# with the lock, then the chain above which overlay(k) is the top: its tables are read once.
-_LOCKED = {}
 
 
 def _stamp(fd):
@@ -286,8 +284,6 @@ def _stamp(fd):
 def _extents(img):
     """img.extents(), or what prefetch or layer_map read of it before if the file is unchanged since."""
     hit = _AHEAD.pop(img.path, None)
-    if hit is None:
-        hit = _LOCKED.pop(img.path, None)
     if hit is not None and hit[0] == _stamp(img.fd):
         return hit[1]
     return img.extents()
