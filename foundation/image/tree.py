@@ -332,8 +332,10 @@ def write_image(store, src, size, prev=None, changed=None, zeros=(), progress=No
             else:
                 first.append((off, p, half - p))
                 second.append((off + half - p, half, n - (half - p)))
-        return [pool.submit(read_pieces, mv, first, 0, half),
-                pool.submit(read_pieces, mv, second, half, pos)], mv[:pos]
+        # each half hashed on its own reader thread alone: the two halves already keep two cores
+        # busy, and helpers woken for each would only add hand-offs (benchmarks/README.md, wave 12)
+        return [pool.submit(read_pieces, mv, first, 0, half, 1),
+                pool.submit(read_pieces, mv, second, half, pos, 1)], mv[:pos]
 
     batches = list(_chunks(reads, nulls, max(1, batch // bs)))
     per = max(1, batch // bs) * bs

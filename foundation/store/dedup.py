@@ -499,9 +499,13 @@ class Writes:
         and indexes the records when it settles (the append thread's returns are for that).
         filled: native.fill() of the blocks to append, made by the caller, or None."""
         data = buf if fresh is None else self._gather(buf, bs, fresh)
+        threads = self.tuning.threads
         if isinstance(filled, concurrent.futures.Future):
             filled = filled.result()  # (the fill thread's: batches are filled in the order appended)
-        addrs = self.log.append(btype, data, bs, fkeys, self.tuning.threads, filled=filled)
+            # Sealing a batch (AES-CTR and a tag a record) takes a few ms; beside the fill thread
+            # and the readers, helpers woken for it cost more hand-offs than they save.
+            threads = 1
+        addrs = self.log.append(btype, data, bs, fkeys, threads, filled=filled)
         packed = array.array("Q", addrs)  # the tables take it without a check per entry
         kl = self.keylen
         ks = bytes(fkeys[:len(addrs) * 32]) if kl == 32 else b"".join(
