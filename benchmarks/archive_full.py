@@ -174,6 +174,8 @@ def main():
                    help="no domain: `import-image` of the same bytes as a raw file (WORK/base.raw, sparse), "
                         "day 0's write path on the full backup's data")
     p.add_argument("--warm", action="store_true", help="the image read once before each run, cache not dropped")
+    p.add_argument("--settle", type=float, default=peer_domains.SETTLE,
+                   help="seconds of quiet after the domain's copy, before the archive (peer_domains.SETTLE; 0: none)")
     p.add_argument("--perf", action="store_true", help="each run under `perf record` (WORK/perf-TREE-ROUND.data)")
     p.add_argument("--wrap", help="a command put before each run's (split at spaces; {out} becomes "
                                   "WORK/wrap-TREE-ROUND), e.g. 'py-spy record -r 250 -t -f raw -o {out}.txt --'")
@@ -253,6 +255,8 @@ def main():
                 if a.wrap:
                     out = os.path.join(work, f"wrap-{os.path.basename(tree)}-{'raw-' if a.raw else ''}{r}")
                     cmd = [w.replace("{out}", out) for w in a.wrap.split()] + cmd
+                if a.settle:
+                    peer_domains.settle(a.settle)  # the image copied just before: its writeback ends first
                 m = measure.op(cmd, cwd=tree, env=env, cold=not a.warm)
                 m.update(tree=tree, round=r, load=round(os.getloadavg()[0], 2), probe=a.probe)
                 if sampler is not None:   # kept every 250 ms (what summary() shows), rounded: ~100 kB a run

@@ -38,6 +38,13 @@ from workload import Workload, sha256_file  # noqa: E402
 
 MIB = 1 << 20
 ORDER = ("foundation", "virtnbdbackup")
+# Seconds of quiet before each full backup: the domains' images (2 x 1.7 GB) were copied just
+# before, and on a VM whose disk is a file of the host the host still writes them back for a
+# while after the guest's sync. The first backup then read beside that writeback: the same code's
+# full backup 3.2-3.9 s right after the copy, 2.97-3.11 s after 15 s (benchmarks/README.md, wave 12).
+# Once, before both tools' full backups: a second wait put virtnbdbackup's ~45-55 s after the
+# domains started, where it took 6.7-7.7 s in five runs of five (4.4-5.3 s otherwise).
+SETTLE = 20
 
 
 def _domain_xml(name, disk):
@@ -164,6 +171,13 @@ class Pair:
         self.conn.close()
 
 
+def settle(seconds=SETTLE):
+    """Write back, then wait for the disk under this machine to finish what the setup gave it."""
+    import time
+    os.sync()
+    time.sleep(seconds)
+
+
 def compare(work, nights, size, data, change, say):
     """Full backup, `nights` nights, restores of the first and last night -> result dict."""
     work = os.path.join(work, "domains")
@@ -180,6 +194,8 @@ def compare(work, nights, size, data, change, say):
         for n in range(nights + 1):
             shas.append(sha256_file(pair.ref) if n == 0 else pair.night(n, change))
             order = ORDER if n % 2 == 0 else ORDER[::-1]
+            if n == 0:
+                settle()  # the full backups after a quiet: the images were copied just before
             for tool in order:
                 m = pair.backup(tool, n)
                 m.update(tool=tool, night=n)
