@@ -38,11 +38,11 @@ from workload import Workload, sha256_file  # noqa: E402
 
 MIB = 1 << 20
 ORDER = ("foundation", "virtnbdbackup")
-# Seconds of quiet before each full backup: the domains' images (2 x 1.7 GB) were copied just
+# Seconds of quiet before the full backups: the domains' images (2 x 1.7 GB) were copied just
 # before, and on a VM whose disk is a file of the host the host still writes them back for a
 # while after the guest's sync. The first backup then read beside that writeback: the same code's
 # full backup 3.2-3.9 s right after the copy, 2.97-3.11 s after 15 s (benchmarks/README.md, wave 12).
-# Once, before both tools' full backups: a second wait put virtnbdbackup's ~45-55 s after the
+# Once, before both tools' full backups: a wait before each put virtnbdbackup's ~45-55 s after the
 # domains started, where it took 6.7-7.7 s in five runs of five (4.4-5.3 s otherwise).
 SETTLE = 20
 
