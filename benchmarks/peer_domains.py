@@ -28,6 +28,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -173,7 +174,6 @@ class Pair:
 
 def settle(seconds=SETTLE):
     """Write back, then wait for the disk under this machine to finish what the setup gave it."""
-    import time
     os.sync()
     time.sleep(seconds)
 
