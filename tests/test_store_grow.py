@@ -200,3 +200,36 @@ def test_a_crash_while_growing_leaves_a_store_that_opens(make_store, tmp_path, p
         assert damage == [] and checked >= N
     with op(writable=False) as s:
         assert b"".join(s.read_blocks(refs)) == blocks(N, seed=9)
+
+
+def test_a_close_flushes_the_write_buffer_once_it_is_a_share_of_the_index(make_store):
+    """A flush rewrites the whole index: a close leaves a buffer of more than `flush_arenas` arenas
+    but less than `flush_share` of the index's entries to the next open (which reads it back from
+    the summaries), and flushes one that reaches it."""
+    op = make_store("hash")                            # arenas of 256 KiB
+    big = Tuning(write_buffer_bytes=16 << 20, index_cache_bytes=1 << 20, block_cache_bytes=1 << 20)
+    assert (big.flush_arenas, big.flush_share) == (4, 0.125)
+    base, few, more = (blocks(n, seed=n, compressible=0) for n in (2400, 270, 60))
+    with op(tuning=big) as s:
+        refs = [s.write_blocks(base)]
+        n0 = s.counters["records"]
+    with op(tuning=big) as s:                          # the first close flushed (past 4 arenas)
+        assert s.index.h.entries == n0 and len(s.wbuf) == 0
+        covered = s.index.h.covered
+        refs.append(s.write_blocks(few))
+        n1 = s.counters["records"] - n0
+        assert s.log.open.n - F.split(covered)[0] > big.flush_arenas
+    assert 0 < n1 + 2 < n0 * big.flush_share
+    with op(tuning=big) as s:                          # left in the buffer, read back at open
+        assert s.index.h.covered == covered and s.index.h.entries == n0
+        assert n1 <= len(s.wbuf) <= n1 + 2             # (and the log's commit records)
+        assert s.write_blocks(few) == refs[1]          # found: stored once
+        refs.append(s.write_blocks(more))
+        n2 = s.counters["records"] - n0 - n1
+    assert n1 + n2 >= n0 * big.flush_share
+    with op(tuning=big) as s:                          # flushed at that close
+        assert len(s.wbuf) == 0 and s.index.h.covered == s.log.end_addr > covered
+        assert n0 + n1 + n2 <= s.index.h.entries <= n0 + n1 + n2 + 3
+        assert b"".join(s.read_blocks(b"".join(refs))) == base + few + more
+        damage, checked = verify(s)
+        assert damage == [] and checked == n0 + n1 + n2
