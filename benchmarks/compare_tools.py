@@ -435,7 +435,11 @@ def main(argv=None):
     if (tools and not a.skip_workload) or big:
         days_dir = os.path.join(a.work, f"days-{a.size}-{a.days}-{a.seed}")
         say(f"generating the workload in {days_dir} ...")
+        fresh = not os.path.exists(os.path.join(days_dir, "manifest.json"))
         man = generate(days_dir, a.size, a.days, a.seed)
+        if fresh:  # ~10 GB just written: the first tool's day 0 would read beside their writeback
+            import peer_domains
+            peer_domains.settle()
     if tools and not a.skip_workload:
         report["workload"] = {"size": a.size, "days": a.days, "seed": a.seed,
                               "changed_bytes": [d.get("changed_bytes") for d in man["day"]],
