@@ -23,14 +23,14 @@ EVENTS = []
 
 STAMPS = {
     "foundation.cli.common": ["open_store"],
-    "foundation.cli.archive": ["_archive_all", "after_write", "record_run"],
+    "foundation.cli.archive": ["_archive_all", "after_write", "record_run", "_names"],
     "foundation.cli.find": ["update_listings"],
     "foundation.snapshotfs.filesindex": ["FilesIndex.__init__", "FilesIndex.update", "FilesIndex._unchanged",
                                          "FilesIndex._index_one", "changed_ranges"],
     "foundation.vm.archiver": ["Archiver._snapshot", "Archiver._archive", "Archiver._commit", "Archiver._cleanup",
                                "Archiver._adopt", "Archiver._thaw_if_frozen", "Archiver._merge"],
     "foundation.vm.journal": ["save"],
-    "foundation.vm.domain": ["Domain.__init__", "Domain.snapshot", "Domain.disks", "Domain.wait_job",
+    "foundation.vm.domain": ["_libvirt", "Domain.__init__", "Domain.snapshot", "Domain.disks", "Domain.wait_job",
                              "Domain.start_commit", "Domain.inactive_mentions", "Domain.agent_problem"],
     "foundation.vm.source": ["SnapshotSource.__init__"],
     "foundation.vm.swap": ["find_swap"],

@@ -70,12 +70,12 @@ def test_the_store_of_the_config_file(tmp_path):
     assert (warmup.CONFIG, warmup.CONFIG_ENV) == (config.DEFAULT_PATH, config.ENV)
     conf = tmp_path / "f.toml"
     conf.write_text('# nightly\nkey_file = "/k"\nstore = "/mnt/backup/s"\n\n[replicas.x]\nstore = "/no"\n')
-    assert warmup._configured_store(str(conf)) == "/mnt/backup/s"
+    assert warmup._configured(str(conf), "store") == "/mnt/backup/s"
     files = dict(warmup._files(["archive"], {"FOUNDATION_CONFIG": str(conf)}))
     assert "/mnt/backup/s/" + F.CONFIG in files and "/mnt/backup/s/" + F.BLOOM in files
     conf.write_text('[vms.web]\nstore = "/no"\n')
-    assert warmup._configured_store(str(conf)) is None
-    assert warmup._configured_store(str(tmp_path / "missing.toml")) is None
+    assert warmup._configured(str(conf), "store") is None
+    assert warmup._configured(str(tmp_path / "missing.toml"), "store") is None
 
 
 def test_switched_off(monkeypatch):
@@ -104,3 +104,51 @@ def test_archive_asks_for_the_archiver_libvirt_and_the_summaries(tmp_path, monke
     monkeypatch.setattr(warmup, "SUMMARIES_MAX", 1500)
     assert not [f for f in dict(warmup._files(["--store", str(store), "archive"], {})) if F.SUMMARIES in f]
     assert warmup.SUMMARIES == F.SUMMARIES
+
+
+def test_archive_asks_first_for_the_libraries_a_run_learnt(tmp_path):
+    from foundation import config
+    from foundation.cli.common import ENVIRONMENT
+
+    assert (warmup.STATE_DIR, warmup.STATE_ENV) == (config.Config().state_dir, ENVIRONMENT["state_dir"])
+    state, store = tmp_path / "state", tmp_path / "s"
+    state.mkdir()
+    (state / warmup.LIBS).write_text("/usr/lib/libone.so.1\n/usr/lib/libtwo.so.2\n")
+    conf = tmp_path / "f.toml"
+    conf.write_text(f'store = "{store}"\nstate_dir = "{state}"\n')
+    names = [p for p, _ in warmup._files(["archive"], {warmup.CONFIG_ENV: str(conf)})]
+    at = names.index("/usr/lib/libone.so.1")
+    assert names[at + 1] == "/usr/lib/libtwo.so.2" and at < names.index(str(store / F.CONFIG))
+    assert all(p.endswith(".pyc") or ".so" in p for p in names[:at])  # right after the modules
+    # --state-dir and the environment come before the config; only `archive` loads libvirt
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / warmup.LIBS).write_text("/usr/lib/libthree.so\n")
+    for argv, env in ((["archive", "--state-dir", str(other)], {warmup.CONFIG_ENV: str(conf)}),
+                      (["archive"], {warmup.CONFIG_ENV: str(conf), warmup.STATE_ENV: str(other)})):
+        got = dict(warmup._files(argv, env))
+        assert "/usr/lib/libthree.so" in got and "/usr/lib/libone.so.1" not in got
+    assert "/usr/lib/libone.so.1" not in dict(warmup._files(["import-image"], {warmup.CONFIG_ENV: str(conf)}))
+
+
+def test_a_run_learns_the_libraries_an_import_mapped(tmp_path):
+    """learn() writes what was mapped between mapped() and it (here a standard extension module's
+    shared object), rewrites the list only when that changes, and never writes an empty one."""
+    code = ("import sys; from foundation import warmup; b = warmup.mapped(); import _decimal; "
+            "warmup.learn(sys.argv[1], b); print(_decimal.__file__)")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, capture_output=True,
+                         text=True, check=True, env={**os.environ, "PYTHONPATH": ROOT}).stdout.strip()
+    path = tmp_path / warmup.LIBS
+    learnt = path.read_text().split()
+    assert os.path.realpath(out) in {os.path.realpath(p) for p in learnt}
+    assert all(os.path.isfile(p) and os.path.getsize(p) <= warmup.LIBS_MAX for p in learnt)
+    before = path.stat().st_mtime_ns
+    os.utime(path, ns=(before - 10**9, before - 10**9))
+    subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, check=True,
+                   env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True)
+    assert path.stat().st_mtime_ns == before - 10**9 and path.read_text().split() == learnt  # unchanged
+    now = warmup.mapped()
+    warmup.learn(str(tmp_path), now)  # nothing new mapped: the list stays
+    assert path.read_text().split() == learnt
+    warmup.learn(str(tmp_path / "missing" / "dir"), set())  # an unwritable place: no error
+    assert warmup.mapped() and all(p.startswith("/") for p in warmup.mapped())

@@ -17,6 +17,7 @@ import gc
 import logging
 import sys
 
+from foundation import warmup
 from foundation.cli.common import Progress, after_write, open_store, settings, store_path
 from foundation.config import QUIESCE_MODES
 from foundation.errors import Error, UsageError
@@ -89,8 +90,11 @@ def _archive_all(args, conf, store, results):
     from foundation.vm import Archiver, StoreSink, connect
 
     # (connecting in a thread beside the store's open was tried: a cold import of libvirt's ~40
-    # libraries holds the GIL while it reads them, and the nights came out slower, not faster)
+    # libraries holds the GIL while it reads them, and the nights came out slower, not faster;
+    # the warm-up asks for them instead, once this run has named them)
+    before = warmup.mapped()
     conn = connect(settings(args).libvirt_uri)
+    warmup.learn(settings(args).state_dir, before)
     names = _names(args, conf, conn)
     if not names:
         print("no VM to archive (libvirt knows none, or all are excluded)")
