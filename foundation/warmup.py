@@ -17,9 +17,9 @@ FOUNDATION_WARMUP=0 turns it off.
 `archive` also imports libvirt's binding, whose ~50 shared libraries the
 dynamic loader reads page by page on a cold cache (50 major faults, ~18
 ms of a night's 36 ms import). Which libraries they are depends on the
-host, so it is learnt: the archive keeps the list of what that import
-mapped in its state directory (LIBS, rewritten only when it changes), and
-later runs ask for them right after the modules.
+host, so it is learnt: the archive keeps the list of the shared objects it
+mapped past its start in its state directory (LIBS, rewritten only when it
+changes), and later runs ask for them right after the modules.
 """
 
 import os
@@ -66,15 +66,19 @@ LIBS_MAX = 16 << 20  # a larger one (ICU's data, 31 MB) is mapped, not read: not
 SWITCH = "FOUNDATION_WARMUP"  # "0": no warm-up (to measure a command without it)
 
 _started = False
+_at_start = None  # mapped() when an `archive` started: what learn() compares with
 
 
 def start(argv, env=os.environ):
     """Start asking for the files the command in argv (without the program name) will read."""
-    global _started
+    global _started, _at_start
     if _started or env.get(SWITCH) == "0":
         return
     _started = True
     try:
+        at = _command(argv)
+        if at is not None and argv[at] == "archive":
+            _at_start = mapped()
         import _thread
 
         _thread.start_new_thread(_ask, (_files(argv, env),))
@@ -108,7 +112,8 @@ def _files(argv, env):
     config = _option(argv, "--config") or env.get(CONFIG_ENV) or CONFIG
     if command == "archive":  # before the store's files: the import of libvirt comes first
         state = _option(argv, "--state-dir") or env.get(STATE_ENV) or _configured(config, "state_dir") or STATE_DIR
-        out += [(p, 0) for p in _remembered(os.path.join(state, LIBS))]
+        asked = {p for p, _ in out}
+        out += [(p, 0) for p in _remembered(os.path.join(state, LIBS)) if p not in asked]
     store = _option(argv, "--store") or env.get("FOUNDATION_STORE") or _configured(config, "store")
     if store:
         out += [(os.path.join(store, f), 0) for f in STORE_FILES]
@@ -186,11 +191,13 @@ def mapped():
     return {r[5].rstrip("\n") for r in rows if len(r) == 6 and r[5].startswith("/") and ".so" in r[5]}
 
 
-def learn(state_dir, before):
-    """After libvirt's binding was imported (`before`: mapped() just before): remember the shared
-    objects it mapped, for the next runs' warm-up, when they differ from those remembered. Like the
-    warm-up itself, a hint: nothing is raised, and no import that maps nothing new (libvirt
-    loaded already) replaces the list."""
+def learn(state_dir, before=None):
+    """At the end of an archive: remember the shared objects mapped since `before` (a mapped(); by
+    default the one start() took: libvirt's binding and its libraries, the standard library's
+    extension modules), for the next runs' warm-up, when they differ from those remembered.
+    Like the warm-up itself, a hint: nothing is raised, and nothing new mapped (no warm-up
+    ran) replaces no list."""
+    before = _at_start if before is None else before
     now = mapped()
     if before is None or now is None:
         return

@@ -152,3 +152,16 @@ def test_a_run_learns_the_libraries_an_import_mapped(tmp_path):
     assert path.read_text().split() == learnt
     warmup.learn(str(tmp_path / "missing" / "dir"), set())  # an unwritable place: no error
     assert warmup.mapped() and all(p.startswith("/") for p in warmup.mapped())
+
+
+def test_an_archive_notes_what_it_mapped_at_its_start(monkeypatch, tmp_path):
+    for argv, noted in ((["list"], False), (["--config", "/c", "archive"], True)):
+        monkeypatch.setattr(warmup, "_started", False)
+        monkeypatch.setattr(warmup, "_at_start", None)
+        monkeypatch.setattr(warmup, "_files", lambda argv, env: [])
+        warmup.start(argv, {})
+        assert (warmup._at_start is not None) == noted
+    one = next(p for p in sorted(warmup.mapped()) if os.path.getsize(p) <= warmup.LIBS_MAX)
+    monkeypatch.setattr(warmup, "_at_start", warmup.mapped() - {one})
+    warmup.learn(str(tmp_path))  # by default: what was mapped since the start
+    assert (tmp_path / warmup.LIBS).read_text().split() == [one]

@@ -83,6 +83,7 @@ def run(args):
             from foundation.cli.find import update_listings
 
             update_listings(args, done, settings(args).state_dir)   # only warns, too
+    warmup.learn(settings(args).state_dir)  # what this run mapped, for the next one's warm-up
     return 0 if all(r.status in ("ok", "unchanged") for r in results) else 1
 
 
@@ -91,10 +92,8 @@ def _archive_all(args, conf, store, results):
 
     # (connecting in a thread beside the store's open was tried: a cold import of libvirt's ~40
     # libraries holds the GIL while it reads them, and the nights came out slower, not faster;
-    # the warm-up asks for them instead, once this run has named them)
-    before = warmup.mapped()
+    # the warm-up asks for them instead, once a run has named them: warmup.learn, below)
     conn = connect(settings(args).libvirt_uri)
-    warmup.learn(settings(args).state_dir, before)
     names = _names(args, conf, conn)
     if not names:
         print("no VM to archive (libvirt knows none, or all are excluded)")
