@@ -60,7 +60,7 @@ SUMMARIES, SUMMARIES_MAX = "summaries", 32 << 20  # a night's old tree nodes nee
 
 CONFIG, CONFIG_ENV = "/etc/foundation/foundation.toml", "FOUNDATION_CONFIG"  # foundation.config's
 STATE_DIR, STATE_ENV = "/var/lib/foundation", "FOUNDATION_STATE_DIR"  # the archiver's (config, cli.common)
-LIBS = "warmup-libs"  # in the state directory: libvirt's shared libraries, a path a line
+LIBS = "warmup-libs"  # in the state directory: the shared objects an archive mapped, a path a line
 LIBS_MAX = 16 << 20  # a larger one (ICU's data, 31 MB) is mapped, not read: not asked for
 
 SWITCH = "FOUNDATION_WARMUP"  # "0": no warm-up (to measure a command without it)
@@ -195,8 +195,8 @@ def learn(state_dir, before=None):
     """At the end of an archive: remember the shared objects mapped since `before` (a mapped(); by
     default the one start() took: libvirt's binding and its libraries, the standard library's
     extension modules), for the next runs' warm-up, when they differ from those remembered.
-    Like the warm-up itself, a hint: nothing is raised, and nothing new mapped (no warm-up
-    ran) replaces no list."""
+    Like the warm-up itself, a hint: nothing is raised; without a `before` (no warm-up ran) or
+    with nothing new mapped, the list stays as it is."""
     before = _at_start if before is None else before
     now = mapped()
     if before is None or now is None:
