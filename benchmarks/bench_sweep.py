@@ -1,6 +1,6 @@
 """The restore's sweep alone (native.plan_sweep): the records of a year's arenas' summaries looked up
 in a window's table of keys, as a newest day's restore does (120 arenas of 4,000 records, one in
-eight a key of the 64 Ki-key table). Best of --rounds, in this process, for each source tree given
+eight a key of the 64 Ki-key table). Best of --rounds, in a child process per source tree given
 (its C core built; run in the tree, so that its `foundation` is the one imported): its wall ms and
 records a second.
 

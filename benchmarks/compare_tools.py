@@ -47,6 +47,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
 import measure  # noqa: E402
+import peer_domains  # noqa: E402
 from workload import generate, parse_size, sha256_file, sparse_copy  # noqa: E402
 
 PASSWORD = "benchmark-password"
@@ -438,7 +439,6 @@ def main(argv=None):
         fresh = not os.path.exists(os.path.join(days_dir, "manifest.json"))
         man = generate(days_dir, a.size, a.days, a.seed)
         if fresh:  # ~10 GB just written: the first tool's day 0 would read beside their writeback
-            import peer_domains
             peer_domains.settle()
     if tools and not a.skip_workload:
         report["workload"] = {"size": a.size, "days": a.days, "seed": a.seed,
@@ -452,8 +452,6 @@ def main(argv=None):
         save()
         print(render(report, ["big"]), flush=True)
     if not a.skip_virtnbd:
-        import peer_domains
-
         report["virtnbd"] = peer_domains.compare(a.work, a.nights, a.vm_size, a.vm_data, a.night_change, say)
         save()
         print(render(report, ["virtnbd"]), flush=True)
@@ -491,8 +489,6 @@ def render(report, parts=("workload", "big", "virtnbd")):
         out += [f"{s['tool']}: a day with no change on {gib(b['size'])} {s['idle_s']:.2f} s ({s['idle_cpu_s']:.2f} "
                 f"CPU s)" for s in rows if "idle_s" in s]
     if report.get("virtnbd") and "virtnbd" in parts:
-        import peer_domains
-
         out.append(peer_domains.table(report["virtnbd"]))
     return "\n\n".join(out) + "\n"
 

@@ -26,7 +26,8 @@ int64_t fdn_plan_sweep(fdn_table *t, const uint8_t *akeys, size_t klen,
 	/* The records are asked a chunk at a time, as one lookup (fdn_tables_lookup: the slots of
 	 * a run of keys fetched before the first is probed, one lock a chunk): a newest day's
 	 * restore sweeps ~500 k records of a year's arenas through a table of ~65 k keys, and a
-	 * lookup a record, each waiting for its slot's cache miss, cost ~35 ms of it. */
+	 * lookup a record, each waiting for its slot's cache miss, took 16 ms for 480 k records
+	 * where this takes 11 (benchmarks/bench_sweep.py). */
 	enum { CHUNK = 256 };
 	uint64_t js[CHUNK];
 	int32_t which[CHUNK];
