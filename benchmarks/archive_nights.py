@@ -77,6 +77,7 @@ def main():
     p.add_argument("--timeline", action="store_true")
     p.add_argument("--check", type=int, default=5, help="restore and compare every N-th night (and the last)")
     p.add_argument("--label", default="nights")
+    p.add_argument("--python", action="append", help="the interpreter that runs each tree (A, then B; default: this one)")
     if sys.argv[1:2] == ["--steps"]:
         for f in sys.argv[2:]:
             with open(f) as fh:
@@ -87,22 +88,25 @@ def main():
     trees = [os.path.abspath(t) for t in a.tree]
     if len(trees) != 2:
         p.error("give two --tree")
-    for t in trees:
-        subprocess.run([sys.executable, "-m", "compileall", "-q", "foundation"], cwd=t, check=True)
+    pys = a.python or [sys.executable] * 2
+    if len(pys) != 2:
+        p.error("give two --python, or none")
+    for t, py in zip(trees, pys):
+        subprocess.run([py, "-m", "compileall", "-q", "foundation"], cwd=t, check=True)
     work = os.path.join(a.work, "domains")
     subprocess.run(["rm", "-rf", work], check=True)
     os.makedirs(work)
     pair = peer_domains.Pair(work, 2 * GIB, 3 * GIB // 2, print)
     pid = os.getpid()
     pair.names = {"foundation": f"fdnA-{pid}", "virtnbdbackup": f"fdnB-{pid}"}
-    res = {"label": a.label, "trees": trees, "runs": []}
+    res = {"label": a.label, "trees": trees, "pythons": pys, "runs": []}
     try:
         pair.setup()
         # tree B's own store, config and state directory, for the second domain
         confs = [pair.config, os.path.join(work, "b.toml")]
         store_b = os.path.join(work, "store-b")
         key_b = os.path.join(work, "b.key")
-        measure.run([sys.executable, "-m", "foundation", "--key-file", key_b, "init", store_b])
+        measure.run([pys[1], "-m", "foundation", "--key-file", key_b, "init", store_b], cwd=trees[1])
         with open(confs[1], "w") as f:
             f.write(f'store = "{store_b}"\nkey_file = "{key_b}"\nstate_dir = "{work}/state-b"\n'
                     f'vms = ["{pair.names["virtnbdbackup"]}"]\n')
@@ -113,7 +117,7 @@ def main():
             order = (0, 1) if n % 4 in (1, 2) else (1, 0)   # who goes first: A A B B, across cold and warm
             for i in order:
                 tree, env = trees[i], {"PYTHONPATH": trees[i]}
-                cmd = [sys.executable, "-m", "foundation", "--config", confs[i], "archive"]
+                cmd = [pys[i], "-m", "foundation", "--config", confs[i], "archive"]
                 tl = os.path.join(work, "timeline.txt")
                 if a.timeline and n > 0:
                     cmd[1:3] = [os.path.join(HERE, "archive_timeline.py")]
@@ -125,7 +129,7 @@ def main():
                         m["timeline"] = f.read().splitlines()
                 if n == 0 or n == a.nights or (a.check and n % a.check == 0):
                     out = os.path.join(work, "restore.raw")
-                    base = [sys.executable, "-m", "foundation", "--config", confs[i]]
+                    base = [pys[i], "-m", "foundation", "--config", confs[i]]
                     snaps = sorted(json.loads(subprocess.run(base + ["list", "--json", names[i]], capture_output=True,
                                                              check=True, cwd=tree, env=dict(os.environ, **env)).stdout),
                                    key=lambda s: s["time"])

@@ -155,6 +155,9 @@ def _name_threads():
 
 def main():
     t = time.monotonic()
+    from foundation import warmup
+
+    warmup.start(sys.argv[1:])  # as `python -m foundation` does (cli starts it for its console script only)
     _name_threads()
     import foundation.cli
     _patch()

@@ -3,23 +3,25 @@
 # day and check it byte for byte; replicate the store, recover it from the
 # replica alone, forget two days and gc. Exits non-zero on any mismatch.
 #
-#   scripts/demo-images.sh [--keep]      (needs python3 with foundation importable, qemu-img)
+#   scripts/demo-images.sh [--keep]      (after scripts/setup.sh: its environment's Python, qemu-img)
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")/.." && pwd)
 export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}"
+PY=${FOUNDATION_VENV:-/opt/foundation}/bin/python   # where scripts/setup.sh installed the dependencies
+[ -x "$PY" ] || PY=python3
 work=$(mktemp -d /tmp/foundation-demo.XXXXXX)
 keep=${1:-}
 cleanup() { if [ "$keep" != "--keep" ]; then rm -rf "$work"; else echo "kept $work"; fi; }
 trap cleanup EXIT
 
-f() { python3 -m foundation --store "$work/store" --key-file "$work/store.key" "$@"; }
+f() { "$PY" -m foundation --store "$work/store" --key-file "$work/store.key" "$@"; }
 say() { printf '\n== %s\n' "$*"; }
 
 say "a store (encrypted, by hash) and a 16 MiB disk image"
 mkdir "$work/store"
 f init "$work/store" --mode hash --arena-size 1M --max-log-size 1G
-python3 - "$work/disk.raw" <<'EOF'
+"$PY" - "$work/disk.raw" <<'EOF'
 import random, sys
 rng = random.Random(2024)
 img = bytearray(16 << 20)
@@ -34,7 +36,7 @@ EOF
 
 # day N: change some ranges in place, remember them for --changed
 change() {  # change DAY -> writes $work/changed-DAY.json and keeps a copy of the day's image
-    python3 - "$work/disk.raw" "$work/changed-$1.json" "$1" <<'EOF'
+    "$PY" - "$work/disk.raw" "$work/changed-$1.json" "$1" <<'EOF'
 import json, os, random, sys
 path, out, day = sys.argv[1], sys.argv[2], int(sys.argv[3])
 rng = random.Random(day)
@@ -103,8 +105,8 @@ f audit --replica "file://$work/offsite"
 echo "the replica holds: $(cd "$work/offsite" && find . -type f | sort | head -4 | tr '\n' ' ')..."
 
 say "the backup disk is lost: the replica and the key file bring back every day"
-python3 -m foundation --key-file "$work/store.key" recover --from "file://$work/offsite" --store "$work/recovered"
-python3 -m foundation --store "$work/recovered" --key-file "$work/store.key" \
+"$PY" -m foundation --key-file "$work/store.key" recover --from "file://$work/offsite" --store "$work/recovered"
+"$PY" -m foundation --store "$work/recovered" --key-file "$work/store.key" \
     restore demo@2024-05-02 "$work/recovered-2.raw"
 if cmp "$work/day2.raw" "$work/recovered-2.raw"; then
     echo "day 2 from the recovered store: identical"

@@ -23,7 +23,8 @@ say() { echo "servers.sh: $*" >&2; }
 # The version `go install github.com/minio/minio@latest` resolved to on 2026-11-22; builds with go 1.26.
 MINIO_VERSION=v0.0.0-20260212201848-7aac2a2c5b7c
 CACHE=${FOUNDATION_CACHE:-/var/cache/foundation}
-PY=${PYTHON:-python3}
+VPY=${FOUNDATION_VENV:-/opt/foundation}/bin/python   # scripts/setup.sh's environment, where it exists
+if [ -n "${PYTHON:-}" ]; then PY=$PYTHON; elif [ -x "$VPY" ]; then PY=$VPY; else PY=python3; fi
 
 minio_bin() {
     if [ -n "${MINIO_BIN:-}" ]; then echo "$MINIO_BIN"; else echo "$CACHE/bin/minio"; fi

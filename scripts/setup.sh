@@ -6,6 +6,12 @@
 # built by cffi, the replica test servers (scripts/servers.sh install: pyftpdlib, vsftpd,
 # and MinIO built with Go once into /var/cache/foundation) and a running
 # libvirtd. Idempotent; safe to run again.
+#
+# The package goes into a virtual environment of its own (FOUNDATION_VENV, default
+# /opt/foundation), made from $PYTHON (default python3), with /usr/local/bin/foundation
+# linked to its command: Debian 12's Python refuses packages installed beside its own
+# (PEP 668), and a daemon that starts every night should not run the start-up hooks
+# (.pth files) other packages leave in the system's site-packages (docs/operation.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,7 +22,7 @@ if [ "$(id -u)" != 0 ]; then
     exit 1
 fi
 
-PKGS=(gcc make pkg-config libssl-dev libzstd-dev
+PKGS=(gcc make pkg-config libssl-dev libzstd-dev python3-dev python3-venv python3-pip
       qemu-utils qemu-system-x86 libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients libvirt-dev
       fuse3 libfuse3-dev e2fsprogs dosfstools mtools fdisk parted ntfs-3g
       dbus-daemon man-db
@@ -50,20 +56,29 @@ elif [ "$FOUNDATION_ZSTD" = system ]; then
 else
     export FOUNDATION_ZSTD
 fi
-say "installing the foundation package and its C core ($($PY --version))"
+VENV=${FOUNDATION_VENV:-/opt/foundation}
+if [ ! -x "$VENV/bin/python" ]; then
+    say "making the virtual environment $VENV ($($PY --version))"
+    $PY -m venv "$VENV" || { say "$PY -m venv failed (Debian: apt-get install python3-venv)"; exit 1; }
+fi
+VPY=$VENV/bin/python
+say "installing the foundation package and its C core into $VENV ($($VPY --version))"
 export PIP_ROOT_USER_ACTION=ignore
-$PY -m pip install -q --disable-pip-version-check -e ".[vm,fuse,replica,test,man]" || {
-    say "pip install failed (see above)"; exit 1; }
-$PY -c "from foundation import native; assert native.backend == 'native', native.backend" || {
+# editable_mode=compat: the checkout is named by a plain path in a .pth file, which costs the
+# interpreter's start nothing (the default mode imports a finder module at every start)
+$VPY -m pip install -q --disable-pip-version-check -e ".[vm,fuse,replica,test,man]" \
+    --config-settings editable_mode=compat || { say "pip install failed (see above)"; exit 1; }
+$VPY -c "from foundation import native; assert native.backend == 'native', native.backend" || {
     say "the C core did not build; see the pip output above"; exit 1; }
+ln -sfn "$VENV/bin/foundation" /usr/local/bin/foundation
 
 say "installing the man page and the bash completion"
 mkdir -p /usr/local/share/man/man1 /usr/local/share/bash-completion/completions
-$PY -m foundation.cli.manpage /usr/local/share/man/man1/foundation.1
-$PY -m foundation completion > /usr/local/share/bash-completion/completions/foundation
+$VPY -m foundation.cli.manpage /usr/local/share/man/man1/foundation.1
+$VPY -m foundation completion > /usr/local/share/bash-completion/completions/foundation
 
 say "installing the replica test servers (FTP, FTPS, MinIO; the first MinIO build takes about 6 minutes)"
-PYTHON=$PY scripts/servers.sh install || { say "the replica test servers could not be installed (see above)"; exit 1; }
+PYTHON=$VPY scripts/servers.sh install || { say "the replica test servers could not be installed (see above)"; exit 1; }
 
 if [ -x scripts/libvirt.sh ]; then
     scripts/libvirt.sh || say "warning: libvirtd did not start; VM tests will be skipped"
