@@ -31,6 +31,20 @@ def test_version():
     assert r.stdout == f"foundation {foundation.__version__}\n"
 
 
+def test_the_console_script_returns_the_command_status_with_its_objects_frozen():
+    """`foundation` (pyproject's console script) and `python -m foundation` both run cli.console:
+    main's exit status, and the command's objects frozen for the interpreter's exit."""
+    import tomllib
+
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        assert tomllib.load(f)["project"]["scripts"]["foundation"] == "foundation.cli:console"
+    code = ("import gc, sys; from foundation.cli import console; sys.argv = ['foundation'] + sys.argv[1:]; "
+            "gc.unfreeze(); c = console(); print(c, gc.get_freeze_count() > 1000)")
+    for args, want in ((["completion"], "0 True"), (["--store", "/nonexistent/store", "list"], "10 True")):
+        r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=ROOT)
+        assert r.stdout.splitlines()[-1] == want, r.stderr
+
+
 def test_missing_headers_are_named():
     assert build.missing_headers() == []
     assert build.missing_headers(["openssl/evp.h", "no_such_header_zz.h"]) == ["no_such_header_zz.h"]
