@@ -22,7 +22,9 @@ if [ "$(id -u)" != 0 ]; then
     exit 1
 fi
 
-PKGS=(gcc make pkg-config libssl-dev libzstd-dev python3-dev python3-venv python3-pip
+# (python3-venv, -dev, -pip: the package's own environment and its C extensions; g++: pytsk3
+# builds The Sleuth Kit from source where pip finds no wheel)
+PKGS=(gcc g++ make pkg-config libssl-dev libzstd-dev python3-dev python3-venv python3-pip
       qemu-utils qemu-system-x86 libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients libvirt-dev
       fuse3 libfuse3-dev e2fsprogs dosfstools mtools fdisk parted ntfs-3g
       dbus-daemon man-db
