@@ -8,7 +8,8 @@ set -euo pipefail
 
 here=$(cd "$(dirname "$0")/.." && pwd)
 export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}"
-PY=${FOUNDATION_VENV:-/opt/foundation}/bin/python   # where scripts/setup.sh installed the dependencies
+. "$here/scripts/venv.sh"   # where scripts/setup.sh installed the dependencies
+PY=$VPY
 [ -x "$PY" ] || PY=python3
 work=$(mktemp -d /tmp/foundation-demo.XXXXXX)
 keep=${1:-}

@@ -16,8 +16,8 @@ cd "$(dirname "$0")/.."
 
 DIR=${DEMO_DIR:-/var/tmp/foundation-demo-vm}
 VM=foundation-demo
-VFDN=${FOUNDATION_VENV:-/opt/foundation}/bin/foundation   # scripts/setup.sh's environment
-if [ -x "$VFDN" ]; then FDN=("$VFDN"); elif command -v foundation >/dev/null 2>&1; then FDN=(foundation); else FDN=(python3 -m foundation); fi
+. scripts/venv.sh   # scripts/setup.sh's environment
+if [ -x "$VENV/bin/foundation" ]; then FDN=("$VENV/bin/foundation"); elif command -v foundation >/dev/null 2>&1; then FDN=(foundation); else FDN=(python3 -m foundation); fi
 
 say() { printf '\n== %s\n' "$*"; }
 

@@ -23,7 +23,7 @@ say() { echo "servers.sh: $*" >&2; }
 # The version `go install github.com/minio/minio@latest` resolved to on 2026-11-22; builds with go 1.26.
 MINIO_VERSION=v0.0.0-20260212201848-7aac2a2c5b7c
 CACHE=${FOUNDATION_CACHE:-/var/cache/foundation}
-VPY=${FOUNDATION_VENV:-/opt/foundation}/bin/python   # scripts/setup.sh's environment, where it exists
+. scripts/venv.sh   # scripts/setup.sh's environment, where it exists
 if [ -n "${PYTHON:-}" ]; then PY=$PYTHON; elif [ -x "$VPY" ]; then PY=$VPY; else PY=python3; fi
 
 minio_bin() {

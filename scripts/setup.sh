@@ -58,12 +58,11 @@ elif [ "$FOUNDATION_ZSTD" = system ]; then
 else
     export FOUNDATION_ZSTD
 fi
-VENV=${FOUNDATION_VENV:-/opt/foundation}
+. scripts/venv.sh
 if [ ! -x "$VENV/bin/python" ]; then
     say "making the virtual environment $VENV ($($PY --version))"
     $PY -m venv "$VENV" || { say "$PY -m venv failed (Debian: apt-get install python3-venv)"; exit 1; }
 fi
-VPY=$VENV/bin/python
 say "installing the foundation package and its C core into $VENV ($($VPY --version))"
 export PIP_ROOT_USER_ACTION=ignore
 # editable_mode=compat: the checkout is named by a plain path in a .pth file, which costs the

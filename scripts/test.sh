@@ -5,7 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-PY=${FOUNDATION_VENV:-/opt/foundation}/bin/python   # the environment setup.sh installed into
+. scripts/venv.sh
+PY=$VPY   # the environment setup.sh installed into
 FOUNDATION_NATIVE=0 $PY -m pytest -q -p no:cacheprovider tests/test_native.py tests/test_store.py tests/test_store_crash.py \
     tests/test_damage_matrix.py
 exec $PY -m pytest -q -p no:cacheprovider "$@"
