@@ -101,10 +101,12 @@ def test_a_layer_still_written_is_refused(images, tmp_path):
         holder.stdin.write(b"read 0 512\n")
         holder.stdin.flush()
         holder.stdout.readline()
-        with pytest.raises(qcow2.LayerBusy, match="Is another process using the image"):
+        with pytest.raises(qcow2.Busy):
             qcow2.layer_map(top)
-        with pytest.raises(qemuimg.QemuImgFailed, match="Is another process using the image"):
+        with pytest.raises(qemuimg.LayerBusy, match=f"Image {top} is still open for writing.*Is another process "
+                                                    "using the image") as e:
             qemuimg.layer_map(top)
+        assert isinstance(e.value, qemuimg.QemuImgFailed) and e.value.code == 60
         assert qcow2.layer_map(top, lock=False)          # -U: read anyway
         assert qcow2.chain_map(top)                      # the chain's map shares, as qemu-img -U
     finally:

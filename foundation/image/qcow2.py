@@ -17,15 +17,15 @@ A layer mapped *with the lock* is checked as `qemu-img map` without `-U`
 checks it: QEMU's image locking (byte-range OFD locks at 100 + permission,
 200 + permission not shared) is applied the same way, and a process
 holding the write permission (QEMU still writing the layer) makes the map
-fail with LayerBusy, so a layer that is not really frozen is never
-archived.
+fail with Busy (qemuimg.layer_map reports it as LayerBusy), so a layer
+that is not really frozen is never archived. This module imports nothing
+of qemuimg: qemuimg asks it first and turns its answers into the errors
+the user reads.
 """
 
 import fcntl
 import os
 import struct
-
-from foundation.image.qemuimg import QemuImgFailed
 
 MAGIC = b"QFI\xfb"
 OFFSET = 0x00fffffffffffe00     # host offset bits of L1 and L2 entries (bits 9-55)
@@ -44,10 +44,8 @@ class Unsupported(Exception):
     """Not the plain case this reader handles: ask qemu-img instead."""
 
 
-class LayerBusy(QemuImgFailed):
-    """Image {} is still open for writing by another process (Failed to get shared "write" lock). Is another process using the image? A layer still written is never archived."""
-
-    status, stdout = 1, ""
+class Busy(Exception):
+    """A process holds the layer's write permission (QEMU still writes it): arg 0 is its path."""
 
 
 def _be(data, fmt, off):
@@ -177,22 +175,22 @@ def _open(path, lock):
 
 def _lock(path, fd):
     """QEMU's locks of a reader that does not share the write permission (qemu-img map without -U):
-    held on `fd` until it is closed; LayerBusy if a process holds the write permission."""
+    held on `fd` until it is closed; Busy if a process holds the write permission."""
     for byte in (LOCK_PERM + PERM_CONSISTENT_READ, LOCK_SHARED + PERM_WRITE):
         try:
             fcntl.fcntl(fd, fcntl.F_OFD_SETLK, struct.pack("hhqqi", fcntl.F_RDLCK, os.SEEK_SET, byte, 1, 0))
         except OSError:          # someone holds it exclusively: QEMU never does; be safe
-            raise LayerBusy(path) from None
+            raise Busy(path) from None
     # no one may hold the write permission, nor refuse to share the consistent read this reader holds
     for byte in (LOCK_PERM + PERM_WRITE, LOCK_SHARED + PERM_CONSISTENT_READ):
         got = fcntl.fcntl(fd, fcntl.F_OFD_GETLK, struct.pack("hhqqi", fcntl.F_WRLCK, os.SEEK_SET, byte, 1, 0))
         if struct.unpack("hhqqi", got)[0] != fcntl.F_UNLCK:
-            raise LayerBusy(path)
+            raise Busy(path)
 
 
 def layer_map(path, lock=True):
     """What `qemu-img map` of the layer alone (`"backing": null`) lists as present: [(start, length,
-    offset | None, zero)]. With `lock`, fails with LayerBusy if a process still writes it."""
+    offset | None, zero)]. With `lock`, fails with Busy if a process still writes it."""
     fd = _open(path, lock)
     try:
         stamp = _stamp(fd) if lock else None

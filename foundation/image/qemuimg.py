@@ -19,12 +19,19 @@ import json
 import os
 
 from foundation.errors import Error
+from foundation.image import qcow2
 
 
 class QemuImgFailed(Error):
     """qemu-img {} failed: {}"""
 
     code = 60
+
+
+class LayerBusy(QemuImgFailed):
+    """Image {} is still open for writing by another process (Failed to get shared "write" lock). Is another process using the image? A layer still written is never archived."""
+
+    status, stdout = 1, ""   # as a failed `qemu-img map` without -U would leave them
 
 
 def run(args, what, ok=(0,)):
@@ -111,10 +118,10 @@ def layer_map(path, share=False):
     `share`, fails if a process (QEMU) has the file open for writing.
     A plain qcow2 file is read directly (qcow2.py), else `qemu-img map`.
     """
-    from foundation.image import qcow2
-
     try:
         return qcow2.layer_map(path, lock=not share)
+    except qcow2.Busy:
+        raise LayerBusy(path) from None
     except (qcow2.Unsupported, OSError):
         pass                     # qemu-img says what is wrong with it, or maps what qcow2.py does not
     spec = json.dumps({"driver": "qcow2", "backing": None,
@@ -145,8 +152,6 @@ def chain_map(path, fmt, pool=None, layers_out=None):
     filename, format and virtual-size of each), else by `qemu-img`.
     """
     if fmt == "qcow2":
-        from foundation.image import qcow2
-
         try:
             return qcow2.chain_map(path, layers_out)
         except (qcow2.Unsupported, OSError):
