@@ -339,11 +339,7 @@ class _Native:
                         for off, slen, rlen, btype, key in _ENTRY.iter_unpack(_ffi.buffer(ents, k * _ENTRY.size))]
             if err[0] != _lib.FDN_ESPACE:
                 break
-        if err[0] == _lib.FDN_OK:
-            return entries, end[0], None
-        if err[0] in _KINDS:
-            return entries, end[0], RecordError(_KINDS[err[0]], end[0])
-        _ok(err[0])
+        return _walked(entries, end[0], err[0])
 
     @staticmethod
     def scan_columns(codec, arena, iv, buf, base, keylen=SCORE_SIZE, verify=True):
@@ -370,11 +366,7 @@ class _Native:
             if err[0] != _lib.FDN_ESPACE:
                 break
         got = checks.Scanned(got_offs, bytes(got_types), bytes(got_keys), bytes(got_tags))
-        if err[0] == _lib.FDN_OK:
-            return got, end[0], None
-        if err[0] in _KINDS:
-            return got, end[0], RecordError(_KINDS[err[0]], end[0])
-        _ok(err[0])
+        return _walked(got, end[0], err[0])
 
     @staticmethod
     def check_span(codec, arena, iv, buf, base, depth=checks.DECODED, score_key=None, threads=1, start=None):
@@ -407,11 +399,7 @@ class _Native:
                                tags=got.tags + _ffi.buffer(tags, n * TAG_SIZE)[:])
             if err[0] != _lib.FDN_ESPACE:
                 break
-        if err[0] == _lib.FDN_OK:
-            return got, end[0], None
-        if err[0] in _KINDS:
-            return got, end[0], RecordError(_KINDS[err[0]], end[0])
-        _ok(err[0])
+        return _walked(got, end[0], err[0])
 
     @staticmethod
     def bucket_home(key, nbuckets):
@@ -708,6 +696,16 @@ def _codec(codec, impl):
     if not isinstance(codec, impl.Codec):
         raise TypeError(f"expected a {impl.name} Codec, not {type(codec).__name__}")
     return codec._c
+
+
+def _walked(got, end, err):
+    """What a walk over records returns where it stopped (end): (got, end, None) at the span's end,
+    (got, end, RecordError) at a bad record; any other error code is raised."""
+    if err == _lib.FDN_OK:
+        return got, end, None
+    if err in _KINDS:
+        return got, end, RecordError(_KINDS[err], end)
+    _ok(err)
 
 
 def _ok(rc, offset=None):
