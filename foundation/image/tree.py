@@ -37,8 +37,8 @@ CHUNK = 4 << 20
 SPLIT = 1 << 20  # a batch's two concurrent reads are cut at a multiple of this
 HALVES = True  # a raw image's batch read as two concurrent halves (False: one read after the other)
 OPEN_NODES = 512  # level-1 nodes kept open before the completed ones are written
-AHEAD_NODES = 512  # level-1 nodes of the batches ahead opened (read) together on a later day (~4 MiB
-# with their old copies): a day of the standard workload (~340 of them) opens all in one read per
+AHEAD_NODES = 512  # level-1 nodes of the batches ahead opened (read) together on a later day (~2 MiB
+# of copies being patched): a day of the standard workload (~340 of them) opens all in one read per
 # level before its first batch, not a second window mid-day that stalls the pipeline (settle, reads)
 
 
@@ -60,10 +60,10 @@ class _Builder:
 
     # ---- old content --------------------------------------------------------
     def _entry(self, old_ref, old_content):
-        """An open node: [content being patched, old ref (None: must be written), old bytes]."""
-        if old_content is None:
-            old_content = self.zero_node
-        return [bytearray(old_content), old_ref, old_content]
+        """An open node: [content being patched, old ref (None: must be written), changed]. Whether
+        a patch changed it is noted as it is made (_patch), so the old bytes need not be kept
+        beside the copy being patched: a later day opens ~340 nodes at once, 4 KiB each."""
+        return [bytearray(self.zero_node if old_content is None else old_content), old_ref, False]
 
     def _old_root(self):
         b, sh = self.base, self.sh
@@ -138,7 +138,7 @@ class _Builder:
             b = b0 + i
             j, slot = divmod(b, F)
             m = min(F - slot, n - i)
-            od[j][0][slot * rs:(slot + m) * rs] = refs[i * rs:(i + m) * rs]
+            _patch(od[j], slot * rs, refs[i * rs:(i + m) * rs])
             i += m
 
     def finish(self, next_leaf):
@@ -157,11 +157,12 @@ class _Builder:
                 continue
             writes, slots = [], []
             below = self.sh.counts[k - 1]
-            for j, (content, old_ref, old) in done:
+            for j, node in done:
+                content, old_ref = node[0], node[1]
                 valid = below - j * F
                 if valid < F:  # the right edge: children beyond the end are null
-                    content[valid * rs:] = bytes((F - valid) * rs)
-                if old_ref is not None and content == old:
+                    _patch(node, valid * rs, bytes((F - valid) * rs))
+                if old_ref is not None and not node[2]:
                     ref = old_ref
                 elif content == self.zero_node:
                     ref = self.null
@@ -180,9 +181,16 @@ class _Builder:
                 if k == depth:
                     self.root_ref = ref
                 else:
-                    p = self.open[k + 1][j // F][0]
-                    slot = (j % F) * rs
-                    p[slot:slot + rs] = ref
+                    _patch(self.open[k + 1][j // F], (j % F) * rs, ref)
+
+
+def _patch(node, at, refs):
+    """Put refs into an open node's content at byte `at`, noting whether that changed its bytes."""
+    content = node[0]
+    end = at + len(refs)
+    if content[at:end] != refs:
+        content[at:end] = refs
+        node[2] = True
 
 
 def _todo(shape, base, changed):
