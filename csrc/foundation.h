@@ -225,10 +225,12 @@ int64_t fdn_tables_absent(fdn_table **ts, size_t nt, const uint8_t *keys,
 
 /* Set the bits of the keylen-byte key at the start of every step bytes of keys in the bit
  * array of a pybloomfiltermmap3 filter (its u32 words, nbits bits, and hash seeds), as its
- * add() does (bloom.c). */
+ * add() does; or test them, maybe[k] = 1 where its `in` would answer True (bloom.c). */
 size_t fdn_bloom_bytes(uint64_t nbits);
 int fdn_bloom_add(uint8_t *words, size_t wordslen, uint64_t nbits, const uint32_t *seeds,
 	size_t nseeds, const uint8_t *keys, size_t keyslen, size_t keylen, size_t step);
+int fdn_bloom_test(const uint8_t *words, size_t wordslen, uint64_t nbits, const uint32_t *seeds,
+	size_t nseeds, const uint8_t *keys, size_t keyslen, size_t keylen, size_t step, uint8_t *maybe);
 
 /*
  * A restore's plan of one window in whole arrays (plan.c): the sweep of an

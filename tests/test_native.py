@@ -1349,6 +1349,43 @@ def test_scan_columns_is_scan_in_columns(impl, other, enc):
             impl.scan_columns(c, 4, IV, data, base, bad)
 
 
+def test_bloom_test_answers_as_the_filters_own_in(impl, tmp_path):
+    """bloom_test gives, for every key, what pybloomfiltermmap3's `in` gives: True for every key
+    added, and for keys never added the same answers, its false positives included."""
+    import mmap as _mmap
+
+    import pybloomfilter
+
+    rng = random.Random(6)
+    bf = pybloomfilter.BloomFilter(3000, 0.01, str(tmp_path / "f"))
+    added = [rng.randbytes(32) for _ in range(2500)] + [rng.randbytes(n) for n in range(1, 40)]
+    bf.update(added)
+    bf.sync()
+    others = [rng.randbytes(32) for _ in range(20000)]
+    with open(tmp_path / "f", "r+b") as f:
+        m = _mmap.mmap(f.fileno(), 0)
+    hl = struct.unpack_from("=i", m, 17)[0]
+    words = memoryview(m)[-(-(21 + hl) // 256) * 256:]
+    try:
+        want = bytes(k in bf for k in others)
+        assert 0 < want.count(1) < 1000  # some false positives to agree on, at ~1 %
+        assert impl.bloom_test(words, bf.num_bits, bf.hash_seeds, b"".join(others), 32) == want
+        assert impl.bloom_test(words, bf.num_bits, bf.hash_seeds, b"".join(added[:2500]), 32) == b"\1" * 2500
+        entries = b"".join(k + struct.pack("<Q", i) for i, k in enumerate(others[:500]))
+        assert impl.bloom_test(words, bf.num_bits, bf.hash_seeds, entries, 32, 40) == want[:500]
+        assert all(impl.bloom_test(words, bf.num_bits, bf.hash_seeds, k, len(k)) == b"\1" for k in added[2500:])
+        assert impl.bloom_test(words, bf.num_bits, bf.hash_seeds, b"", 32) == b""
+        for bad in [dict(nbits=0), dict(nbits=1 << 40), dict(seeds=[]), dict(keylen=0), dict(step=31),
+                    dict(keys=bytes(33))]:
+            args = dict(words=bytearray(64), nbits=512, seeds=[1, 2], keys=bytes(64), keylen=32, step=None)
+            args.update(bad)
+            with pytest.raises(ValueError):
+                impl.bloom_test(**args)
+    finally:
+        del words
+        m.close()
+
+
 def test_bloom_add_sets_the_bits_the_filters_own_add_sets(impl, tmp_path):
     """bloom_add on the filter's bit array gives the file pybloomfiltermmap3's add() gives, for keys
     of every tail length and for keys taken from index entries (a step past each key)."""

@@ -38,6 +38,35 @@ def test_a_new_store_has_a_small_index_and_filter(tmp_path):
         assert s.bloom.capacity == 32768 and s.bloom.error_rate == bloom_mod.ERROR
 
 
+def _mapped_kb(path):
+    """kB of this process's memory in maps of the file at path (each map's pages counted apart)."""
+    path, kb, inside = os.path.realpath(path), 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if len(head) >= 5 and "-" in head[0] and ":" in head[3]:
+                inside = head[-1] == path
+            elif inside and head[0] == "Rss:":
+                kb += int(head[1])
+    return kb
+
+
+def test_the_filter_is_held_in_memory_once(make_store):
+    """Its tests and its adds go through one map of its file: the process holds each of its pages
+    once, where a test through the filter's own map held the whole file a second time."""
+    op = make_store("hash")
+    data = blocks(3000, seed=8)
+    with op() as s:
+        s.write_blocks(data)
+        s.flush()
+    with op() as s:
+        refs = s.write_blocks(data + blocks(3000, seed=9))  # every key tested, the fresh ones added
+        assert s.bloom.maybe(refs, 32) == b"\1" * 6000
+        size = os.path.getsize(os.path.join(op.path, F.BLOOM))
+        held = _mapped_kb(os.path.join(op.path, F.BLOOM))
+        assert size // 1024 * 3 // 4 < held <= size // 1024 + 8
+
+
 def test_index_and_filter_grow_and_find_every_block(make_store, mode, small):
     op = make_store(mode, max_log_size=1 << 20)        # the index starts at 19 buckets
     data = blocks(N, seed=5)

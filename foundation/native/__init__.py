@@ -62,6 +62,8 @@ when bs == len(buf).
     tables_absent(tables, keys) -> [position]          keys no table holds, all-zero ones left out
     bloom_add(words, nbits, seeds, keys, keylen, step=None)   set the bits of the key at the start of
         every step bytes of keys in a pybloomfiltermmap3 filter's bit array (its u32 words), as its add() does
+    bloom_test(words, nbits, seeds, keys, keylen, step=None) -> bytes   1 for each such key whose bits
+        are all set (its `in`), 0 for the others
     equal(a, b) -> bool
     plan_sweep(table, akeys, aaddrs, found, done) -> filled       a restore's plan of one window,
     plan_order(found, live, refs, rs) -> (addrs, positions, keyed)  in whole arrays (reference.py
@@ -176,6 +178,7 @@ Table = _impl.Table
 tables_lookup = _impl.tables_lookup
 tables_absent = _impl.tables_absent
 bloom_add = _impl.bloom_add
+bloom_test = _impl.bloom_test
 equal = _impl.equal
 plan_sweep = _impl.plan_sweep
 plan_order = _impl.plan_order

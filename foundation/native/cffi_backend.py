@@ -18,7 +18,7 @@ from foundation.native.checks import (API_VERSION, ARENA_LIMIT, HEADER_SIZE, KEY
 
 # C functions added within API_VERSION 1: a module built before them is stale too.
 _NEWEST = ("fdn_unpack_many", "fdn_unpack_at", "fdn_check", "fdn_tables_absent", "fdn_scan_cols", "fdn_table_take",
-           "fdn_bloom_add", "fdn_plan_sweep", "fdn_fill", "fdn_seal")
+           "fdn_bloom_add", "fdn_plan_sweep", "fdn_fill", "fdn_seal", "fdn_bloom_test")
 
 
 def _load_native():
@@ -538,6 +538,16 @@ class _Native:
         s = _ffi.new("uint32_t[]", seeds)
         _ok(_lib.fdn_bloom_add(_rw(words), checks.nbytes(words), nbits, s, len(seeds), _ro(keys),
                                checks.nbytes(keys), keylen, step))
+
+    @staticmethod
+    def bloom_test(words, nbits, seeds, keys, keylen, step=None):
+        seeds, step = checks.bloom_args(words, nbits, seeds, keys, keylen, step)
+        s = _ffi.new("uint32_t[]", seeds)
+        n = checks.nbytes(keys) // step
+        out = bytearray(n)
+        _ok(_lib.fdn_bloom_test(_ro(words), checks.nbytes(words), nbits, s, len(seeds), _ro(keys),
+                                checks.nbytes(keys), keylen, step, _ffi.from_buffer(out)))
+        return bytes(out)
 
     @staticmethod
     def tables_absent(tables, keys):

@@ -26,7 +26,7 @@ RUN_BYTES = 1 << 20  # a writer's most raw bytes in a run
 
 API = ("zero_flags", "scores", "weak_hashes", "Codec", "pack", "fill", "seal", "unpack", "unpack_many",
        "unpack_blocks", "scan", "scan_columns", "check_span", "bucket_home", "bucket_find", "sort_entries", "merge", "lookup", "Table",
-       "tables_lookup", "equal", "tables_absent", "bloom_add",
+       "tables_lookup", "equal", "tables_absent", "bloom_add", "bloom_test",
        "plan_sweep", "plan_order", "plan_cuts", "plan_runs")
 
 
@@ -341,13 +341,13 @@ def bloom_bytes(nbits):
 
 
 def bloom_args(words, nbits, seeds, keys, keylen, step):
-    """Check bloom_add's arguments -> (the seeds as a list of ints, step)."""
+    """Check bloom_add's and bloom_test's arguments -> (the seeds as a list of ints, step)."""
     uint(nbits, 1 << 63, "nbits")
     if not nbits or bloom_bytes(nbits) > nbytes(words):
         raise ValueError(f"a bit array of {nbytes(words)} bytes cannot hold {nbits} bits")
     seeds = [int(s) for s in seeds]
     if not seeds or any(not 0 <= s < 1 << 32 for s in seeds):
-        raise ValueError("bloom_add needs one or more u32 hash seeds")
+        raise ValueError("a Bloom filter needs one or more u32 hash seeds")
     step = keylen if step is None else step
     if not isinstance(keylen, int) or not isinstance(step, int) or not 1 <= keylen <= step or nbytes(keys) % step:
         raise ValueError(f"keys must be whole entries of {step} bytes, each starting with a key of {keylen}")

@@ -708,8 +708,25 @@ def bloom_add(words, nbits, seeds, keys, keylen, step=None):
     for i in range(0, len(keys), step):
         for s in reversed(seeds):
             bit = _murmur3_x64_128_xor(keys[i:i + keylen], s) % nbits
-            byte = bit // 32 * 4 + (bit % 32 // 8 if sys.byteorder == "little" else 3 - bit % 32 // 8)
-            view[byte] |= 1 << bit % 8
+            view[_bloom_byte(bit)] |= 1 << bit % 8
+
+
+def bloom_test(words, nbits, seeds, keys, keylen, step=None):
+    """Whether the filter may hold the keylen-byte key at the start of every `step` bytes of keys:
+    bytes of 1 where every bit bloom_add would set is set (its `in`), 0 elsewhere."""
+    seeds, step = checks.bloom_args(words, nbits, seeds, keys, keylen, step)
+    view = memoryview(words).cast("B")
+    keys = bytes(keys)
+    out = bytearray(len(keys) // step)
+    for i in range(0, len(keys), step):
+        out[i // step] = all(view[_bloom_byte(b)] >> b % 8 & 1
+                             for b in (_murmur3_x64_128_xor(keys[i:i + keylen], s) % nbits for s in seeds))
+    return bytes(out)
+
+
+def _bloom_byte(bit):
+    """The byte of a pybloomfiltermmap3 bit array (host-order u32 words) that holds bit."""
+    return bit // 32 * 4 + (bit % 32 // 8 if sys.byteorder == "little" else 3 - bit % 32 // 8)
 
 
 _M64 = (1 << 64) - 1

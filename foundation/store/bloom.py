@@ -11,8 +11,12 @@ all, and the rate stays at ERROR.
 
 Keys are added a batch at a time by the C core (native.bloom_add), which
 sets in the filter's file the very bits pybloomfiltermmap3's add() sets,
-with the GIL released: its own add is one Python call per key. Its test
-(`in`) and file format are used unchanged.
+with the GIL released: its own add is one Python call per key. They are
+tested the same way (native.bloom_test: a batch a call, its answers those
+of the filter's own `in`), through the one map of the file the adds use: a
+test through the filter's own map touched every page of the file a second
+time, and the process counted each page once per map (a night's peak
+held the filter twice). Its file format is used unchanged.
 """
 
 import json
@@ -55,6 +59,18 @@ class Bloom(pybloomfilter.BloomFilter):
             b = bytes(keys)
             super().update([b[i:i + kl] for i in range(0, len(b), step)])
         self._added(memoryview(keys).nbytes // step)
+
+    def maybe(self, keys, kl):
+        """Which of the kl-byte keys end to end in `keys` the filter may hold: bytes, 1 for each such
+        key, 0 for each it surely does not hold (its `in`, for all of them at once)."""
+        words = self._bits()
+        if words:
+            return native.bloom_test(words, self.num_bits, self._seeds, keys, kl)
+        b = bytes(keys)
+        return bytes(super(Bloom, self).__contains__(b[i:i + kl]) for i in range(0, len(b), kl))
+
+    def __contains__(self, key):
+        return bool(self.maybe(key, len(key))[0])
 
     def _added(self, n):
         self.count += n

@@ -30,6 +30,7 @@ import bisect
 import collections
 import concurrent.futures
 import contextlib
+import itertools
 import logging
 import mmap
 
@@ -243,7 +244,7 @@ class Writes:
             # with nothing to ask again once the append thread is idle. In a first archive
             # (nothing on disk yet) the index cache holds every key stored: it is asked about
             # them all, and the filter, which could only answer false "maybe"s, not at all.
-            maybe = ks if young else list(filter(bloom.__contains__, ks))
+            maybe = ks if young else list(itertools.compress(ks, bloom.maybe(b"".join(ks), 32))) if ks else []
             if maybe:  # duplicates of what the index cache holds: one C pass
                 tables = self._tables() + [t for _, t in self._inflight if t is not None]
                 _, which = native.tables_lookup(tables, b"".join(maybe), None)
