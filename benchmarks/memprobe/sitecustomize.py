@@ -3,7 +3,8 @@ samples the process's VmRSS every 5 ms; at each new high (+1 MB) it records ever
 /proc/self/smaps_rollup and, above 90 MB (MEMPROBE_TOP_MB), the ten (MEMPROBE_TOP) largest mappings and the
 RSS per mapped file (by_name: name, maps, Rss, Anonymous, Private_Dirty, in kB); the record is written to FILE at
 exit (JSON: samples [t, rss, VmHWM so far], highs, hwm: VmHWM at exit). MEMPROBE_TRACE=N also runs
-tracemalloc (N frames) and records its largest Python allocations at the highs above 60 MB. Used by archive_memory.py."""
+tracemalloc (N frames) and records its largest Python allocations at the highs above 60 MB; MEMPROBE_MODULES=1 the
+names of the modules loaded at each high. Used by archive_memory.py."""
 import os, sys, threading, time, json, atexit, traceback
 _out = os.environ.get("MEMPROBE")
 if _out:
@@ -77,8 +78,11 @@ if _out:
                     _rec["traced"] = t
                     py = [(str(x.traceback), x.size, x.count) for x in
                           tracemalloc.take_snapshot().statistics("lineno" if _trace == "1" else "traceback")[:15]]
-                _rec["highs"].append({"t": round(t, 3), "rss": r, "stacks": st, "smaps": sm, "top": top, "py": py})
+                mods = sorted(sys.modules) if _mods else None
+                _rec["highs"].append({"t": round(t, 3), "rss": r, "stacks": st, "smaps": sm, "top": top, "py": py,
+                                      "modules": mods})
             time.sleep(0.005)
+    _mods = os.environ.get("MEMPROBE_MODULES")  # also the names of the modules loaded at each high
     _trace = os.environ.get("MEMPROBE_TRACE")  # also tracemalloc's top lines (slow: Python objects only)
     if _trace:
         import tracemalloc
