@@ -107,16 +107,29 @@ static inline size_t bit_byte(uint64_t bit)
 #endif
 }
 
+/* Set bit (set), or say whether it is set. */
+static inline uint8_t touch(uint8_t *words, uint64_t bit, int set)
+{
+	if (set) {
+		words[bit_byte(bit)] |= (uint8_t)(1u << (bit % 8));
+		return 1;
+	}
+	return words[bit_byte(bit)] >> (bit % 8) & 1;
+}
+
 /*
  * A batch's bits fall all over a filter of many MB: each is a cache miss,
  * often a page not yet mapped in. So AHEAD keys' bits are found first and
- * their bytes asked for (prefetch), then set, the misses of those keys
- * overlapping instead of met one after the other.
+ * their bytes asked for (prefetch), then set or tested, the misses of those
+ * keys overlapping instead of met one after the other. maybe NULL: set the
+ * keys' bits; else maybe[k] = 1 if every bit of key k is set (the filter's
+ * `in`), and nothing is written.
  */
-int fdn_bloom_add(uint8_t *words, size_t wordslen, uint64_t nbits, const uint32_t *seeds,
-	size_t nseeds, const uint8_t *keys, size_t keyslen, size_t keylen, size_t step)
+static int walk(uint8_t *words, size_t wordslen, uint64_t nbits, const uint32_t *seeds,
+	size_t nseeds, const uint8_t *keys, size_t keyslen, size_t keylen, size_t step, uint8_t *maybe)
 {
 	size_t at[AHEAD * 32], i, s, k, m;
+	int set = maybe == NULL;
 
 	if (nbits == 0 || fdn_bloom_bytes(nbits) > wordslen ||
 	    keylen == 0 || step < keylen || keyslen % step || nseeds == 0)
@@ -124,60 +137,46 @@ int fdn_bloom_add(uint8_t *words, size_t wordslen, uint64_t nbits, const uint32_
 	for (i = 0; i < keyslen; i += m * step) {
 		size_t per = nseeds < 32 ? AHEAD : 1;
 		m = (keyslen - i) / step < per ? (keyslen - i) / step : per;
-		for (k = 0; k < m; k++)
+		for (k = 0; k < m; k++) {
+			uint8_t all = 1;
 			for (s = nseeds; s-- > 0;) {	/* the filter's own order (the bits are the same in any) */
 				uint64_t bit = murmur(keys + i + k * step, keylen, seeds[s]) % nbits;
 				if (per == 1) {	/* too many seeds to hold: no look ahead */
-					words[bit_byte(bit)] |= (uint8_t)(1u << (bit % 8));
+					all &= touch(words, bit, set);
 					continue;
 				}
 				at[k * nseeds + s] = (size_t)bit;
-				__builtin_prefetch(words + bit_byte(bit), 1);
+				if (set)
+					__builtin_prefetch(words + bit_byte(bit), 1);
+				else
+					__builtin_prefetch(words + bit_byte(bit), 0);
 			}
+			if (per == 1 && !set)
+				maybe[i / step + k] = all;
+		}
 		if (per == 1)
 			continue;
-		for (k = 0; k < m * nseeds; k++)
-			words[bit_byte(at[k])] |= (uint8_t)(1u << (at[k] % 8));
+		for (k = 0; k < m; k++) {
+			uint8_t all = 1;
+			for (s = 0; s < nseeds; s++)
+				all &= touch(words, at[k * nseeds + s], set);
+			if (!set)
+				maybe[i / step + k] = all;
+		}
 	}
 	return FDN_OK;
 }
 
-/*
- * maybe[k] = 1 if every bit of key k is set (the filter may hold it: what its `in` answers), else
- * 0; the bits of AHEAD keys are found and their bytes asked for before any is tested, as above.
- */
+int fdn_bloom_add(uint8_t *words, size_t wordslen, uint64_t nbits, const uint32_t *seeds,
+	size_t nseeds, const uint8_t *keys, size_t keyslen, size_t keylen, size_t step)
+{
+	return walk(words, wordslen, nbits, seeds, nseeds, keys, keyslen, keylen, step, NULL);
+}
+
+/* maybe[k] = 1 if every bit of key k is set (the filter may hold it: what its `in` answers), else 0. */
 int fdn_bloom_test(const uint8_t *words, size_t wordslen, uint64_t nbits, const uint32_t *seeds,
 	size_t nseeds, const uint8_t *keys, size_t keyslen, size_t keylen, size_t step, uint8_t *maybe)
 {
-	size_t at[AHEAD * 32], i, s, k, m;
-
-	if (nbits == 0 || fdn_bloom_bytes(nbits) > wordslen ||
-	    keylen == 0 || step < keylen || keyslen % step || nseeds == 0)
-		return FDN_EARG;
-	for (i = 0; i < keyslen; i += m * step) {
-		size_t per = nseeds < 32 ? AHEAD : 1;
-		m = (keyslen - i) / step < per ? (keyslen - i) / step : per;
-		if (per == 1) {	/* too many seeds to hold: each bit tested as it is found */
-			uint8_t all = 1;
-			for (s = 0; s < nseeds && all; s++) {
-				uint64_t bit = murmur(keys + i, keylen, seeds[s]) % nbits;
-				all = words[bit_byte(bit)] >> (bit % 8) & 1;
-			}
-			maybe[i / step] = all;
-			continue;
-		}
-		for (k = 0; k < m; k++)
-			for (s = 0; s < nseeds; s++) {
-				uint64_t bit = murmur(keys + i + k * step, keylen, seeds[s]) % nbits;
-				at[k * nseeds + s] = (size_t)bit;
-				__builtin_prefetch(words + bit_byte(bit), 0);
-			}
-		for (k = 0; k < m; k++) {
-			uint8_t all = 1;
-			for (s = 0; s < nseeds && all; s++)
-				all = words[bit_byte(at[k * nseeds + s])] >> (at[k * nseeds + s] % 8) & 1;
-			maybe[i / step + k] = all;
-		}
-	}
-	return FDN_OK;
+	/* (walk writes nothing when it is given maybe) */
+	return walk((uint8_t *)words, wordslen, nbits, seeds, nseeds, keys, keyslen, keylen, step, maybe);
 }
