@@ -185,10 +185,13 @@ class _Builder:
 
 
 def _patch(node, at, refs):
-    """Put refs into an open node's content at byte `at`, noting whether that changed its bytes."""
+    """Put refs into an open node's content at byte `at`, noting whether that changed its bytes (a
+    node with no old ref is written whatever changed: no compare, as on every node of a day 0)."""
     content = node[0]
     end = at + len(refs)
-    if content[at:end] != refs:
+    if node[1] is None:
+        content[at:end] = refs
+    elif content[at:end] != refs:
         content[at:end] = refs
         node[2] = True
 

@@ -244,7 +244,7 @@ class Writes:
             # with nothing to ask again once the append thread is idle. In a first archive
             # (nothing on disk yet) the index cache holds every key stored: it is asked about
             # them all, and the filter, which could only answer false "maybe"s, not at all.
-            maybe = ks if young else list(itertools.compress(ks, bloom.maybe(b"".join(ks), 32))) if ks else []
+            maybe = ks if young else list(itertools.compress(ks, bloom.maybe(b"".join(ks), 32)))
             if maybe:  # duplicates of what the index cache holds: one C pass
                 tables = self._tables() + [t for _, t in self._inflight if t is not None]
                 _, which = native.tables_lookup(tables, b"".join(maybe), None)
@@ -377,6 +377,8 @@ class Writes:
         # Compare every block with its first candidate, read in one sorted
         # batch: a sequential duplicate run costs one span read per arena.
         known = self._read_addrs({first[i] for i in range(n) if which[i] >= 0})
+        # the filter asked about the whole batch in one call, not once a block
+        held = self.bloom.maybe(weak, 8) if self.bloom is not None else None
         for i in range(n):
             if zero[i]:
                 zeros += 1
@@ -396,7 +398,7 @@ class Writes:
                         a = -1 - j
                         break
             if a is None:
-                a = self._match_disk(block, btype, w)
+                a = self._match_disk(block, btype, w, held is None or held[i])
             if a is None:
                 batch.setdefault(w, []).append(i)
                 fresh.append(i)
@@ -428,12 +430,14 @@ class Writes:
                 return a
         return None
 
-    def _match_disk(self, block, btype, w):
+    def _match_disk(self, block, btype, w, maybe=True):
+        """An older copy of block on disk (its weak hash w), or None; maybe: the Bloom filter's
+        answer for w (False: surely not in the index)."""
         for t in self._recent:
             a = self._match(block, btype, t.find(w))
             if a is not None:
                 return a
-        if self.bloom is not None and w not in self.bloom:
+        if not maybe:
             return None
         for a in self._index_lookup(w):
             if self._match(block, btype, [a]) is not None:
