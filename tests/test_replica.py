@@ -418,6 +418,16 @@ def test_repair_open_arena_from_replica(request, site):
     site.restores()
 
 
+def _damage(store, n, at):
+    """Flip the byte of arena n at offset `at` (a constant written there is the byte already there
+    once in 256 runs: the payloads are encrypted under each run's new key)."""
+    with open(os.path.join(store, "arenas", F.arena_name(n)), "r+b") as f:
+        f.seek(at)
+        c = f.read(1)[0]
+        f.seek(at)
+        f.write(bytes([c ^ 0xee]))
+
+
 def zstd_data_records(store, n, count, codecs=(1,)):
     """Offsets of the first `count` DATA records of arena n compressed with zstd (codec 1; or codecs)."""
     with open(os.path.join(store, "arenas", F.arena_name(n)), "rb") as f:
@@ -462,9 +472,7 @@ def test_repair_stores_again_what_does_not_fit(site1, monkeypatch):
     site = site1
     site.day(1)
     (a,) = zstd_data_records(site.store, 0, 1)
-    with open(os.path.join(site.store, "arenas", F.arena_name(0)), "r+b") as f:
-        f.seek(a + 64 + 2)
-        f.write(b"\xee")
+    _damage(site.store, 0, a + 64 + 2)
     assert site.cli("restore", VM, site.tmp / "x.raw")[0] == 20       # the damage is seen
     monkeypatch.setattr(repair_mod, "ZLEVELS", (0,))                   # as if the store's level were unknown
     monkeypatch.setattr(repair_mod.primary, "store_level", lambda conf: 0)
@@ -487,9 +495,7 @@ def test_repair_re_encodes_at_the_store_compression_level(site1):
     assert 7 not in repair_mod.ZLEVELS
     site.day(1)
     (a,) = zstd_data_records(site.store, 0, 1)
-    with open(os.path.join(site.store, "arenas", F.arena_name(0)), "r+b") as f:
-        f.seek(a + 64 + 2)
-        f.write(b"\xee")
+    _damage(site.store, 0, a + 64 + 2)
     res = repair_mod.repair(site.store, site.key, images=[(str(site.image), None)])
     assert not res.restored and not res.lost
     assert any(f"arena 0 offset {a}: record written again in place" in h for h in res.healed), res.healed
