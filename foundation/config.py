@@ -23,9 +23,9 @@ Relative paths are relative to the config file's directory.
 
 import os
 import re
-from dataclasses import dataclass, field
 
 from foundation.errors import BadInput
+from foundation.fields import Fields
 
 DEFAULT_PATH = "/etc/foundation/foundation.toml"
 ENV = "FOUNDATION_CONFIG"
@@ -40,22 +40,29 @@ class ConfigError(BadInput):
     code = 31
 
 
-@dataclass
-class Config:
-    path: str | None = None
-    store: str | None = None
-    key_file: str | None = None
-    libvirt_uri: str = "qemu:///system"
-    vms: object = "all"               # "all" or a list of names
-    exclude: list = field(default_factory=list)
-    state_dir: str = "/var/lib/foundation"
-    quiesce: str = "auto"             # auto | always | never (QUIESCE_MODES)
-    list_files: bool = True           # `archive` updates the file listings `find` searches
-    clones_dir: str | None = None     # where `boot` puts clone overlays (default <state_dir>/clones)
-    notify: str = "auto"
-    stale_days: float = 2
-    snapshot_group: str | None = None  # None: libvirt's own group (see foundation.access)
-    sections: dict = field(default_factory=dict)
+class Config(Fields):
+    """The settings: Config(name=value, ...) sets any of them; the class's values are the defaults."""
+
+    path = None
+    store = None
+    key_file = None
+    libvirt_uri = "qemu:///system"
+    vms = "all"               # "all" or a list of names
+    state_dir = "/var/lib/foundation"
+    quiesce = "auto"          # auto | always | never (QUIESCE_MODES)
+    list_files = True         # `archive` updates the file listings `find` searches
+    clones_dir = None         # where `boot` puts clone overlays (default <state_dir>/clones)
+    notify = "auto"
+    stale_days = 2
+    snapshot_group = None     # None: libvirt's own group (see foundation.access)
+
+    def __init__(self, exclude=(), sections=None, **settings):
+        self.exclude = list(exclude)
+        self.sections = dict(sections or {})   # tables of the file, by name
+        for k, v in settings.items():
+            if not hasattr(Config, k) or callable(getattr(Config, k)):
+                raise TypeError(f"Config has no setting {k!r}")
+            setattr(self, k, v)
 
     def section(self, name):
         """A table of the file (dict), empty if absent."""

@@ -31,11 +31,11 @@ import logging
 import os
 import pwd
 import stat
-from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
 from foundation import access
 from foundation.errors import Error
+from foundation.fields import Fields
 from foundation.store.disk import read_record
 from foundation.vm.health import GOOD, health, human_age, parse_time
 
@@ -51,11 +51,10 @@ TIMEOUT = 10.0
 HELP = "`foundation status` shows every VM; the night's log: `journalctl -u foundation-archive`."
 
 
-@dataclass
-class Alert:
-    summary: str
-    body: str
-    urgency: int = 2          # freedesktop: 0 low, 1 normal, 2 critical (stays until dismissed)
+class Alert(Fields):
+    def __init__(self, summary, body, urgency=2):
+        self.summary, self.body = summary, body
+        self.urgency = urgency  # freedesktop: 0 low, 1 normal, 2 critical (stays until dismissed)
 
 
 def record_run(state_dir, results=(), error=None):

@@ -40,7 +40,7 @@ SMALL = 1 << 20  # a file named on the command line up to this size is asked for
 STDLIB = (
     "argparse", "gettext", "logging/__init__", "traceback", "linecache", "tokenize", "token", "textwrap",
     "string", "datetime", "hashlib", "hmac", "base64", "json/__init__", "json/decoder", "json/scanner",
-    "json/encoder", "copy", "ast", "dis", "opcode", "inspect", "dataclasses", "concurrent/__init__",
+    "json/encoder", "copy", "concurrent/__init__",
     "concurrent/futures/__init__", "concurrent/futures/_base", "concurrent/futures/thread", "locale",
     "signal", "selectors", "subprocess", "queue", "heapq", "bisect", "struct", "threading", "weakref",
     "_weakrefset", "contextlib", "enum", "functools", "operator", "keyword", "reprlib",
@@ -48,7 +48,7 @@ STDLIB = (
     "re/_parser", "re/_constants", "re/_casefix", "copyreg", "uuid", "platform", "ctypes/__init__",
     "ctypes/_endian",
 )
-EXTENSIONS = ("_datetime", "_hashlib", "_blake2", "_json", "_opcode", "array", "mmap", "_posixsubprocess",
+EXTENSIONS = ("_datetime", "_hashlib", "_blake2", "_json", "array", "mmap", "_posixsubprocess",
               "select", "fcntl", "_heapq", "_queue", "_bisect", "_struct", "math", "binascii", "_uuid",
               "_ctypes", "_random", "_sha512", "zlib")
 SITE = ("_cffi_backend", "pybloomfilter")  # third-party extension modules the store loads

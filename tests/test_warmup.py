@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from foundation import warmup
 from foundation.store import format as F
 
@@ -55,6 +57,33 @@ def test_module_files_cover_the_command():
     assert not missing, missing
     std = [a for a in asked if a.startswith(os.path.dirname(os.__file__))]
     assert sum(os.path.exists(a) for a in std) >= 0.8 * len(std)
+
+
+def test_a_night_imports_neither_dataclasses_nor_inspect():
+    # what `archive` loads (its listings' reader included) stays off the modules that cost a start
+    # ~10 ms (foundation/fields.py); the records keep a dataclass's equality and repr
+    code = ("import sys, foundation.cli, foundation.cli.archive, foundation.cli.common, foundation.cli.find, "
+            "foundation.snapshotfs.filesindex, foundation.vm.archiver, foundation.store.store; "
+            "print(sorted({'dataclasses', 'inspect', 'ast', 'dis'} & set(sys.modules)))")
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
+                       env={**os.environ, "PYTHONPATH": ROOT})
+    assert p.stdout.strip() == "[]"
+    from foundation.catalog import DiskEntry, Snapshot
+    from foundation.config import Config
+    from foundation.image import Root
+    from foundation.store import format as F
+
+    h = F.Head(3, 100, 7, F.ZERO_CHAIN, 9)
+    assert h == F.Head(**vars(h)) and h != F.Head(3, 100, 7, F.ZERO_CHAIN, 10)
+    assert repr(h).startswith("Head(arena=3, end=100, count=7, chain=b'")
+    assert F.Trailer(1, 2, b"a", b"c").sealed == b"a" and F.Trailer(1, 2, b"a", b"c", 1, b"s").sealed == b"s"
+    r = Root(b"r", 4096, 0)
+    assert {r: 1}[Root(b"r", 4096, 0)] == 1 and Root.from_json(r.to_json()) == r
+    s = Snapshot(1, "vm", "u", None, {"vda": DiskEntry(r, 4096)})
+    assert s == Snapshot(1, "vm", "u", None, {"vda": DiskEntry(r, 4096)}) and s != Snapshot(2, "vm", "u", None)
+    assert Config(store="/s").store == "/s" and Config().exclude == [] and Config().exclude is not Config().exclude
+    with pytest.raises(TypeError, match="no setting 'stroe'"):
+        Config(stroe="/s")
 
 
 def test_nothing_fails_a_command(tmp_path):

@@ -24,10 +24,10 @@ import hashlib
 import json
 import re
 import struct
-from dataclasses import dataclass, field
 from datetime import date, datetime, time, timedelta, timezone
 
 from foundation.errors import BadInput, DataCorrupt, NotFound
+from foundation.fields import Fields
 from foundation.image import Root, read_blob, write_blob
 
 CATALOG = 3  # foundation.store.BlockType.CATALOG
@@ -160,10 +160,9 @@ def parse_time(text, end_of_day=False):
 
 
 # ---- records ------------------------------------------------------------------------
-@dataclass
-class DiskEntry:
-    root: Root
-    size: int
+class DiskEntry(Fields):
+    def __init__(self, root, size):
+        self.root, self.size = root, size   # the disk's tree (Root) and its size in bytes
 
     def to_json(self):
         return {"root": self.root.to_json(), "size": self.size}
@@ -173,17 +172,16 @@ class DiskEntry:
         return cls(Root.from_json(d["root"]), int(d["size"]))
 
 
-@dataclass
-class Snapshot:
+class Snapshot(Fields):
     """One archived state of one VM (or imported image): its disks at one time."""
 
-    id: int | None
-    name: str
-    uuid: str
-    time: datetime
-    disks: dict = field(default_factory=dict)  # disk name -> DiskEntry
-    meta: dict = field(default_factory=dict)
-    added_bytes: int = 0
+    def __init__(self, id, name, uuid, time, disks=None, meta=None, added_bytes=0):
+        self.id = id                  # None until the catalog adds it
+        self.name, self.uuid = name, uuid
+        self.time = time              # datetime
+        self.disks = {} if disks is None else disks   # disk name -> DiskEntry
+        self.meta = {} if meta is None else meta
+        self.added_bytes = added_bytes
 
     @property
     def size(self):

@@ -17,11 +17,11 @@ Key file (JSON, mode 0600):
 """
 
 import base64
+import collections
 import hashlib
 import hmac
 import json
 import os
-from dataclasses import dataclass
 
 from foundation.errors import BadInput, KeyMissing, WrongKey
 
@@ -32,14 +32,10 @@ UNKEYED_MAC = b"foundation-unkeyed-v1"
 ARGON2 = {"iterations": 3, "lanes": 4, "memory_cost": 64 * 1024}  # KiB: 64 MiB
 
 
-@dataclass(frozen=True)
-class Keys:
+class Keys(collections.namedtuple("Keys", "enc mac score weak_seed")):
     """The subkeys of one store; `enc` is None for an unencrypted store."""
 
-    enc: bytes | None
-    mac: bytes
-    score: bytes | None
-    weak_seed: int
+    __slots__ = ()  # a value, as a frozen dataclass is (foundation/fields.py says why not one)
 
     @classmethod
     def derive(cls, master, store_uuid):

@@ -4,13 +4,12 @@ Both sides of an image tree (tree.py writes, reader.py reads) need the
 same arithmetic, so it lives below both and neither imports the other.
 """
 
-from dataclasses import dataclass
+import collections
 
 from foundation.errors import DataCorrupt
 
 
-@dataclass(frozen=True)
-class Root:
+class Root(collections.namedtuple("Root", "ref size depth")):
     """The root of one tree: the ref of its top block, the logical size, the depth.
 
     depth 0: `ref` is the single leaf (size <= block_size); depth d >= 1:
@@ -18,9 +17,7 @@ class Root:
     `ref` is an all-zero image of `size` bytes.
     """
 
-    ref: bytes
-    size: int
-    depth: int
+    __slots__ = ()  # a value, as a frozen dataclass is (foundation/fields.py says why not one)
 
     def to_json(self):
         return {"ref": self.ref.hex(), "size": self.size, "depth": self.depth}

@@ -7,7 +7,7 @@ neither backend imports the other or the package that chooses between them.
 
 import array
 import sys
-from typing import NamedTuple
+from collections import namedtuple
 
 API_VERSION = 3
 
@@ -38,42 +38,31 @@ def depth(value):
         raise ValueError(f"depth must be TAGS, DECODED or SCORED (0, 1, 2), not {value!r}")
 
 
-class Filled(NamedTuple):
+class Filled(namedtuple("Filled", "n blen sizes codecs payloads runs", defaults=(None,))):
     """A batch fill() decided, for seal(): n blocks of blen bytes, each one's stored length
     (sizes, an array of u32) and codec (codecs: 0 raw, 1 zstd, 2 run slice), a zstd payload at
     payloads[i * blen]; runs[2i], runs[2i + 1]: block i's place j in its run and the run's
     length k (0, 0 alone), the run's zero-padded frame at payloads[first * blen], slice j at
-    payloads[first * blen + j * sizes[i]]. Made by one backend, sealed by the same one."""
+    payloads[first * blen + j * sizes[i]]. Made by one backend, sealed by the same one. (namedtuple,
+    not typing.NamedTuple: `typing` costs a command that does not load libvirt ~2 ms.)"""
 
-    n: int
-    blen: int
-    sizes: object
-    codecs: bytearray
-    payloads: object
-    runs: bytearray = None
+    __slots__ = ()
 
 
-class Checked(NamedTuple):
+class Checked(namedtuple("Checked", "offs btypes raws tags problems")):
     """What check_span found: the records the walk met, each one's offset, type, raw length and tag
     (tags: 16 bytes each, end to end), and the problems of the bad ones {index: "tag" | "decompress"
     | "score"}."""
 
-    offs: list
-    btypes: bytes
-    raws: list
-    tags: bytes
-    problems: dict
+    __slots__ = ()
 
 
-class Scanned(NamedTuple):
+class Scanned(namedtuple("Scanned", "offs btypes keys tags")):
     """What scan_columns found, in columns: each record's arena offset (offs, an array of u64), type
     (btypes, one byte each), the first keylen bytes of its key field (keys) and its tag (tags, 16
     bytes each), end to end."""
 
-    offs: object
-    btypes: bytes
-    keys: bytes
-    tags: bytes
+    __slots__ = ()
 
 
 def key_length(keylen):

@@ -34,10 +34,10 @@ import logging
 import mmap
 import os
 import struct
-from collections import OrderedDict, deque
-from dataclasses import dataclass
+from collections import OrderedDict, deque, namedtuple
 
 from foundation import native
+from foundation.fields import Fields
 from foundation.errors import DataCorrupt
 from foundation.store import format as F
 from foundation.store import layout as L
@@ -88,28 +88,24 @@ WINDOW = 1 << 20  # read-ahead for sequential single-record reads
 SPAN_GAP = 64 << 10  # batched reads merge records closer than this
 
 
-@dataclass(frozen=True)
-class Commit:
+class Commit(namedtuple("Commit", "generation arena end")):
     """The newest commit of a store: its number, and where it ends in the log. The generation goes
     up by one at every commit (sync, gc switch) and never down: a store that shows an older one
     than was seen before has been rolled back."""
 
-    generation: int
-    arena: int
-    end: int
+    __slots__ = ()  # a value, as a frozen dataclass is (foundation/fields.py says why not one)
 
     @property
     def position(self):
         return F.addr(self.arena, self.end)
 
 
-@dataclass
-class Slot:
+class Slot(Fields):
     """One copy of the head: its file name, the Head it holds (None if none), what is wrong with it."""
 
-    name: str
-    head: F.Head | None
-    problem: str | None = None  # "missing", or why it does not unpack
+    def __init__(self, name, head, problem=None):
+        self.name, self.head = name, head  # head: F.Head or None
+        self.problem = problem  # "missing", or why it does not unpack
 
 
 def read_slots(root, mac_key):

@@ -15,9 +15,9 @@ import logging
 import os
 import sys
 from collections import OrderedDict
-from dataclasses import dataclass, field
 
 from foundation import native
+from foundation.fields import Fields
 from foundation.errors import DataCorrupt, DerivedCorrupt
 from foundation.store import bloom
 from foundation.store import format as F
@@ -52,24 +52,32 @@ def give_back():
         _TRIM(0)
 
 
-@dataclass
-class Tuning:
-    """Memory and policy knobs; none of them changes a byte on disk."""
+class Tuning(Fields):
+    """Memory and policy knobs; none of them changes a byte on disk. Tuning(name=value, ...) sets
+    any of them; the class's values are the defaults."""
 
     # Loaded arena summaries (LRU), counted at K + 24 bytes an entry; a table takes ~1.3x that
     # (600 k entries, ~40 MB, in hash mode: the summaries of ~2.3 GiB of log).
-    index_cache_bytes: int = 32 << 20
+    index_cache_bytes = 32 << 20
     # Index entries waiting for a flush, counted at K + 8 bytes each: 419 k entries in hash mode,
     # held once, in a lookup table of K + 12 bytes an entry and 512 k slots of 8 bytes (~22 MB);
     # a flush takes the table's own entries and sorts them in place.
-    write_buffer_bytes: int = 16 << 20
-    block_cache_bytes: int = 32 << 20  # decoded blocks (LRU)
-    policy: str = "foundation"  # or "venti": no Bloom filter, summaries or write buffer
-    flush_at_close: float = 0.25  # flush the write buffer at close when at least this full,
-    flush_arenas: int = 4  # or when it holds records of more sealed arenas than this
-    flush_share: float = 0.125  # and at least this share of the index's entries
-    zlevel: int | None = None  # the zstd level of writes; None: the store's `compression` setting
-    threads: int = field(default_factory=lambda: min(4, os.cpu_count() or 1))
+    write_buffer_bytes = 16 << 20
+    block_cache_bytes = 32 << 20  # decoded blocks (LRU)
+    policy = "foundation"  # or "venti": no Bloom filter, summaries or write buffer
+    flush_at_close = 0.25  # flush the write buffer at close when at least this full,
+    flush_arenas = 4  # or when it holds records of more sealed arenas than this
+    flush_share = 0.125  # and at least this share of the index's entries
+    zlevel = None  # the zstd level of writes; None: the store's `compression` setting
+    threads = None  # threads of the C core's batches; None: the cores, up to 4
+
+    def __init__(self, **knobs):
+        for k, v in knobs.items():
+            if not hasattr(Tuning, k):
+                raise TypeError(f"Tuning has no knob {k!r}")
+            setattr(self, k, v)
+        if self.threads is None:
+            self.threads = min(4, os.cpu_count() or 1)
 
 
 class LRU:

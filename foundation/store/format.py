@@ -12,7 +12,8 @@ import hmac
 import json
 import struct
 import sys
-from dataclasses import dataclass
+
+from foundation.fields import Fields
 
 
 VERSION = 1
@@ -72,12 +73,9 @@ ARENA_HEADER = struct.Struct("<8sII16s16sQ")  # magic version arena uuid iv size
 ARENA_HEADER_SIZE = ARENA_HEADER.size + 16  # 56 + the header tag = 72
 
 
-@dataclass
-class ArenaHeader:
-    arena: int
-    uuid: bytes
-    iv: bytes
-    size: int
+class ArenaHeader(Fields):
+    def __init__(self, arena, uuid, iv, size):
+        self.arena, self.uuid, self.iv, self.size = arena, uuid, iv, size
 
     def pack(self, mac_key):
         body = ARENA_HEADER.pack(ARENA_MAGIC, VERSION, self.arena, self.uuid, self.iv, self.size)
@@ -126,18 +124,13 @@ def chain_mac(mac_key, prev_chain, arena, sealed_mac):
 ZERO_CHAIN = bytes(MAC_SIZE)
 
 
-@dataclass
-class Trailer:
-    count: int
-    end: int
-    amac: bytes  # MAC over this file's header and record tags
-    chain: bytes
-    generation: int = 0  # 0 as first sealed; +1 each time gc rewrites the arena
-    sealed: bytes = None  # the arena MAC the chain covers (= amac in generation 0)
-
-    def __post_init__(self):
-        if self.sealed is None:
-            self.sealed = self.amac
+class Trailer(Fields):
+    def __init__(self, count, end, amac, chain, generation=0, sealed=None):
+        self.count, self.end = count, end
+        self.amac = amac  # MAC over this file's header and record tags
+        self.chain = chain
+        self.generation = generation  # 0 as first sealed; +1 each time gc rewrites the arena
+        self.sealed = amac if sealed is None else sealed  # the arena MAC the chain covers (= amac in generation 0)
 
     @property
     def size(self):
@@ -183,13 +176,13 @@ HEAD_STRUCT = struct.Struct("<8sIIQII32s")  # magic version open_arena end count
 HEAD_SIZE = HEAD_STRUCT.size + MAC_SIZE
 
 
-@dataclass
-class Head:
-    arena: int  # the open arena; arenas below it are sealed
-    end: int  # committed end offset in the open arena
-    count: int  # records in the open arena up to end
-    chain: bytes  # chain MAC of the last sealed arena (ZERO_CHAIN if none)
-    generation: int = 0  # commit number: one more at every commit (0 in a head written before slots)
+class Head(Fields):
+    def __init__(self, arena, end, count, chain, generation=0):
+        self.arena = arena  # the open arena; arenas below it are sealed
+        self.end = end  # committed end offset in the open arena
+        self.count = count  # records in the open arena up to end
+        self.chain = chain  # chain MAC of the last sealed arena (ZERO_CHAIN if none)
+        self.generation = generation  # commit number: one more at every commit (0 in a head written before slots)
 
     def pack(self, mac_key):
         body = HEAD_STRUCT.pack(HEAD_MAGIC, VERSION, self.arena, self.end, self.count, self.generation, self.chain)
@@ -278,16 +271,15 @@ INDEX_HEADER = struct.Struct("<8sIIIIQQQQB16s")  # magic version keylen bucket_s
 INDEX_HEADER_SIZE = 4096
 
 
-@dataclass
-class IndexHeader:
-    keylen: int
-    bucket_size: int
-    nbuckets: int  # home buckets (the hash range)
-    nfile: int  # buckets in the file: home buckets + overflow buckets
-    entries: int
-    covered: int  # every record below this log address is in the index
-    dirty: int  # 1 while a flush is rewriting buckets
-    uuid: bytes
+class IndexHeader(Fields):
+    def __init__(self, keylen, bucket_size, nbuckets, nfile, entries, covered, dirty, uuid):
+        self.keylen, self.bucket_size = keylen, bucket_size
+        self.nbuckets = nbuckets  # home buckets (the hash range)
+        self.nfile = nfile  # buckets in the file: home buckets + overflow buckets
+        self.entries = entries
+        self.covered = covered  # every record below this log address is in the index
+        self.dirty = dirty  # 1 while a flush is rewriting buckets
+        self.uuid = uuid
 
     def pack(self):
         b = INDEX_HEADER.pack(INDEX_MAGIC, VERSION, self.keylen, self.bucket_size, 0,

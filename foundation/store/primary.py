@@ -19,9 +19,9 @@ import logging
 import mmap
 import os
 import time
-from dataclasses import dataclass
 
 from foundation import native
+from foundation.fields import Fields
 from foundation.crypto.keys import Keys, load_key_file
 from foundation.errors import (DataCorrupt, KeyMissing, StoreBusy, StoreConfigBad, StoreLocked, StoreMissing,
                                StoreReadOnly, WrongKey)
@@ -252,16 +252,15 @@ def make_derived(path, disk, conf, keylen, log_uuid):
 
 # ---- the files without the caches ----------------------------------------------------------------
 
-@dataclass
-class ArenaFile:
+class ArenaFile(Fields):
     """One arena file the head names. Under the readers' lock nothing rewrites it: a writer only
     appends past the head's end and seals in place, so the bytes a reader sees stay as they were."""
 
-    n: int
-    path: str
-    size: int                    # 0: the file is missing
-    trailer: F.Trailer | None = None
-    ident: bytes = b""           # open arena: the first bytes of its header tag (b"" if unreadable)
+    def __init__(self, n, path, size, trailer=None, ident=b""):
+        self.n, self.path = n, path
+        self.size = size             # 0: the file is missing
+        self.trailer = trailer       # F.Trailer of a sealed arena, None if unreadable (or open)
+        self.ident = ident           # open arena: the first bytes of its header tag (b"" if unreadable)
 
     def view(self, start=0, end=None):
         """Bytes [start, end) through mmap: a large arena is not copied."""

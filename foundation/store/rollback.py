@@ -25,10 +25,10 @@ replicas (foundation.replica.seed, `from` names the one). docs/format.md
 import json
 import logging
 import os
-from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from foundation.errors import Error
+from foundation.fields import Fields
 from foundation.store import format as F
 from foundation.store.disk import atomic_write, read_record
 
@@ -37,15 +37,14 @@ log = logging.getLogger(__name__)
 FILE = "heads.json"
 
 
-@dataclass
-class Seen:
-    arena: int
-    end: int
-    chain: bytes     # chain MAC of the arenas sealed before `arena`
-    when: str = ""
-    last: int = 0    # offset of the last record below `end` in `arena` (0: none)
-    tag: bytes = b""  # and its tag
-    source: str = ""  # where the record came from when not from this host's own open ("replica NAME")
+class Seen(Fields):
+    def __init__(self, arena, end, chain, when="", last=0, tag=b"", source=""):
+        self.arena, self.end = arena, end
+        self.chain = chain    # chain MAC of the arenas sealed before `arena`
+        self.when = when
+        self.last = last      # offset of the last record below `end` in `arena` (0: none)
+        self.tag = tag        # and its tag
+        self.source = source  # where the record came from when not from this host's own open ("replica NAME")
 
 
 def position(head):

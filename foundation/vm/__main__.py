@@ -6,7 +6,6 @@ DIR/<id>/<disk>.raw (see sink.DirSink). Prints one JSON result per VM.
 """
 
 import argparse
-import dataclasses
 import json
 import logging
 import sys
@@ -29,7 +28,7 @@ def main(argv=None):
     for name in a.vms:
         r = arch.archive(name)
         ok &= r.status in ("ok", "unchanged")
-        print(json.dumps(dataclasses.asdict(r)), flush=True)
+        print(json.dumps(r.to_json()), flush=True)
     return 0 if ok else 1
 
 

@@ -74,7 +74,6 @@ each point with FOUNDATION_TEST_CRASH_AT=<point> (see CRASH_POINTS and
 FROZEN_POINT).
 """
 
-import dataclasses
 import datetime
 import logging
 import os
@@ -86,6 +85,7 @@ from foundation.config import quiesce_mode
 from foundation.errors import (BadInput, DataCorrupt, DerivedCorrupt, Error, StoreDiskFailed, StoreFull,
                                StoreMissing)
 from foundation.faults import crash_point
+from foundation.fields import Fields
 from foundation.image import qcow2, qemuimg
 from foundation.vm import journal, swap
 from foundation.vm.domain import AgentFailed, Domain, FreezeFailed, LibvirtFailed, UnsupportedDisk
@@ -133,25 +133,38 @@ class StoreFailed(Error):
     code = 64
 
 
-@dataclasses.dataclass
-class Result:
-    """What one VM's run did: one line of the summary."""
+class Result(Fields):
+    """What one VM's run did: one line of the summary. Result(name, field=value, ...); the class's
+    values are the defaults."""
 
-    name: str
-    status: str = "failed"          # ok | unchanged | skipped | failed
-    disks: int = 0
-    changed: int = 0                # bytes read from the frozen layers and archived
-    seconds: float = 0.0
-    consistency: str = ""           # quiesced | crash-consistent | shut off
-    not_quiesced: str | None = None   # why a running VM's snapshot is crash-consistent
-    repaired: list = dataclasses.field(default_factory=list)
-    error: str = ""
-    snapshots: list = dataclasses.field(default_factory=list)
-    snapshot_pause: float | None = None   # seconds in the libvirt snapshot call (guest I/O frozen within it)
-    freeze_seconds: float | None = None   # guest file systems frozen: from the freeze request to the thaw's answer
-    commit_seconds: float | None = None   # seconds merging overlay(k) (guest keeps running)
-    commit_tail: float | None = None      # longest job tail: 100 % to done (the only possible pause)
-    store_failed: bool = False
+    status = "failed"          # ok | unchanged | skipped | failed
+    disks = 0
+    changed = 0                # bytes read from the frozen layers and archived
+    seconds = 0.0
+    consistency = ""           # quiesced | crash-consistent | shut off
+    not_quiesced = None        # why a running VM's snapshot is crash-consistent
+    error = ""
+    snapshot_pause = None      # seconds in the libvirt snapshot call (guest I/O frozen within it)
+    freeze_seconds = None      # guest file systems frozen: from the freeze request to the thaw's answer
+    commit_seconds = None      # seconds merging overlay(k) (guest keeps running)
+    commit_tail = None         # longest job tail: 100 % to done (the only possible pause)
+    store_failed = False
+    FIELDS = ("name", "status", "disks", "changed", "seconds", "consistency", "not_quiesced", "repaired",
+              "error", "snapshots", "snapshot_pause", "freeze_seconds", "commit_seconds", "commit_tail",
+              "store_failed")  # (to_json's order)
+
+    def __init__(self, name, repaired=(), snapshots=(), **given):
+        self.name = name
+        self.repaired = list(repaired)     # what this run repaired of an earlier one
+        self.snapshots = list(snapshots)
+        for k, v in given.items():
+            if not hasattr(Result, k):
+                raise TypeError(f"Result has no field {k!r}")
+            setattr(self, k, v)
+
+    def to_json(self):
+        """Every field, the defaults included."""
+        return {k: getattr(self, k) for k in self.FIELDS}
 
 
 def _crash(point):

@@ -8,21 +8,22 @@ thing that is missing), the catalog knows runs the journal has since
 overwritten with a failure.
 """
 
-from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
+
+from foundation.fields import Fields
 
 GOOD = ("ok", "unchanged")
 DEFAULT_STALE = timedelta(days=2)
 
 
-@dataclass
-class Health:
-    name: str
-    status: str | None = None           # the last run's: ok, unchanged, failed, skipped; None: never run
-    last_run: datetime | None = None    # when the last run finished
-    error: str | None = None            # the last run's error
-    last_good: datetime | None = None   # the newest archive known to be good
-    interrupted: str | None = None      # the step an interrupted run stopped at
+class Health(Fields):
+    def __init__(self, name, status=None, last_run=None, error=None, last_good=None, interrupted=None):
+        self.name = name
+        self.status = status            # the last run's: ok, unchanged, failed, skipped; None: never run
+        self.last_run = last_run        # when the last run finished (datetime)
+        self.error = error              # the last run's error
+        self.last_good = last_good      # the newest archive known to be good (datetime)
+        self.interrupted = interrupted  # the step an interrupted run stopped at
 
     def age(self, now=None):
         if self.last_good is None:
