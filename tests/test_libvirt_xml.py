@@ -25,3 +25,21 @@ def test_domain_xml():
     assert [(d.find("target").get("dev"), d.find("source").get("file")) for d in root.iter("disk")] == \
         [("vda", ODD), ("vdb", "/b.raw")]
     assert root.find("devices/memballoon").get("model") == "none"
+
+
+def test_a_disk_that_bypasses_the_page_cache_is_known():
+    # QEMU opens cache='none' and 'directsync' disks around the page cache: a night reads their
+    # overlay(k) around it too (vm/source.py), the others through it, where QEMU's merge reads
+    from foundation.vm.domain import Domain
+
+    disk = "<disk type='file' device='disk'><driver name='qemu' type='qcow2'{}/><source file='/{}.qcow2'/>" \
+           "<target dev='{}'/></disk>"
+    xml = "<domain><devices>{}</devices></domain>".format("".join(
+        disk.format(f" cache='{c}'" if c else "", t, t) for t, c in
+        (("vda", None), ("vdb", "none"), ("vdc", "writeback"), ("vdd", "directsync"), ("vde", "unsafe"))))
+    dom = Domain.__new__(Domain)
+    dom.name = "web"
+    disks, skipped = dom.disks((False, ET.fromstring(xml)))
+    assert [(d.target, d.direct) for d in disks] == [("vda", False), ("vdb", True), ("vdc", False),
+                                                       ("vdd", True), ("vde", False)]
+    assert skipped == []

@@ -1,5 +1,7 @@
 """SnapshotSource reads a frozen chain byte for byte as QEMU does: directly where QEMU places the bytes, else over NBD."""
 
+import mmap
+import os
 import random
 import shutil
 import subprocess
@@ -96,3 +98,42 @@ def test_size_learnt_from_the_map(images, top):
     with SnapshotSource(images[top], fmt, images[base], "raw" if base == "raw" else "qcow2") as src:
         assert src.size == qemuimg.info(images[top], fmt)["virtual-size"] == SIZE
 
+
+
+def _resident(path):
+    """Bytes of the file in the page cache (fincore)."""
+    out = subprocess.run(["fincore", "--bytes", "--noheadings", "--raw", "--output", "RES", path],
+                         capture_output=True, text=True, check=True).stdout
+    return int(out.split()[0])
+
+
+def _evict(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.skipif(not shutil.which("fincore"), reason="needs fincore (util-linux)")
+def test_a_shared_overlay_is_read_through_the_page_cache(images, tmp_path):
+    """A night's overlay(k), which QEMU's merge reads through the page cache at the same time, is read
+    through it too (one read from the disk serves both); otherwise, and the base always, around it."""
+    top = images["qcow2-overlay"]
+    try:
+        os.close(os.open(top, os.O_RDONLY | os.O_DIRECT))
+    except OSError:
+        pytest.skip("the file system of tmp_path has no O_DIRECT")
+    want = _expected(top, "qcow2", tmp_path)
+    resident = {}
+    for shared in (False, True):
+        _evict(top)
+        _evict(images["qcow2"])
+        buf = mmap.mmap(-1, SIZE)   # page-aligned, as the write path's buffers (O_DIRECT needs it)
+        with SnapshotSource(top, "qcow2", images["qcow2"], "qcow2", SIZE, shared=shared) as src:
+            assert src.readinto(0, memoryview(buf)) == SIZE and buf[:] == want
+            resident[shared] = (_resident(top), _resident(images["qcow2"]))
+    # the overlay's 384 KiB of data clusters: in the cache only when shared; the base's never
+    assert resident[True][0] >= resident[False][0] + (384 << 10)
+    assert resident[True][1] == resident[False][1] < (1 * MiB)

@@ -99,12 +99,13 @@ def _check_layer(layer, fmt, path):
 
 
 class RawSource:
-    """A raw image file or block device, read with pread."""
+    """A raw image file or block device, read with pread; `direct` False: never around the page
+    cache (a file another process reads at the same time through it: one read serves both)."""
 
     format = "raw"
     parallel_reads = True  # readinto may run in several threads at once (pread has no file position)
 
-    def __init__(self, path):
+    def __init__(self, path, direct=True):
         self.path = path
         try:
             self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -120,10 +121,12 @@ class RawSource:
             os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
         except OSError:
             pass
-        try:  # not every file system takes it (tmpfs): then reads stay buffered
-            self.dfd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_DIRECT)
-        except (OSError, AttributeError):
-            self.dfd = None
+        self.dfd = None
+        if direct:
+            try:  # not every file system takes it (tmpfs): then reads stay buffered
+                self.dfd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_DIRECT)
+            except (OSError, AttributeError):
+                pass
 
     def read(self, offset, length):
         try:

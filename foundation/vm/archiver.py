@@ -373,7 +373,8 @@ class Archiver:
             r = rec["disks"][d.target]
             rdisks[d.target] = {"base": r["base"], "base_format": r["base_format"],
                                 "old": r["top"] if r["top"] != r["base"] else None,
-                                "new": f"{r['base']}.fdn-{seq}.qcow2", "base_id": r.get("base_id")}
+                                "new": f"{r['base']}.fdn-{seq}.qcow2", "base_id": r.get("base_id"),
+                                "qemu_direct": d.direct}
         defined = dom.defined()
         run = {"id": _run_id(), "step": "snapshot", "started": _now().isoformat(),
                "time": None, "live": live, "quiesce": self.quiesce, "quiesced": None, "skipped_disks": skipped,
@@ -549,7 +550,9 @@ class Archiver:
             if d["old"] and d["new"] not in self._taken:
                 self._wait_merge(dom, t)     # a repair: an early merge may still read overlay(k)
             frozen, fmt = (d["old"], "qcow2") if d["old"] else (d["base"], d["base_format"])
-            with SnapshotSource(frozen, fmt, d["base"], d["base_format"]) as src:
+            # QEMU's merge reads overlay(k) through the page cache unless the disk bypasses it
+            shared = d["old"] is not None and not d.get("qemu_direct")
+            with SnapshotSource(frozen, fmt, d["base"], d["base_format"], shared=shared) as src:
                 size = src.size
                 if prev is not None and prev[1] != size:
                     prev = None                  # the disk was resized: archive it whole

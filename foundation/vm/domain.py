@@ -94,7 +94,9 @@ def all_names(conn):
 # One archived disk of the domain: target (vda), the file at the top of its chain, its format, and
 # the file directly below the top as the running QEMU has it open (libvirt's live <backingStore>):
 # "" for none, None when not known (a shut-off domain, a backing that is not a file).
-Disk = collections.namedtuple("Disk", "target path format backing", defaults=(None,))
+# `direct`: QEMU opens the file around the page cache (cache='none' or 'directsync').
+Disk = collections.namedtuple("Disk", "target path format backing direct", defaults=(None, False))
+DIRECT_CACHES = ("none", "directsync")
 
 
 class Domain:
@@ -175,7 +177,8 @@ class Domain:
                 raise UnsupportedDisk(self.name, target, f"format '{fmt}'")
             if src.find("encryption") is not None or d.find("encryption") is not None:
                 raise UnsupportedDisk(self.name, target, "an encrypted image")
-            out.append(Disk(target, path, fmt, _backing(d) if live else None))
+            direct = drv is not None and drv.get("cache") in DIRECT_CACHES
+            out.append(Disk(target, path, fmt, _backing(d) if live else None, direct))
         return out, skipped
 
     def tops(self):

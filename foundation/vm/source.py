@@ -12,6 +12,14 @@ clusters, other formats) is read through `qemu-nbd --read-only` over the
 frozen chain, started only then. Reading a 2 GiB qcow2 base through NBD
 cost a first run a fifth of its CPU time; a night started qemu-nbd just to
 read the partition table.
+
+A night's overlay(k) is read through the page cache (`shared`): QEMU's
+merge reads the same clusters at the same time, through the cache unless
+the disk bypasses it (cache='none' or 'directsync'), and one read from the
+disk then serves both; around the cache each was read twice, and the
+night's reads and writes queued behind the merge's (benchmarks/README.md,
+wave 16). The base, which the merge writes but never reads, stays around
+the cache.
 """
 
 import bisect
@@ -30,10 +38,12 @@ class SnapshotSource:
     whole-disk read skips it).
     """
 
-    def __init__(self, top, top_format, base, base_format, size=None):
+    def __init__(self, top, top_format, base, base_format, size=None, shared=False):
         """`size` None: the disk's virtual size is the one the chain's `info` gives for the top (one
-        `qemu-img info` less a night), or for a raw top `qemu-img info`'s."""
+        `qemu-img info` less a night), or for a raw top `qemu-img info`'s. `shared`: `top` is read
+        through the page cache (QEMU reads it too, through the cache)."""
         self.top, self.top_format, self.size = top, top_format, size
+        self.shared = shared
         self.base = base
         self.base_raw = base_format == "raw"
         self._ext = []          # (start, end, file | None, host offset | None, zero), sorted
@@ -58,7 +68,7 @@ class SnapshotSource:
     def _file(self, path):
         f = self._files.get(path)
         if f is None:
-            f = self._files[path] = RawSource(path)
+            f = self._files[path] = RawSource(path, direct=not (self.shared and path == self.top))
         return f
 
     def _pread(self, path, offset, view):
