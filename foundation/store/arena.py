@@ -37,8 +37,8 @@ import struct
 from collections import OrderedDict, deque, namedtuple
 
 from foundation import native
-from foundation.fields import Fields
 from foundation.errors import DataCorrupt
+from foundation.fields import Fields
 from foundation.store import format as F
 from foundation.store import layout as L
 from foundation.store.disk import atomic_write, fsync_dir

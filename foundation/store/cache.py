@@ -17,8 +17,8 @@ import sys
 from collections import OrderedDict
 
 from foundation import native
-from foundation.fields import Fields
 from foundation.errors import DataCorrupt, DerivedCorrupt
+from foundation.fields import Fields
 from foundation.store import bloom
 from foundation.store import format as F
 from foundation.store.disk import atomic_write

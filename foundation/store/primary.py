@@ -21,10 +21,10 @@ import os
 import time
 
 from foundation import native
-from foundation.fields import Fields
 from foundation.crypto.keys import Keys, load_key_file
 from foundation.errors import (DataCorrupt, KeyMissing, StoreBusy, StoreConfigBad, StoreLocked, StoreMissing,
                                StoreReadOnly, WrongKey)
+from foundation.fields import Fields
 from foundation.store import format as F
 from foundation.store import layout as L
 from foundation.store import rollback, switch
