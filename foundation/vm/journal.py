@@ -22,7 +22,9 @@ Record (version 1):
                        "base_id": run id | null}},   # the run whose snapshot the base holds
      "run": null | {"id", "step", "started", "time", "live", "quiesce", "quiesced", "skipped_disks",
                     "not_quiesced", "pause", "frozen",   # the snapshot's policy, why not quiesced, seconds
-                    "domain_xml", "disks": {"vda": {"base", "base_format", "old", "new", "base_id"}}},
+                    "domain_xml", "disks": {"vda": {"base", "base_format", "old", "new", "base_id",
+                                                    "qemu_direct"}}},   # QEMU bypasses the page cache
+                                                                        # (absent in older runs: false)
      "last": null | {"finished", "status", "error", "changed_bytes", "consistency",
                      "repaired": [...], "snapshots": [...], "seconds"}}
 """
