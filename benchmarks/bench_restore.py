@@ -60,7 +60,7 @@ def at(night):
     return f"{START + dt.timedelta(days=night)}T01:00:00Z"
 
 
-def build(work, vms, mb, nights, zeros=0.0, seed=18):
+def build(work, vms, mb, nights, zeros=0.0, seed=18, young_runs=0):
     """The year of nights, pruned and collected -> {vm: sha256 of each kept night's image}. zeros: the
     part of each disk that starts as zeros (whole MiBs); 0 fills every disk with data on the first
     night, so every day holds the same number of non-null blocks."""
@@ -96,6 +96,8 @@ def build(work, vms, mb, nights, zeros=0.0, seed=18):
             assert cli([*base, "import-image", name, path, "--at", at(night), "--changed", ranges]) == 0
             if name == "vm0" and night in (30, nights):  # night 30 is January's last: monthly keeps it
                 digests[name][night] = sha256_file(path)
+        if night == 30 and young_runs:  # January's last day restored on the store of that night
+            young(work, store, key, digests["vm0"][30], young_runs)
         if night % 30 == 0:
             print(f"  night {night}/{nights} ({time.monotonic() - t0:.0f} s)", file=sys.stderr)
     assert cli([*base, "prune", "--keep-daily", "7", "--keep-weekly", "8", "--keep-monthly", "13"]) == 0
@@ -103,6 +105,42 @@ def build(work, vms, mb, nights, zeros=0.0, seed=18):
     with open(os.path.join(work, "digests.json"), "w") as f:  # what a --reuse run checks against
         json.dump(digests, f)
     return store, key, digests
+
+
+def young(work, store, key, digest, runs):
+    """Cold restores of vm0's night 30 on the store as it stood that night (a month old, nothing
+    pruned): the time the same bytes took before a year scattered them -> young.json."""
+    out = os.path.join(work, "out.raw")
+    got = [restore_once(store, key, "vm0", 30, out, lambda s, r, o: restore_image(s, r, o)) for _ in range(runs)]
+    res = dict(median_s=statistics.median(r["seconds"] for r in got),
+               median_cpu_s=statistics.median(r["cpu_seconds"] for r in got), runs=got,
+               correct=sha256_file(out) == digest)
+    with open(os.path.join(work, "young.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    print(f"  night 30 on the month-old store: {res['median_s']:.3f} s, correct={res['correct']}", file=sys.stderr)
+
+
+def measure(store, key, nights, first, readers, runs, work, digests, agree, layout):
+    """Cold restores of the newest day and the first month's, `runs` of each with each reader -> rows."""
+    out = os.path.join(work, "out.raw")
+    rows = []
+    for label, night in (("newest", nights), ("first month", first)):
+        for how, fn in readers.items():
+            got = [restore_once(store, key, "vm0", night, out, fn) for _ in range(runs)]
+            digest = sha256_file(out)
+            if night in digests["vm0"]:
+                ok = digest == digests["vm0"][night]
+            else:  # no digest of that night: the two readers must agree byte for byte
+                ok = digest == agree.setdefault(night, digest)
+            alloc = os.stat(out).st_blocks * 512
+            med = statistics.median(r["seconds"] for r in got)
+            cpu = statistics.median(r["cpu_seconds"] for r in got)
+            rows.append(dict(day=label, night=night, reader=how, layout=layout, median_s=med, median_cpu_s=cpu,
+                             runs=got, correct=ok, allocated_mb=alloc / 1e6))
+            print(f"{layout:9} {label:12} night {night:3}  {how:22} {med:6.3f} s ({cpu:5.2f} s CPU)  "
+                  f"{got[0]['reads']:5} reads  {got[0]['discontiguous_reads']:5} discontiguous  "
+                  f"{got[0]['mb_read']:7.1f} MB read  correct={ok}", flush=True)
+    return rows
 
 
 def old_restore(commit):
@@ -153,6 +191,8 @@ def main():
     ap.add_argument("--work", help="work directory (default: a temporary one under /var/tmp)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     ap.add_argument("--reuse", action="store_true", help="measure the store a --keep run left in --work")
+    ap.add_argument("--relayout", action="store_true",
+                    help="then run `gc --relayout` on the store and measure the same restores again")
     a = ap.parse_args()
     work = a.work or tempfile.mkdtemp(prefix="bench-restore-", dir="/var/tmp")
     os.makedirs(work, exist_ok=True)
@@ -167,7 +207,7 @@ def main():
             except FileNotFoundError:
                 digests = {"vm0": {a.nights: sha256_file(os.path.join(work, "vm0.raw"))}}
         else:
-            store, key, digests = build(work, a.vms, a.mb, a.nights, a.zeros)
+            store, key, digests = build(work, a.vms, a.mb, a.nights, a.zeros, young_runs=a.runs)
             build_s = time.monotonic() - t0
             if a.build_only:
                 print(f"built in {build_s:.0f} s: {store}")
@@ -180,37 +220,39 @@ def main():
         before = old_restore(a.before) if a.before else None
         if before is not None:
             readers[f"image order ({a.before})"] = lambda s, r, out: before(s, r, out)
-        out = os.path.join(work, "out.raw")
-        rows, agree = [], {}
-        for label, night in (("newest", a.nights), ("first month", first)):
-            for how, fn in readers.items():
-                runs = [restore_once(store, key, "vm0", night, out, fn) for _ in range(a.runs)]
-                got = sha256_file(out)
-                if night in digests["vm0"]:
-                    ok = got == digests["vm0"][night]
-                else:  # no digest of that night: the two readers must agree byte for byte
-                    ok = got == agree.setdefault(night, got)
-                alloc = os.stat(out).st_blocks * 512
-                med = statistics.median(r["seconds"] for r in runs)
-                cpu = statistics.median(r["cpu_seconds"] for r in runs)
-                row = dict(day=label, night=night, reader=how, median_s=med, median_cpu_s=cpu, runs=runs, correct=ok,
-                           allocated_mb=alloc / 1e6, size_mb=a.mb * MIB / 1e6)
-                rows.append(row)
-                print(f"{label:12} night {night:3}  {how:22} {med:6.2f} s ({cpu:5.2f} s CPU)  {runs[0]['reads']:5} reads  "
-                      f"{runs[0]['discontiguous_reads']:5} discontiguous  {runs[0]['mb_read']:7.1f} MB read  "
-                      f"correct={ok}", flush=True)
-        ratio, per_mb = {}, {}
-        for how in readers:
-            t = {r["day"]: r["median_s"] for r in rows if r["reader"] == how}
-            mb = {r["day"]: r["allocated_mb"] for r in rows if r["reader"] == how}
-            ratio[how] = t["newest"] / t["first month"]
-            # the days need not hold the same bytes: a year of nights writes data over the zeros
-            # the first month still had, so the seconds a MB of data restored are compared too
-            per_mb[how] = ratio[how] * mb["first month"] / mb["newest"]
-            print(f"{how}: newest / first month = {ratio[how]:.2f} ({mb['newest']:.0f} against "
-                  f"{mb['first month']:.0f} MB of data: {per_mb[how]:.2f} a MB)")
+        agree = {}
+        rows = measure(store, key, a.nights, first, readers, a.runs, work, digests, agree, "as built")
+        relayout_s = None
+        if a.relayout:
+            t1 = time.monotonic()
+            assert cli(["--store", store, "--key-file", key, "gc", "--relayout", "--no-replicate"]) == 0
+            relayout_s = time.monotonic() - t1
+            print(f"gc --relayout: {relayout_s:.1f} s", flush=True)
+            rows += measure(store, key, a.nights, first, readers, a.runs, work, digests, agree, "relaid")
+        try:
+            with open(os.path.join(work, "young.json")) as f:
+                month_old = json.load(f)
+        except FileNotFoundError:
+            month_old = None
+        ratio, per_mb, over_young = {}, {}, {}
+        for layout in dict.fromkeys(r["layout"] for r in rows):
+            for how in readers:
+                t = {r["day"]: r["median_s"] for r in rows if r["reader"] == how and r["layout"] == layout}
+                mb = {r["day"]: r["allocated_mb"] for r in rows if r["reader"] == how and r["layout"] == layout}
+                k = how if layout == "as built" else f"{how}, {layout}"
+                ratio[k] = t["newest"] / t["first month"]
+                # the days need not hold the same bytes: a year of nights writes data over the zeros
+                # the first month still had, so the seconds a MB of data restored are compared too
+                per_mb[k] = ratio[k] * mb["first month"] / mb["newest"]
+                line = (f"{k}: newest / first month = {ratio[k]:.2f} ({mb['newest']:.0f} against "
+                        f"{mb['first month']:.0f} MB of data: {per_mb[k]:.2f} a MB)")
+                if month_old:
+                    over_young[k] = t["newest"] / month_old["median_s"]
+                    line += f"; newest / night 30 on the month-old store ({month_old['median_s']:.3f} s) = {over_young[k]:.2f}"
+                print(line)
         res = dict(nights=a.nights, first_night=first, reused=build_s is None, load_average=os.getloadavg(), vms=a.vms, mb=a.mb, build_seconds=build_s, rows=rows,
                    newest_over_first_month=ratio, newest_over_first_month_per_mb=per_mb, cpus=os.cpu_count(),
+                   month_old_store=month_old, newest_over_month_old_store=over_young, relayout_seconds=relayout_s,
                    store_mb=sum(os.path.getsize(os.path.join(store, "arenas", f))
                                 for f in os.listdir(os.path.join(store, "arenas"))) / 1e6)
         os.makedirs(os.path.join(HERE, "results"), exist_ok=True)

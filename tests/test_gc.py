@@ -354,13 +354,16 @@ def read_only_commands_serve(capsys, store, history):
 
 # Every named point of gc: hash mode's per-arena rewrite and swap, value mode's rewrite, journal, and
 # each step of the switch (the store's own points, foundation.store.switch.finish).
+# "relayout" is a compare-by-hash store's `gc --relayout`, which switches through value mode's journal.
 POINTS = {"hash": ["gc.written", "gc.written:3", "gc.swapped", "gc.swapped:2", "gc.swapped:5"],
           "value": ["gc.written", "gc.journaled", "gc.renamed", "gc.renamed:2", "gc.trimmed", "gc.headed"]}
+POINTS["relayout"] = POINTS["value"]
 
 
-@pytest.mark.parametrize("mode", ["hash", "value"])
+@pytest.mark.parametrize("mode", ["hash", "value", "relayout"])
 def test_gc_killed_at_any_point_never_locks_the_user_out(tmp_path, capsys, caplog, mode):
-    pristine = make_store(tmp_path / "pristine", mode=mode)
+    args = ["--relayout"] if mode == "relayout" else []
+    pristine = make_store(tmp_path / "pristine", mode="hash" if mode == "relayout" else mode)
     history = churn_days(tmp_path, capsys, pristine)
     forget(pristine, {2, 4})
     kept = {d: history[d] for d in (1, 3, 5, 6)}
@@ -372,9 +375,9 @@ def test_gc_killed_at_any_point_never_locks_the_user_out(tmp_path, capsys, caplo
     # Copies of one store are older copies of each other to a host that saw them: each has a host.
     os.environ["FOUNDATION_STATE_DIR"] = str(tmp_path / "host-reference")
     garbage = unreachable(reference)
-    assert run_gc(reference).returncode == 0
+    assert run_gc(reference, None, *args).returncode == 0
     assert cli(capsys, reference, "import-image", "vm", image, "--at", day(7))[0] == 0
-    assert run_gc(reference).returncode == 0
+    assert run_gc(reference, None, *args).returncode == 0
     final = log_bytes(reference)
 
     rng = random.Random(5)
@@ -384,10 +387,10 @@ def test_gc_killed_at_any_point_never_locks_the_user_out(tmp_path, capsys, caplo
         shutil.copytree(pristine, trial)
         os.environ["FOUNDATION_STATE_DIR"] = str(tmp_path / f"host-{k}")
         if point:
-            p = run_gc(trial, point)
+            p = run_gc(trial, point, *args)
             assert p.returncode == 137 and "test crash" in p.stderr, (point, p.stderr)
         else:
-            p = subprocess.Popen([sys.executable, "-c", CRASHER, "--store", trial, "gc", "--min-garbage", "0"],
+            p = subprocess.Popen([sys.executable, "-c", CRASHER, "--store", trial, "gc", "--min-garbage", "0", *args],
                                  env=dict(os.environ, PYTHONPATH=ROOT), stdout=subprocess.DEVNULL,
                                  stderr=subprocess.DEVNULL)
             time.sleep(delay)
@@ -405,7 +408,7 @@ def test_gc_killed_at_any_point_never_locks_the_user_out(tmp_path, capsys, caplo
         with open_store(trial, writable=False) as s:
             assert verify(s)[0] == []
         assert restores(trial, after) == [1, 3, 5, 6, 7]
-        assert run_gc(trial).returncode == 0
+        assert run_gc(trial, None, *args).returncode == 0
         assert restores(trial, after) == [1, 3, 5, 6, 7]
         # The same space as one uninterrupted gc, give or take the records
         # each run's Bloom filter keeps by false positive.

@@ -29,6 +29,10 @@ def add_arguments(p):
                    help="stop rewriting after this long (compare-by-hash stores; the next gc goes on)")
     p.add_argument("--target-free", type=size, metavar="SIZE",
                    help="stop once this much space is free again, e.g. 20G (compare-by-hash stores)")
+    p.add_argument("--relayout", action="store_true",
+                   help="compare-by-hash stores: rewrite the whole log, the newest day of each VM first in disk "
+                        "order, so that recent days restore front to back after years of nights (needs free "
+                        "space for the live data; once a year is plenty)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--no-replicate", action="store_true", help="do not update the configured replicas afterwards")
 
@@ -63,7 +67,8 @@ def run(args):
             print("gc: note: --max-time and --target-free do not apply to a compare-by-value store: its log is "
                   "rewritten from the first arena worth it in one journaled pass", file=sys.stderr)
         rep = collect(store, min_garbage=args.min_garbage / 100, max_time=args.max_time,
-                      target_free=args.target_free, dry_run=args.dry_run, progress=_Steps())
+                      target_free=args.target_free, dry_run=args.dry_run, progress=_Steps(),
+                      relayout=args.relayout)
     if not (args.dry_run or args.no_replicate):
         _replicate(args)  # also after a gc that only finished an interrupted one: the log changed then too
     if args.json:
@@ -72,11 +77,16 @@ def run(args):
         print(json.dumps({**dataclasses.asdict(rep), "reclaimed": rep.reclaimed}))
         return 0
     print(f"marked: {rep.records:,} live records in {rep.arenas} arenas; "
-          f"{human(rep.garbage)} of garbage{' in sealed arenas' if rep.mode == 'hash' else ''}")
+          f"{human(rep.garbage)} of garbage{' in sealed arenas' if rep.mode == 'hash' and not rep.relayout else ''}")
     for n, why in rep.blocked:
         print(f"skipped arena {n}: {why}")
     if rep.dry_run:
         print(f"dry run: {len(rep.candidates)} arena(s) would be rewritten; nothing changed")
+        return 0
+    if rep.relayout:
+        print(f"laid the log out again, the newest day of each VM first: {len(rep.rewritten)} arena(s) in place of "
+              f"{len(rep.candidates)}; reclaimed {human(rep.reclaimed)} ({human(rep.before)} -> {human(rep.after)}) "
+              f"in {rep.seconds:.1f} s")
         return 0
     print(f"rewrote {len(rep.rewritten)} of {len(rep.candidates)} arena(s); reclaimed {human(rep.reclaimed)} "
           f"({human(rep.before)} -> {human(rep.after)}) in {rep.seconds:.1f} s")

@@ -8,7 +8,10 @@ arena is rewritten alone and swapped in by rename (compact.py), so gc can
 stop after any arena (--max-time, --target-free) and every step leaves a
 store in which every kept snapshot restores. In compare-by-value mode,
 where moving a block renames it, the log is rewritten from the first such
-arena to its end in one journaled switch (reflow.py).
+arena to its end in one journaled switch (reflow.py). `--relayout` (hash
+mode) rewrites the whole log through that same switch, the newest snapshot
+of each VM first in disk order, so that recent days restore front to back
+after years of nights (relayout.py).
 
 gc holds the writer lock and the readers lock (no /snapshot mount or
 restore may read arenas while they move); the index and Bloom filter are
@@ -24,13 +27,14 @@ apply to the old file; after it, to nothing.
 """
 
 import logging
+import shutil
 import time
 from dataclasses import dataclass, field
 
 from foundation.catalog import Catalog
-from foundation.errors import DataCorrupt
+from foundation.errors import DataCorrupt, UsageError
 from foundation.faults import crash_point
-from foundation.gc import compact, mark, reflow
+from foundation.gc import compact, mark, reflow, relayout
 from foundation.store import format as F
 from foundation.store import layout as L
 from foundation.store import switch
@@ -52,6 +56,7 @@ class Report:
     before: int = 0              # bytes of arena files before
     after: int = 0               # and after
     stopped: str = ""            # why gc stopped before rewriting every candidate
+    relayout: bool = False       # the whole log was laid out again, the newest days first
     seconds: float = 0.0
     dry_run: bool = False
 
@@ -74,11 +79,19 @@ def catalog_roots(cat):
     return [cat.ref, cat.blob.ref] if cat.ref is not None else []
 
 
-def collect(store, min_garbage=0.1, max_time=None, target_free=None, dry_run=False, progress=None):
-    """Run one gc over a writable store -> Report."""
+def collect(store, min_garbage=0.1, max_time=None, target_free=None, dry_run=False, progress=None,
+            relayout=False):
+    """Run one gc over a writable store -> Report. relayout (hash mode): rewrite the whole log, the
+    newest days first (relayout.py), instead of the arenas worth it one by one."""
     t0 = time.monotonic()
     if switch.pending(store.path):
         raise DataCorrupt("an interrupted gc switch is pending; reopen the store to finish it")
+    if relayout and store.mode != "hash":
+        raise UsageError("--relayout applies to compare-by-hash stores; a compare-by-value store's gc "
+                         "already rewrites its log in order from the first arena worth it")
+    if relayout and (max_time is not None or target_free is not None):
+        raise UsageError("--relayout rewrites the whole log in one switch: it cannot stop early, so "
+                         "--max-time and --target-free do not go with it")
     store.exclusive()
     cat = Catalog.load(store)
     arenas = mark.Arenas(store)
@@ -89,7 +102,10 @@ def collect(store, min_garbage=0.1, max_time=None, target_free=None, dry_run=Fal
         live = mark.mark_hash(store, roots(cat) + catalog_roots(cat), step)
         try:
             _unlisted_damage(store, arenas, live)
-            _hash(store, arenas, live, rep, min_garbage, max_time, target_free, dry_run, progress, t0)
+            if relayout:
+                _relayout(store, arenas, live, cat, rep, dry_run, progress)
+            else:
+                _hash(store, arenas, live, rep, min_garbage, max_time, target_free, dry_run, progress, t0)
         finally:
             live.close()
     else:
@@ -204,6 +220,11 @@ def _value(store, arenas, live, cat, rep, min_garbage, dry_run, progress):
         new._parse(reflow.translated_catalog(cat.serialize(), rel))
         new.generation = cat.generation
         new.commit(out)
+    _switch(store, arenas, first, out, rep)
+
+
+def _switch(store, arenas, first, out, rep):
+    """End the new log (arenas first..) with a commit and switch it in through the journal."""
     head = out.finish(store.commit().generation + 1)  # the switch is a commit: the number goes on
     _crash("gc.written")
     old_last = arenas.last
@@ -212,4 +233,34 @@ def _value(store, arenas, live, cat, rep, min_garbage, dry_run, progress):
     _crash("gc.journaled")
     switch.finish(store.path)
     rep.rewritten = list(out.files)
-    store.resume()
+    store.resume(switched=True)
+
+
+# ---- compare-by-hash, --relayout: the whole log, the newest days first ---------------
+
+def _relayout(store, arenas, live, cat, rep, dry_run, progress):
+    need = 0
+    for n in range(arenas.last + 1):
+        keys, addrs, types, end = arenas.records(n)
+        for i, size in enumerate(compact.record_sizes(addrs, end)):
+            if keys[i * 32:(i + 1) * 32] in live:
+                rep.records += 1
+                need += size
+            elif types[i] != F.COMMIT:
+                rep.garbage += size
+    rep.candidates = list(range(arenas.last + 1))
+    rep.relayout = True
+    if store.bad:
+        raise DataCorrupt(f"{len(store.bad)} damaged record(s) are listed: --relayout copies every live record "
+                          "and would stop at them. Run `foundation repair` first, or a plain gc")
+    free = shutil.disk_usage(store.path).free
+    if need + store.arena_size > free:
+        raise UsageError(f"--relayout writes the {need:,} bytes of live records beside the old log before "
+                         f"it deletes that, and the store's disk has {free:,} bytes free: run a plain gc "
+                         "first, or free space on that disk")
+    if dry_run:
+        return
+    step = progress("laying out arenas", arenas.last + 1) if progress else None
+    out = reflow.relog(store, arenas, 0)
+    relayout.copy_live(store, arenas, live, cat, out, step)
+    _switch(store, arenas, 0, out, rep)

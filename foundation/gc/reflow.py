@@ -98,8 +98,11 @@ class Relog:
         if self.s.arena_size - F.MAX_TRAILER - len(self.out) < L.HEADER_SIZE + F.COMMIT_SIZE + 16:
             self.seal()   # the record must lie in the arena it names, with the chain it names
         payload = F.pack_commit(generation, self.n, self.chain)
-        weak = native.weak_hashes(payload, len(payload), F.COMMIT, self.s.keys.weak_seed)
-        self.append(F.COMMIT, key32(weak), payload)
+        if self.s.keylen == 32:  # named as the log names its own commit records (Log._append_commit)
+            key = native.scores(payload, len(payload), F.COMMIT, key=self.s.keys.score)
+        else:
+            key = native.weak_hashes(payload, len(payload), F.COMMIT, self.s.keys.weak_seed)
+        self.append(F.COMMIT, key32(key), payload)
         self._flush()
         return F.Head(self.n, len(self.out), self.count, self.chain, generation)
 
@@ -151,14 +154,19 @@ class Relocation:
         return b"".join(self.ref(data[i:i + 8]) for i in range(0, len(data), 8))
 
 
+def relog(store, arenas, first):
+    """A new log that replaces arenas first..last: it goes on from the chain of the arena before,
+    and each arena it writes has the generation after the one it replaces."""
+    lg = store.log
+    chain = lg.trailer(first - 1).chain if first else F.ZERO_CHAIN
+    gens = {n: lg.trailer(n).generation for n in range(first, arenas.last)}
+    return Relog(store, first, chain, gens)
+
+
 def reflow(store, arenas, live, first, progress=None):
     """Copy the live records of arenas first..last into a new log -> (Relog, Relocation)."""
     lg = store.log
-    chain = lg.trailer(first - 1).chain if first else F.ZERO_CHAIN
-    gens = {}
-    for n in range(first, arenas.last):
-        gens[n] = lg.trailer(n).generation
-    out = Relog(store, first, chain, gens)
+    out = relog(store, arenas, first)
     rel = Relocation(first, live)
     for n in range(first, arenas.last + 1):
         keys, addrs, types, _ = arenas.records(n)

@@ -711,6 +711,12 @@ class Reads:
         addrs, which = native.tables_lookup(self._tables(), bytes(ref), None)
         return addrs[0] if which[0] >= 0 else self._locate(bytes(ref))
 
+    def addresses(self, keys):
+        """The log address of each of the concatenated 32-byte scores (hash mode), as an array of
+        one unsigned 64-bit integer per score; NotFound or DataCorrupt for one no record holds."""
+        found = self._locate_all(bytes(keys))
+        return found if isinstance(found, array.array) else array.array("Q", found)
+
     def unreadable(self, refs):
         """Positions of the (concatenated) refs whose block no intact record holds: not located, in a
         missing arena or a lost byte range, or known damaged. Reads no block (salvage names what is

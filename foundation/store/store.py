@@ -166,6 +166,7 @@ class Store(Writes, Reads, IndexCache):
         self.summary_entries = 0
         self.counters = self._load_counters()
         self.repaired = []
+        self._switched = False  # resume() after a gc switch: the dropped index is expected
         self.scanned = set()  # arenas whose summary this session rebuilt by scanning them
         self._recent = []  # summaries loaded by the current write batch
         try:
@@ -244,8 +245,11 @@ class Store(Writes, Reads, IndexCache):
             if not self.writable:
                 self.index = self._memory_index(e)
                 return self._finish_open()
-            log.warning("%s; rebuilding it from the arenas", e)
-            self.repaired.append(f"rebuilt the index ({e})")
+            if self._switched:
+                log.info("the index named the arenas gc replaced; rebuilding it from the new ones")
+            else:
+                log.warning("%s; rebuilding it from the arenas", e)
+                self.repaired.append(f"rebuilt the index ({e})")
             from foundation.store.rebuild import rebuild_index
             rebuild_index(self)
         self._finish_open()
@@ -305,11 +309,17 @@ class Store(Writes, Reads, IndexCache):
         """Close the log and derived structures, keeping the locks (gc switches the log)."""
         self._close_structures()
 
-    def resume(self):
+    def resume(self, switched=False):
+        """Open the log again; switched: gc has just switched it, so the index it dropped is rebuilt
+        as a matter of course, not reported as damage."""
         self.summaries.clear()
         self.summary_entries = 0
         self.blocks.clear()
-        self._open_structures()
+        self._switched = switched
+        try:
+            self._open_structures()
+        finally:
+            self._switched = False
 
     def close(self, clean=True):
         try:

@@ -1,0 +1,118 @@
+"""Laying the whole log out again, the newest days first (compare-by-hash mode).
+
+Each night appends only what changed, so after a year the newest day's
+blocks lie scattered over a year of arenas: a restore of today reads a
+little of every arena, and on a USB hard disk each of those reads is a
+seek. In hash mode a block's name is its score, so a record may move
+anywhere without a pointer changing. `gc --relayout` copies every live
+record into a new log: first the newest snapshot of each VM, each disk's
+data blocks in disk order and then its tree nodes level by level upwards
+(children still lie before their parents, as the mark expects), then
+every other live record in its old log order. A restore of the newest
+day then reads a few arenas front to back.
+
+The new log is written beside the old one and switched in as one through
+the journal compare-by-value gc uses (foundation.store.switch): killed
+before the journal, the old log stands; after it, the next writer rolls
+the switch forward.
+"""
+
+import bisect
+from array import array
+
+from foundation.gc.compact import groups
+from foundation.image.shape import Shape, split_refs
+from foundation.store import format as F
+
+BATCH = 4096     # records read and appended per step (~16 MiB of 4 KiB blocks)
+NODES = 512      # level-1 nodes read at once to find their leaves (64 Ki leaves)
+
+
+class Placed:
+    """Which records of the old log the new one holds already: one byte per record."""
+
+    def __init__(self, arenas):
+        self.addrs = {}
+        self.flags = {}
+        for n in range(arenas.last + 1):
+            _, addrs, _, _ = arenas.records(n)
+            self.addrs[n] = array("Q", addrs)
+            self.flags[n] = bytearray(len(addrs))
+
+    def take(self, addrs):
+        """The addresses not placed yet, in order, each once; they count as placed from now on."""
+        out = []
+        for a in addrs:
+            n = a >> 32
+            i = bisect.bisect_left(self.addrs[n], a)
+            if not self.flags[n][i]:
+                self.flags[n][i] = 1
+                out.append(a)
+        return out
+
+
+def newest_roots(cat):
+    """The disk roots of the newest snapshot of each name, in name and disk order."""
+    out = []
+    for name in cat.names():
+        snap = cat.snapshots(name)[-1]
+        out += [snap.disks[d].root for d in sorted(snap.disks)]
+    return out
+
+
+def image_order(store, root):
+    """Batches of scores of one image's records, in the order the new log holds them: its data
+    blocks in disk order, then its tree nodes level by level upwards. Level-1 nodes are read a
+    batch at a time, so memory stays bounded by the nodes above the leaves."""
+    null, rs = store.null_ref, store.ref_size
+    if root.ref == null:
+        return
+    sh = Shape(store, root.size)
+    sh.check(root)
+    levels = [[root.ref]]  # from the root down to level 1
+    for _ in range(sh.depth - 1):
+        below = []
+        for i in range(0, len(levels[-1]), NODES):
+            for data in store.read_blocks(b"".join(levels[-1][i:i + NODES]), cache=False):
+                below += [r for r in split_refs(data, rs) if r != null]
+        levels.append(below)
+    if sh.depth == 0:
+        yield [root.ref]
+        return
+    ones = levels[-1]
+    for i in range(0, len(ones), NODES):
+        leaves = []
+        for data in store.read_blocks(b"".join(ones[i:i + NODES]), cache=False):
+            leaves += [r for r in split_refs(data, rs) if r != null]
+        for j in range(0, len(leaves), BATCH):
+            yield leaves[j:j + BATCH]
+    for refs in reversed(levels):
+        for j in range(0, len(refs), BATCH):
+            yield refs[j:j + BATCH]
+
+
+def copy(store, out, addrs):
+    """Append the records at these old addresses to the new log, in this order. A live record that
+    fails to read stops gc here, before the switch."""
+    if not addrs:
+        return
+    got = store.log.read_many(addrs)
+    for btype, keyfield, data in groups([got[a] for a in addrs]):
+        out.append(btype, keyfield, data)
+
+
+def copy_live(store, arenas, live, cat, out, progress=None):
+    """Copy every live record of the log into `out` (a Relog from arena 0): the newest days first."""
+    placed = Placed(arenas)
+    for root in newest_roots(cat):
+        for refs in image_order(store, root):
+            copy(store, out, placed.take(store.addresses(b"".join(refs))))
+    for n in range(arenas.last + 1):
+        keys, addrs, types, _ = arenas.records(n)
+        rest = [a for i, a in enumerate(addrs)
+                if types[i] != F.COMMIT and keys[i * 32:(i + 1) * 32] in live]  # a commit record names the old log
+        rest = placed.take(rest)
+        for j in range(0, len(rest), BATCH):
+            copy(store, out, rest[j:j + BATCH])
+        if progress:
+            progress(n + 1)

@@ -1,0 +1,166 @@
+"""`foundation gc --relayout`: the whole log laid out again, the newest day of each VM first, in disk order."""
+
+import os
+
+from test_cli_images import cli, day, write
+from test_gc import BIG, churn_days, files, forget, log_bytes, restores, unreachable
+from test_image_support import BS, make_store, open_store, seeded
+
+from foundation.catalog import Catalog
+from foundation.image import ImageReader
+from foundation.store import format as F
+from foundation.store.verify import verify
+
+
+def log_positions(path, name):
+    """Each distinct record the newest day of `name` reads, in disk order, as its position in the
+    whole log (0 = the first record of arena 0)."""
+    with open_store(path, writable=False) as s:
+        order = []
+        for n in range(s.log.open.n + 1):
+            order += list(s.log.open.addrs) if n == s.log.open.n else list(s.summary_records(n)[1])
+        at = {a: i for i, a in enumerate(order)}
+        snap = Catalog.load(s).snapshots(name)[-1]
+        r = ImageReader(s, snap.disks["vda"].root)
+        rs = s.ref_size
+        refs = b"".join(x[2] for x in r.iter_leaves() if x[2] is not None)
+        refs = b"".join(refs[i:i + rs] for i in range(0, len(refs), rs) if refs[i:i + rs] != s.null_ref)
+        out, seen = [], set()
+        for a in s.addresses(refs):
+            if a not in seen:
+                seen.add(a)
+                out.append(at[a])
+        return out
+
+
+def scattered_days(tmp_path, capsys, store, days=6):
+    """churn_days, and on each day three 4 KiB blocks of the image rewritten at random places: the
+    newest day's blocks lie over every day's arenas -> {day: image bytes}."""
+    rng = seeded(3)
+    history = churn_days(tmp_path, capsys, store, days=1)
+    img = bytearray(history[1])
+    for d in range(2, days + 1):
+        for _ in range(3):
+            at = rng.randrange(0, (2 << 20) // BS) * BS
+            img[at:at + BS] = rng.randbytes(BS)
+        img[2 << 20:] = rng.randbytes(BIG) if d % 2 == 0 else bytes(BIG)
+        write(tmp_path / "disk.raw", img)
+        assert cli(capsys, store, "import-image", "vm", tmp_path / "disk.raw", "--at", day(d))[0] == 0
+        history[d] = bytes(img)
+    return history
+
+
+def with_other_vm(tmp_path, capsys, store):
+    """A second VM with its own small disk on two days: the newest days of two names."""
+    rng = seeded(11)
+    img = tmp_path / "other.raw"
+    data = bytearray(rng.randbytes(256 << 10))
+    write(img, data)
+    assert cli(capsys, store, "import-image", "other", img, "--at", day(2))[0] == 0
+    data[4096:8192] = rng.randbytes(4096)
+    write(img, data)
+    assert cli(capsys, store, "import-image", "other", img, "--at", day(5))[0] == 0
+    return bytes(data)
+
+
+def test_relayout_puts_each_newest_day_in_disk_order_and_every_day_restores(tmp_path, capsys):
+    store = make_store(tmp_path / "s", mode="hash")
+    history = scattered_days(tmp_path, capsys, store)
+    other = with_other_vm(tmp_path, capsys, store)
+    forget(store, {2, 4})
+    garbage = unreachable(store)
+    before = log_positions(store, "vm")
+    assert before != sorted(before)  # a week of changes scattered the newest day over the log
+    size = log_bytes(store)
+
+    rc, out, err = cli(capsys, store, "gc", "--relayout")
+    assert rc == 0, err
+    assert "laid the log out again" in out
+
+    for name in ("vm", "other"):
+        pos = log_positions(store, name)
+        # every block of the newest day follows the one before it in the log: one read front to back
+        assert pos == list(range(pos[0], pos[0] + len(pos))), name
+    assert restores(store, history) == [1, 3, 5, 6]
+    with open_store(store, writable=False) as s:
+        assert verify(s)[0] == []
+        snaps = Catalog.load(s).snapshots("other")
+        r = ImageReader(s, snaps[-1].disks["vda"].root)
+        assert r.read(0, r.size) == other
+    # the garbage is gone too, as a plain gc would free it (less the Bloom filter's false positives)
+    assert log_bytes(store) < size - garbage * 0.9
+    assert unreachable(store) <= 0.01 * garbage + 4096
+
+    # The store goes on as before: a later day dedups against the moved records, and a plain gc runs.
+    write(tmp_path / "disk.raw", history[6])
+    size = log_bytes(store)
+    assert cli(capsys, store, "import-image", "vm", tmp_path / "disk.raw", "--at", day(7))[0] == 0
+    assert log_bytes(store) - size < 64 << 10  # day 7 == day 6: only the catalog grew
+    assert cli(capsys, store, "gc", "--min-garbage", "0")[0] == 0
+    assert restores(store, {**history, 7: history[6]}) == [1, 3, 5, 6, 7]
+
+
+def test_relayout_generations_and_chain_follow_the_switch(tmp_path, capsys):
+    store = make_store(tmp_path / "s", mode="hash")
+    history = churn_days(tmp_path, capsys, store, days=4)
+    with open_store(store, writable=False) as s:
+        gens = {n: s.log.trailer(n).generation for n in range(s.log.open.n)}
+        generation = s.commit().generation
+    assert cli(capsys, store, "gc", "--relayout")[0] == 0
+    with open_store(store, writable=False) as s:
+        # each sealed arena replaced carries the next generation; the head's number goes on
+        for n in range(s.log.open.n):
+            assert s.log.trailer(n).generation == gens.get(n, 0) + 1, n
+        assert s.commit().generation == generation + 1
+        assert verify(s)[0] == []
+    assert not os.path.exists(os.path.join(store, "gc.json"))
+    assert not [x for x in os.listdir(os.path.join(store, "arenas")) if x.endswith(".gc")]
+    assert restores(store, history) == [1, 2, 3, 4]
+
+
+def test_relayout_refuses_what_it_cannot_do_and_changes_nothing(tmp_path, capsys, monkeypatch):
+    value = make_store(tmp_path / "v", mode="value")
+    churn_days(tmp_path, capsys, value, days=2)
+    before = files(value)
+    rc, _, err = cli(capsys, value, "gc", "--relayout")
+    assert rc != 0 and "--relayout applies to compare-by-hash stores" in err
+    assert files(value) == before
+
+    store = make_store(tmp_path / "s", mode="hash")
+    history = churn_days(tmp_path, capsys, store, days=3)
+    before = files(store)
+    rc, _, err = cli(capsys, store, "gc", "--relayout", "--max-time", "10")
+    assert rc != 0 and "cannot stop early" in err
+    rc, out, _ = cli(capsys, store, "gc", "--relayout", "--dry-run")
+    assert rc == 0 and "nothing changed" in out
+    assert files(store) == before
+
+    # Too little free space for the live records: said before anything is written.
+    import foundation.gc as gc
+
+    class Full:
+        free = 4096
+
+    monkeypatch.setattr(gc.shutil, "disk_usage", lambda path: Full)
+    rc, _, err = cli(capsys, store, "gc", "--relayout")
+    assert rc != 0 and "bytes free" in err and "--relayout writes the" in err, err
+    monkeypatch.undo()
+    assert files(store) == before
+    assert restores(store, history) == [1, 2, 3]
+
+
+def test_relayout_stops_on_listed_damage_before_changing_anything(tmp_path, capsys):
+    store = make_store(tmp_path / "s", mode="hash")
+    churn_days(tmp_path, capsys, store, days=3)
+    # a record of arena 0 damaged and listed by verify
+    with open_store(store, writable=False) as s:
+        a = s.summary_records(0)[1][1]
+    with open(os.path.join(store, "arenas", F.arena_name(0)), "r+b") as f:
+        f.seek((a & 0xFFFFFFFF) + 64 + 10)
+        f.write(b"XXXX")
+    with open_store(store) as s:
+        verify(s)
+    before = files(store)
+    rc, _, err = cli(capsys, store, "gc", "--relayout")
+    assert rc != 0 and "damaged record(s) are listed" in err and "foundation repair" in err, err
+    assert files(store) == before
