@@ -8,7 +8,11 @@ more than the first month's), imported whole on the first night,
 then --nights nights of `import-image --changed` with --at dates one day
 apart, each night rewriting 1 MiB of each disk (eight 128 KiB extents at
 random places, as a guest writes files). Then `prune --keep-daily 7
---keep-weekly 8 --keep-monthly 13` and `gc`, as a year of the daemon would.
+--keep-weekly 8 --keep-monthly 13` and `gc`, as a year of the daemon would
+(a gc that rewrites nearly every arena lays the log out again, newest day
+first; --relayout collects arena by arena first, measures, then runs
+`gc --relayout` and measures again). Night 30's restore is also timed on
+the store as it stood that night (young.json).
 The store is encrypted, by hash, with default arenas.
 
 Then, cold (page cache dropped before each run), it restores the newest
@@ -60,7 +64,7 @@ def at(night):
     return f"{START + dt.timedelta(days=night)}T01:00:00Z"
 
 
-def build(work, vms, mb, nights, zeros=0.0, seed=18, young_runs=0):
+def build(work, vms, mb, nights, zeros=0.0, seed=18, young_runs=0, gc=()):
     """The year of nights, pruned and collected -> {vm: sha256 of each kept night's image}. zeros: the
     part of each disk that starts as zeros (whole MiBs); 0 fills every disk with data on the first
     night, so every day holds the same number of non-null blocks."""
@@ -101,7 +105,7 @@ def build(work, vms, mb, nights, zeros=0.0, seed=18, young_runs=0):
         if night % 30 == 0:
             print(f"  night {night}/{nights} ({time.monotonic() - t0:.0f} s)", file=sys.stderr)
     assert cli([*base, "prune", "--keep-daily", "7", "--keep-weekly", "8", "--keep-monthly", "13"]) == 0
-    assert cli([*base, "gc", "--min-garbage", "0", "--no-replicate"]) == 0
+    assert cli([*base, "gc", "--min-garbage", "0", "--no-replicate", *gc]) == 0
     with open(os.path.join(work, "digests.json"), "w") as f:  # what a --reuse run checks against
         json.dump(digests, f)
     return store, key, digests
@@ -192,7 +196,9 @@ def main():
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     ap.add_argument("--reuse", action="store_true", help="measure the store a --keep run left in --work")
     ap.add_argument("--relayout", action="store_true",
-                    help="then run `gc --relayout` on the store and measure the same restores again")
+                    help="collect the year arena by arena (gc --in-place), measure, then run `gc --relayout` on "
+                         "the store and measure the same restores again (without it: the default gc, which lays "
+                         "a year's log out again by itself)")
     a = ap.parse_args()
     work = a.work or tempfile.mkdtemp(prefix="bench-restore-", dir="/var/tmp")
     os.makedirs(work, exist_ok=True)
@@ -207,7 +213,9 @@ def main():
             except FileNotFoundError:
                 digests = {"vm0": {a.nights: sha256_file(os.path.join(work, "vm0.raw"))}}
         else:
-            store, key, digests = build(work, a.vms, a.mb, a.nights, a.zeros, young_runs=a.runs)
+            # with --relayout the year is first collected arena by arena (--in-place), to compare both
+            store, key, digests = build(work, a.vms, a.mb, a.nights, a.zeros, young_runs=a.runs,
+                                        gc=["--in-place"] if a.relayout else [])
             build_s = time.monotonic() - t0
             if a.build_only:
                 print(f"built in {build_s:.0f} s: {store}")

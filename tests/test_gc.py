@@ -290,7 +290,7 @@ def test_node_stored_after_its_parent_stays_live(tmp_path, capsys):
         root = Catalog.load(s).snapshots()[-1].disks["vda"].root
         child = s.read(root.ref)[:32]
     forget(store, {1, 2})
-    assert cli(capsys, store, "gc")[0] == 0
+    assert cli(capsys, store, "gc", "--in-place")[0] == 0  # arena by arena: the open one stays
     assert where(store, root.ref) and not where(store, child)
     write(image, history[3])
     assert cli(capsys, store, "import-image", "vm", image, "--at", day(3))[0] == 0

@@ -1,11 +1,14 @@
 """`foundation gc --relayout`: the whole log laid out again, the newest day of each VM first, in disk order."""
 
+import json
 import os
+import shutil
 
 from test_cli_images import cli, day, write
 from test_gc import BIG, churn_days, files, forget, log_bytes, restores, unreachable
 from test_image_support import BS, make_store, open_store, seeded
 
+import foundation.gc as gc
 from foundation.catalog import Catalog
 from foundation.image import ImageReader
 from foundation.store import format as F
@@ -136,8 +139,6 @@ def test_relayout_refuses_what_it_cannot_do_and_changes_nothing(tmp_path, capsys
     assert files(store) == before
 
     # Too little free space for the live records: said before anything is written.
-    import foundation.gc as gc
-
     class Full:
         free = 4096
 
@@ -164,3 +165,54 @@ def test_relayout_stops_on_listed_damage_before_changing_anything(tmp_path, caps
     rc, _, err = cli(capsys, store, "gc", "--relayout")
     assert rc != 0 and "damaged record(s) are listed" in err and "foundation repair" in err, err
     assert files(store) == before
+
+
+def month_of_nights(tmp_path, capsys, store, nights=30):
+    """A 1 MiB disk whose nights each rewrite 16 random blocks, and all but the last 5 forgotten: nearly
+    every arena holds garbage, as after a year pruned -> {night: image bytes} of the kept nights."""
+    rng = seeded(5)
+    img = bytearray(rng.randbytes(1 << 20))
+    history = {}
+    for d in range(1, nights + 1):
+        for _ in range(16):
+            at = rng.randrange(0, (1 << 20) // BS) * BS
+            img[at:at + BS] = rng.randbytes(BS)
+        write(tmp_path / "disk.raw", img)
+        assert cli(capsys, store, "import-image", "vm", tmp_path / "disk.raw", "--at", day(d))[0] == 0
+        history[d] = bytes(img)
+    forget(store, set(range(1, nights - 4)))
+    return {d: history[d] for d in range(nights - 4, nights + 1)}
+
+
+def test_gc_lays_the_log_out_by_itself_when_it_would_rewrite_nearly_all_of_it(tmp_path, capsys, monkeypatch):
+    store = make_store(tmp_path / "s", mode="hash")
+    kept = month_of_nights(tmp_path, capsys, store)
+    plain = str(tmp_path / "plain")
+    shutil.copytree(store, plain)
+    monkeypatch.setenv("FOUNDATION_STATE_DIR", str(tmp_path / "host-plain"))  # a copy is a store of its own
+    rc, out, _ = cli(capsys, plain, "gc", "--in-place", "--json")
+    assert rc == 0 and json.loads(out)["relayout"] is False
+    assert restores(plain, kept) == sorted(kept)
+
+    # Not enough room for the copy: the arenas are rewritten one by one instead, and nothing is lost.
+    class Full:
+        free = 4096
+
+    short = str(tmp_path / "short")
+    shutil.copytree(store, short)
+    monkeypatch.setenv("FOUNDATION_STATE_DIR", str(tmp_path / "host-short"))
+    monkeypatch.setattr(gc.shutil, "disk_usage", lambda path: Full)
+    rc, out, _ = cli(capsys, short, "gc", "--json")
+    assert rc == 0 and json.loads(out)["relayout"] is False and json.loads(out)["rewritten"], out
+    monkeypatch.undo()
+    assert restores(short, kept) == sorted(kept)
+
+    monkeypatch.setenv("FOUNDATION_STATE_DIR", str(tmp_path / "host"))
+    rc, out, _ = cli(capsys, store, "gc", "--json")
+    rep = json.loads(out)
+    assert rc == 0 and rep["relayout"] is True, rep
+    pos = log_positions(store, "vm")
+    assert pos == list(range(len(pos)))  # the newest night first, in disk order
+    assert restores(store, kept) == sorted(kept)
+    # the same space as the arena-by-arena gc, give or take the records the Bloom filters keep
+    assert abs(log_bytes(store) - log_bytes(plain)) < 0.02 * log_bytes(plain)

@@ -29,10 +29,14 @@ def add_arguments(p):
                    help="stop rewriting after this long (compare-by-hash stores; the next gc goes on)")
     p.add_argument("--target-free", type=size, metavar="SIZE",
                    help="stop once this much space is free again, e.g. 20G (compare-by-hash stores)")
-    p.add_argument("--relayout", action="store_true",
-                   help="compare-by-hash stores: rewrite the whole log, the newest day of each VM first in disk "
-                        "order, so that recent days restore front to back after years of nights (needs free "
-                        "space for the live data; once a year is plenty)")
+    how = p.add_mutually_exclusive_group()
+    how.add_argument("--relayout", action="store_true", default=None,
+                     help="compare-by-hash stores: rewrite the whole log, the newest day of each VM first in disk "
+                          "order, so that recent days restore front to back after years of nights (needs free "
+                          "space for the live data). Done without asking when at least 75%% of the log would be "
+                          "rewritten anyway and the space is there")
+    how.add_argument("--in-place", dest="relayout", action="store_false",
+                     help="compare-by-hash stores: only rewrite the arenas worth it, one by one, never the whole log")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--no-replicate", action="store_true", help="do not update the configured replicas afterwards")
 

@@ -11,7 +11,8 @@ where moving a block renames it, the log is rewritten from the first such
 arena to its end in one journaled switch (reflow.py). `--relayout` (hash
 mode) rewrites the whole log through that same switch, the newest snapshot
 of each VM first in disk order, so that recent days restore front to back
-after years of nights (relayout.py).
+after years of nights (relayout.py); gc chooses it by itself when it would
+rewrite nearly the whole log arena by arena anyway.
 
 gc holds the writer lock and the readers lock (no /snapshot mount or
 restore may read arenas while they move); the index and Bloom filter are
@@ -80,9 +81,10 @@ def catalog_roots(cat):
 
 
 def collect(store, min_garbage=0.1, max_time=None, target_free=None, dry_run=False, progress=None,
-            relayout=False):
-    """Run one gc over a writable store -> Report. relayout (hash mode): rewrite the whole log, the
-    newest days first (relayout.py), instead of the arenas worth it one by one."""
+            relayout=None):
+    """Run one gc over a writable store -> Report. relayout (hash mode): True rewrites the whole log,
+    the newest days first (relayout.py), instead of the arenas worth it one by one; False never;
+    None when that costs about what the arena-by-arena rewrite would (_worth_relayout)."""
     t0 = time.monotonic()
     if switch.pending(store.path):
         raise DataCorrupt("an interrupted gc switch is pending; reopen the store to finish it")
@@ -105,7 +107,8 @@ def collect(store, min_garbage=0.1, max_time=None, target_free=None, dry_run=Fal
             if relayout:
                 _relayout(store, arenas, live, cat, rep, dry_run, progress)
             else:
-                _hash(store, arenas, live, rep, min_garbage, max_time, target_free, dry_run, progress, t0)
+                _hash(store, arenas, live, cat, rep, min_garbage, max_time, target_free, dry_run, progress, t0,
+                      relayout is None)
         finally:
             live.close()
     else:
@@ -144,7 +147,7 @@ def _unlisted_damage(store, arenas, live):
 
 # ---- compare-by-hash: arena by arena ---------------------------------------------
 
-def _hash(store, arenas, live, rep, min_garbage, max_time, target_free, dry_run, progress, t0):
+def _hash(store, arenas, live, cat, rep, min_garbage, max_time, target_free, dry_run, progress, t0, auto):
     plans = []
     for n in range(arenas.last):  # the open arena is still being written: never rewritten
         p = compact.plan_hash(store, arenas, live, n)
@@ -158,6 +161,9 @@ def _hash(store, arenas, live, rep, min_garbage, max_time, target_free, dry_run,
     # The most garbage first: a limited run frees the most space.
     plans.sort(key=lambda p: -p.garbage)
     rep.candidates = [p.arena for p in plans]
+    if auto and max_time is None and target_free is None and _worth_relayout(store, arenas, plans, rep):
+        rep.records = rep.garbage = 0  # counted again over the whole log
+        return _relayout(store, arenas, live, cat, rep, dry_run, progress)
     if dry_run or not plans:
         return
     step = progress("rewriting arenas", len(plans)) if progress else None
@@ -237,6 +243,23 @@ def _switch(store, arenas, first, out, rep):
 
 
 # ---- compare-by-hash, --relayout: the whole log, the newest days first ---------------
+
+RELAYOUT_SHARE = 0.75  # of the sealed log's bytes in arenas worth rewriting: gc lays the whole log out
+
+
+def _worth_relayout(store, arenas, plans, rep):
+    """Would the arena-by-arena rewrite move about the whole log anyway (a year of nights pruned:
+    nearly every arena holds some garbage)? Then the same work lays it out newest first, when the
+    disk has room for the copy and no damage is listed."""
+    sealed = sum(store.log.file_size(n) for n in range(arenas.last))
+    if not plans or store.bad or sum(store.log.file_size(p.arena) for p in plans) < RELAYOUT_SHARE * sealed:
+        return False
+    need = store.log_bytes() - rep.garbage
+    if need + store.arena_size > shutil.disk_usage(store.path).free:
+        log.info("gc rewrites the arenas one by one: laying the log out again would need %d bytes free", need)
+        return False
+    return True
+
 
 def _relayout(store, arenas, live, cat, rep, dry_run, progress):
     need = 0
