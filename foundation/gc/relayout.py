@@ -17,10 +17,8 @@ before the journal, the old log stands; after it, the next writer rolls
 the switch forward.
 """
 
-import bisect
-from array import array
-
 from foundation.gc.compact import groups
+from foundation.gc.mark import ValueLive
 from foundation.image.shape import Shape, split_refs
 from foundation.store import format as F
 
@@ -28,23 +26,15 @@ BATCH = 4096     # records read and appended per step (~16 MiB of 4 KiB blocks)
 NODES = 512      # level-1 nodes read at once to find their leaves (64 Ki leaves)
 
 
-class Placed:
-    """Which records of the old log the new one holds already: one byte per record."""
-
-    def __init__(self, arenas):
-        self.addrs = {}
-        self.flags = {}
-        for n in range(arenas.last + 1):
-            _, addrs, _, _ = arenas.records(n)
-            self.addrs[n] = array("Q", addrs)
-            self.flags[n] = bytearray(len(addrs))
+class Placed(ValueLive):
+    """Which records of the old log the new one holds already: one byte per record, found by its
+    position in its arena's summary, as compare-by-value gc's live set."""
 
     def take(self, addrs):
         """The addresses not placed yet, in order, each once; they count as placed from now on."""
         out = []
         for a in addrs:
-            n = a >> 32
-            i = bisect.bisect_left(self.addrs[n], a)
+            n, i = self.position(a)
             if not self.flags[n][i]:
                 self.flags[n][i] = 1
                 out.append(a)
