@@ -47,14 +47,14 @@ class _Steps:
     def __init__(self):
         self.on = sys.stderr.isatty()
 
-    def __call__(self, what, total):
+    def __call__(self, what, total, unit="arenas"):
         last = [0.0]
 
         def step(done):
             now = time.monotonic()
             if self.on and (now - last[0] > 0.2 or done >= total):
                 last[0] = now
-                sys.stderr.write(f"\rgc: {what} {done}/{total} arenas ")
+                sys.stderr.write(f"\rgc: {what} {done:,}/{total:,} {unit} ")
                 if done >= total:
                     sys.stderr.write("\n")
                 sys.stderr.flush()

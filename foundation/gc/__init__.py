@@ -283,7 +283,8 @@ def _relayout(store, arenas, live, cat, rep, dry_run, progress):
                          "first, or free space on that disk")
     if dry_run:
         return
-    step = progress("laying out arenas", arenas.last + 1) if progress else None
+    step = progress("laying out the log again", rep.records, "records") if progress else None
     out = reflow.relog(store, arenas, 0)
-    relayout.copy_live(store, arenas, live, cat, out, step)
+    if relayout.copy_live(store, arenas, live, cat, out, step) != rep.records and step:
+        step(rep.records)  # the line ends even if a record counted twice was copied once
     _switch(store, arenas, 0, out, rep)

@@ -22,7 +22,7 @@ from foundation.gc.mark import ValueLive
 from foundation.image.shape import Shape, split_refs
 from foundation.store import format as F
 
-BATCH = 4096     # records read and appended per step (~16 MiB of 4 KiB blocks)
+BATCH = 1024     # records read and appended per step (~4 MiB of 4 KiB blocks)
 NODES = 512      # level-1 nodes read at once to find their leaves (64 Ki leaves)
 
 
@@ -81,28 +81,30 @@ def image_order(store, root):
             yield refs[j:j + BATCH]
 
 
-def copy(store, out, addrs):
-    """Append the records at these old addresses to the new log, in this order. A live record that
-    fails to read stops gc here, before the switch."""
-    if not addrs:
-        return
-    got = store.log.read_many(addrs)
-    for btype, keyfield, data in groups([got[a] for a in addrs]):
-        out.append(btype, keyfield, data)
-
-
 def copy_live(store, arenas, live, cat, out, progress=None):
-    """Copy every live record of the log into `out` (a Relog from arena 0): the newest days first."""
+    """Copy every live record of the log into `out` (a Relog from arena 0): the newest days first.
+    progress(records copied so far) after each batch -> the records copied."""
     placed = Placed(arenas)
+    done = 0
+
+    def copy(addrs):  # a live record that fails to read stops gc here, before the switch
+        nonlocal done
+        if addrs:
+            got = store.log.read_many(addrs)
+            for btype, keyfield, data in groups([got[a] for a in addrs]):
+                out.append(btype, keyfield, data)
+            done += len(addrs)
+            if progress:
+                progress(done)
+
     for root in newest_roots(cat):
         for refs in image_order(store, root):
-            copy(store, out, placed.take(store.addresses(b"".join(refs))))
+            copy(placed.take(store.addresses(b"".join(refs))))
     for n in range(arenas.last + 1):
         keys, addrs, types, _ = arenas.records(n)
         rest = [a for i, a in enumerate(addrs)
                 if types[i] != F.COMMIT and keys[i * 32:(i + 1) * 32] in live]  # a commit record names the old log
         rest = placed.take(rest)
         for j in range(0, len(rest), BATCH):
-            copy(store, out, rest[j:j + BATCH])
-        if progress:
-            progress(n + 1)
+            copy(rest[j:j + BATCH])
+    return done
