@@ -64,7 +64,7 @@ def at(night):
     return f"{START + dt.timedelta(days=night)}T01:00:00Z"
 
 
-def build(work, vms, mb, nights, zeros=0.0, seed=18, young_runs=0, gc=()):
+def build(work, vms, mb, nights, zeros=0.0, seed=18, young_runs=0, gc=(), gc_every=0):
     """The year of nights, pruned and collected -> {vm: sha256 of each kept night's image}. zeros: the
     part of each disk that starts as zeros (whole MiBs); 0 fills every disk with data on the first
     night, so every day holds the same number of non-null blocks."""
@@ -102,13 +102,19 @@ def build(work, vms, mb, nights, zeros=0.0, seed=18, young_runs=0, gc=()):
                 digests[name][night] = sha256_file(path)
         if night == 30 and young_runs:  # January's last day restored on the store of that night
             young(work, store, key, digests["vm0"][30], young_runs)
+        if gc_every and night % gc_every == 0 and night < nights:  # the user's routine: prune and gc now and then
+            prune_gc(base, gc)
         if night % 30 == 0:
             print(f"  night {night}/{nights} ({time.monotonic() - t0:.0f} s)", file=sys.stderr)
-    assert cli([*base, "prune", "--keep-daily", "7", "--keep-weekly", "8", "--keep-monthly", "13"]) == 0
-    assert cli([*base, "gc", "--min-garbage", "0", "--no-replicate", *gc]) == 0
+    prune_gc(base, gc)
     with open(os.path.join(work, "digests.json"), "w") as f:  # what a --reuse run checks against
         json.dump(digests, f)
     return store, key, digests
+
+
+def prune_gc(base, gc):
+    assert cli([*base, "prune", "--keep-daily", "7", "--keep-weekly", "8", "--keep-monthly", "13"]) == 0
+    assert cli([*base, "gc", "--min-garbage", "0", "--no-replicate", *gc]) == 0
 
 
 def young(work, store, key, digest, runs):
@@ -195,6 +201,8 @@ def main():
     ap.add_argument("--work", help="work directory (default: a temporary one under /var/tmp)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     ap.add_argument("--reuse", action="store_true", help="measure the store a --keep run left in --work")
+    ap.add_argument("--gc-every", type=int, default=0, metavar="NIGHTS",
+                    help="also prune and gc every NIGHTS nights while the year is built (a user's monthly routine)")
     ap.add_argument("--relayout", action="store_true",
                     help="collect the year arena by arena (gc --in-place), measure, then run `gc --relayout` on "
                          "the store and measure the same restores again (without it: the default gc, which lays "
@@ -215,7 +223,7 @@ def main():
         else:
             # with --relayout the year is first collected arena by arena (--in-place), to compare both
             store, key, digests = build(work, a.vms, a.mb, a.nights, a.zeros, young_runs=a.runs,
-                                        gc=["--in-place"] if a.relayout else [])
+                                        gc=["--in-place"] if a.relayout else [], gc_every=a.gc_every)
             build_s = time.monotonic() - t0
             if a.build_only:
                 print(f"built in {build_s:.0f} s: {store}")

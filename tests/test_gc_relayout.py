@@ -232,3 +232,41 @@ def test_relayout_of_an_encrypted_store(tmp_path, capsys, monkeypatch):
     serves(capsys, store, history)  # `list` and `restore` through the CLI, byte for byte
     rc, out, _ = cli(capsys, store, "verify")
     assert rc == 0 and out.startswith("ok:"), out
+
+
+def test_a_plain_gc_lays_out_the_tail_of_the_log_it_rewrites_anyway(tmp_path, capsys):
+    """A disk whose nights change only its last 256 KiB: after a prune the garbage lies in the
+    arenas the nights wrote, after the untouched bulk of the disk. gc lays out that tail, the
+    newest night's records in it first, and leaves the arenas before it as they were."""
+    store = make_store(tmp_path / "s", mode="hash")
+    rng = seeded(9)
+    size = 2 << 20
+    img = bytearray(rng.randbytes(size))
+    history = {}
+    for d in range(1, 13):
+        for _ in range(8 if d > 1 else 0):
+            at = size - (64 - rng.randrange(64)) * BS
+            img[at:at + BS] = rng.randbytes(BS)
+        write(tmp_path / "disk.raw", img)
+        assert cli(capsys, store, "import-image", "vm", tmp_path / "disk.raw", "--at", day(d))[0] == 0
+        history[d] = bytes(img)
+    forget(store, set(range(1, 10)))
+    kept = {d: history[d] for d in (10, 11, 12)}
+    before = files(store)
+
+    rc, out, _ = cli(capsys, store, "gc", "--json")
+    rep = json.loads(out)
+    assert rc == 0 and rep["relayout"] is True and rep["relayout_from"] > 0, rep
+    first = rep["relayout_from"]
+    after = files(store)
+    for n in range(first):
+        name = os.path.join("arenas", F.arena_name(n))
+        assert (after[name] == before[name]) == (n not in rep["rewritten"]), n
+    with open_store(store, writable=False) as s:
+        start = sum(len(s.summary_records(n)[1]) for n in range(first))  # log position of the tail's start
+    pos = log_positions(store, "vm")
+    tail = [p for p in pos if p >= start]
+    assert tail and tail == list(range(start, start + len(tail)))  # the newest night's records lead the tail
+    assert restores(store, kept) == [10, 11, 12]
+    with open_store(store, writable=False) as s:
+        assert verify(s)[0] == []

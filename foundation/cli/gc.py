@@ -88,9 +88,10 @@ def run(args):
         print(f"dry run: {len(rep.candidates)} arena(s) would be rewritten; nothing changed")
         return 0
     if rep.relayout:
-        print(f"laid the log out again, the newest day of each VM first: {len(rep.rewritten)} arena(s) in place of "
-              f"{len(rep.candidates)}; reclaimed {human(rep.reclaimed)} ({human(rep.before)} -> {human(rep.after)}) "
-              f"in {rep.seconds:.1f} s")
+        part = f"the log from arena {rep.relayout_from} on" if rep.relayout_from else "the log"
+        print(f"laid {part} out again, the newest day of each VM first, and rewrote {len(rep.rewritten)} arena(s) "
+              f"in place of {len(rep.candidates)}; reclaimed {human(rep.reclaimed)} ({human(rep.before)} -> "
+              f"{human(rep.after)}) in {rep.seconds:.1f} s")
         return 0
     print(f"rewrote {len(rep.rewritten)} of {len(rep.candidates)} arena(s); reclaimed {human(rep.reclaimed)} "
           f"({human(rep.before)} -> {human(rep.after)}) in {rep.seconds:.1f} s")

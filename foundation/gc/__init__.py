@@ -57,7 +57,8 @@ class Report:
     before: int = 0              # bytes of arena files before
     after: int = 0               # and after
     stopped: str = ""            # why gc stopped before rewriting every candidate
-    relayout: bool = False       # the whole log was laid out again, the newest days first
+    relayout: bool = False       # the log was laid out again from arena relayout_from, the newest days first
+    relayout_from: int = 0
     seconds: float = 0.0
     dry_run: bool = False
 
@@ -161,9 +162,13 @@ def _hash(store, arenas, live, cat, rep, min_garbage, max_time, target_free, dry
     # The most garbage first: a limited run frees the most space.
     plans.sort(key=lambda p: -p.garbage)
     rep.candidates = [p.arena for p in plans]
-    if auto and max_time is None and target_free is None and _worth_relayout(store, arenas, plans, rep):
-        rep.records = rep.garbage = 0  # counted again over the whole log
-        return _relayout(store, arenas, live, cat, rep, dry_run, progress)
+    first = _relayout_from(store, arenas, plans, rep) if auto and max_time is None and target_free is None \
+        else None
+    if first is not None:
+        # The tail first, through its switch (which rebuilds the index); then the arenas before
+        # it one by one, which the switch leaves as they were.
+        _relayout(store, arenas, live, cat, rep, dry_run, progress, first)
+        plans = [p for p in plans if p.arena < first]
     if dry_run or not plans:
         return
     step = progress("rewriting arenas", len(plans)) if progress else None
@@ -242,37 +247,55 @@ def _switch(store, arenas, first, out, rep):
     store.resume(switched=True)
 
 
-# ---- compare-by-hash, --relayout: the whole log, the newest days first ---------------
+# ---- compare-by-hash, --relayout: the log from one arena on, the newest days first -----------
 
-RELAYOUT_SHARE = 0.75  # of the sealed log's bytes in arenas worth rewriting: gc lays the whole log out
+RELAYOUT_SHARE = 0.75  # of a tail of the log's sealed bytes in arenas worth rewriting: gc lays it out
+RELAYOUT_MIN = 2  # sealed arenas a tail holds at least to be laid out (one is a plain rewrite)
 
 
-def _worth_relayout(store, arenas, plans, rep):
-    """Would the arena-by-arena rewrite move about the whole log anyway (a year of nights pruned:
-    nearly every arena holds some garbage)? Then the same work lays it out newest first, when the
-    disk has room for the copy and no damage is listed."""
-    sealed = sum(store.log.file_size(n) for n in range(arenas.last))
-    if not plans or store.bad or sum(store.log.file_size(p.arena) for p in plans) < RELAYOUT_SHARE * sealed:
-        return False
-    need = store.log_bytes() - rep.garbage
+def _relayout_from(store, arenas, plans, rep):
+    """The first arena of the longest tail of the log that the arena-by-arena rewrite would move
+    for the most part anyway (RELAYOUT_SHARE of its sealed bytes), or None. The same work then lays
+    that tail out newest first: a year pruned at once moves nearly every arena (the tail is the
+    whole log); a monthly prune the month's arenas, whose newest blocks then lie together."""
+    if not plans or store.bad:
+        return None
+    worth = {p.arena for p in plans}
+    total = cand = 0
+    first = None
+    for n in range(arenas.last - 1, -1, -1):
+        size = store.log.file_size(n)
+        total += size
+        cand += size if n in worth else 0
+        if cand >= RELAYOUT_SHARE * total and arenas.last - n >= RELAYOUT_MIN:
+            first = n
+    if first is None:
+        return None
+    need = sum(store.log.file_size(n) for n in range(first, arenas.last + 1)) - \
+        sum(p.garbage for p in plans if p.arena >= first)
     if need + store.arena_size > shutil.disk_usage(store.path).free:
-        log.info("gc rewrites the arenas one by one: laying the log out again would need %d bytes free", need)
-        return False
-    return True
+        log.info("gc rewrites the arenas one by one: laying arenas %d on out again would need %d bytes free",
+                 first, need)
+        return None
+    return first
 
 
-def _relayout(store, arenas, live, cat, rep, dry_run, progress):
-    need = 0
-    for n in range(arenas.last + 1):
+def _relayout(store, arenas, live, cat, rep, dry_run, progress, first=0):
+    """Lay arenas first..last out again (relayout.py); first 0 (--relayout) also counts the report's
+    records and garbage, which the arena-by-arena plan counts otherwise."""
+    count = need = garbage = 0
+    for n in range(first, arenas.last + 1):
         keys, addrs, types, end = arenas.records(n)
         for i, size in enumerate(compact.record_sizes(addrs, end)):
             if keys[i * 32:(i + 1) * 32] in live:
-                rep.records += 1
+                count += 1
                 need += size
             elif types[i] != F.COMMIT:
-                rep.garbage += size
-    rep.candidates = list(range(arenas.last + 1))
-    rep.relayout = True
+                garbage += size
+    if first == 0:
+        rep.records, rep.garbage = count, garbage
+    rep.candidates = sorted(set(rep.candidates) | set(range(first, arenas.last + 1)))
+    rep.relayout, rep.relayout_from = True, first
     if store.bad:
         raise DataCorrupt(f"{len(store.bad)} damaged record(s) are listed: --relayout copies every live record "
                           "and would stop at them. Run `foundation repair` first, or a plain gc")
@@ -283,8 +306,8 @@ def _relayout(store, arenas, live, cat, rep, dry_run, progress):
                          "first, or free space on that disk")
     if dry_run:
         return
-    step = progress("laying out the log again", rep.records, "records") if progress else None
-    out = reflow.relog(store, arenas, 0)
-    if relayout.copy_live(store, arenas, live, cat, out, step) != rep.records and step:
-        step(rep.records)  # the line ends even if a record counted twice was copied once
-    _switch(store, arenas, 0, out, rep)
+    step = progress("laying out the log again", count, "records") if progress else None
+    out = reflow.relog(store, arenas, first)
+    if relayout.copy_live(store, arenas, live, cat, out, step, first) != count and step:
+        step(count)  # the line ends even if a record counted twice was copied once
+    _switch(store, arenas, first, out, rep)

@@ -9,7 +9,11 @@ record into a new log: first the newest snapshot of each VM, each disk's
 data blocks in disk order and then its tree nodes level by level upwards
 (children still lie before their parents, as the mark expects), then
 every other live record in its old log order. A restore of the newest
-day then reads a few arenas front to back.
+day then reads a few arenas front to back. A plain gc lays out the tail
+of the log it would rewrite for the most part anyway (the whole log after
+a year pruned at once, a month's arenas after a monthly prune): there
+only the newest days' records that lie in the tail come first, so each
+such gc leaves them in one more stretch read front to back.
 
 The new log is written beside the old one and switched in as one through
 the journal compare-by-value gc uses (foundation.store.switch): killed
@@ -81,9 +85,10 @@ def image_order(store, root):
             yield refs[j:j + BATCH]
 
 
-def copy_live(store, arenas, live, cat, out, progress=None):
-    """Copy every live record of the log into `out` (a Relog from arena 0): the newest days first.
-    progress(records copied so far) after each batch -> the records copied."""
+def copy_live(store, arenas, live, cat, out, progress=None, first=0):
+    """Copy every live record of arenas first..last into `out` (a Relog from arena `first`): those
+    of the newest days first. progress(records copied so far) after each batch -> the records
+    copied."""
     placed = Placed(arenas)
     done = 0
 
@@ -97,10 +102,11 @@ def copy_live(store, arenas, live, cat, out, progress=None):
             if progress:
                 progress(done)
 
+    tail = first << 32  # the first address the new log replaces
     for root in newest_roots(cat):
         for refs in image_order(store, root):
-            copy(placed.take(store.addresses(b"".join(refs))))
-    for n in range(arenas.last + 1):
+            copy(placed.take(a for a in store.addresses(b"".join(refs)) if a >= tail))
+    for n in range(first, arenas.last + 1):
         keys, addrs, types, _ = arenas.records(n)
         rest = [a for i, a in enumerate(addrs)
                 if types[i] != F.COMMIT and keys[i * 32:(i + 1) * 32] in live]  # a commit record names the old log
