@@ -33,8 +33,8 @@ def add_arguments(p):
     how.add_argument("--relayout", action="store_true", default=None,
                      help="compare-by-hash stores: rewrite the whole log, the newest day of each VM first in disk "
                           "order, so that recent days restore front to back after years of nights (needs free "
-                          "space for the live data). Done without asking when at least 75%% of the log would be "
-                          "rewritten anyway and the space is there")
+                          "space for the live data). A plain gc does the same for the tail of the log in which at "
+                          "least 75%% would be rewritten anyway, when the space is there")
     how.add_argument("--in-place", dest="relayout", action="store_false",
                      help="compare-by-hash stores: only rewrite the arenas worth it, one by one, never the whole log")
     p.add_argument("--json", action="store_true", help="print the report as JSON")

@@ -11,8 +11,8 @@ where moving a block renames it, the log is rewritten from the first such
 arena to its end in one journaled switch (reflow.py). `--relayout` (hash
 mode) rewrites the whole log through that same switch, the newest snapshot
 of each VM first in disk order, so that recent days restore front to back
-after years of nights (relayout.py); gc chooses it by itself when it would
-rewrite nearly the whole log arena by arena anyway.
+after years of nights (relayout.py); a plain gc does the same by itself
+for the tail of the log it would rewrite for the most part anyway.
 
 gc holds the writer lock and the readers lock (no /snapshot mount or
 restore may read arenas while they move); the index and Bloom filter are
@@ -85,7 +85,8 @@ def collect(store, min_garbage=0.1, max_time=None, target_free=None, dry_run=Fal
             relayout=None):
     """Run one gc over a writable store -> Report. relayout (hash mode): True rewrites the whole log,
     the newest days first (relayout.py), instead of the arenas worth it one by one; False never;
-    None when that costs about what the arena-by-arena rewrite would (_worth_relayout)."""
+    None the tail of the log that the arena-by-arena rewrite would move for the most part anyway
+    (_relayout_from)."""
     t0 = time.monotonic()
     if switch.pending(store.path):
         raise DataCorrupt("an interrupted gc switch is pending; reopen the store to finish it")

@@ -1,4 +1,4 @@
-"""Laying the whole log out again, the newest days first (compare-by-hash mode).
+"""Laying the log out again, the newest days first (compare-by-hash mode).
 
 Each night appends only what changed, so after a year the newest day's
 blocks lie scattered over a year of arenas: a restore of today reads a

@@ -439,9 +439,9 @@ def _loses(local, backend, old, plan, files):
     """Would the new manifest (plan) give up data the replica holds and the local store lacks (the
     local store restored from an older copy, and perhaps written on since)? The manifest is the
     newest commit the replica has held, and it only ever moves on or to a log gc rewrote: an arena
-    of a higher generation (compare-by-value gc and `gc --relayout` rewrite every arena after it,
-    each sealed anew: its sealed MAC is its arena MAC; a compare-by-hash compaction keeps the sealed
-    MAC of the arena it replaces), or a fresh open arena where the replica has a sealed or open
+    of a higher generation (a gc switch, compare-by-value or a compare-by-hash tail laid out again,
+    rewrites every arena after it, each sealed anew: its sealed MAC is its arena MAC; a
+    compare-by-hash compaction keeps the sealed MAC of the arena it replaces), or a fresh open arena where the replica has a sealed or open
     one. Anything else the replica holds must be in the new manifest or be the local store's own
     bytes."""
     value = local.mode == "value"
