@@ -270,3 +270,30 @@ def test_a_plain_gc_lays_out_the_tail_of_the_log_it_rewrites_anyway(tmp_path, ca
     assert restores(store, kept) == [10, 11, 12]
     with open_store(store, writable=False) as s:
         assert verify(s)[0] == []
+
+
+def test_a_relayout_the_full_disk_cuts_short_leaves_nothing_behind(tmp_path, capsys, monkeypatch):
+    """The disk fills while the new log is written: gc says so, deletes what it wrote at once (the
+    space comes back now), and the old log stands."""
+    from foundation.errors import StoreFull
+    from foundation.store import switch
+
+    store = make_store(tmp_path / "s", mode="hash")
+    history = scattered_days(tmp_path, capsys, store, days=4)
+    before = files(store)
+    write_arena, calls = switch.write_arena, []
+
+    def full_at_the_third(store_, n, data):
+        calls.append(n)
+        if len(calls) == 3:
+            raise StoreFull("arena")
+        return write_arena(store_, n, data)
+
+    monkeypatch.setattr(switch, "write_arena", full_at_the_third)
+    rc, _, err = cli(capsys, store, "gc", "--relayout")
+    assert rc == StoreFull.code and "The store disk is full" in err, err
+    assert len(calls) == 3
+    assert not [x for x in os.listdir(os.path.join(store, "arenas")) if x.endswith(".gc")]
+    assert files(store) == before
+    monkeypatch.undo()
+    assert restores(store, history) == sorted(history)

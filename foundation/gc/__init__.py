@@ -27,6 +27,7 @@ written without them at the end. Killed before that rename, they still
 apply to the old file; after it, to nothing.
 """
 
+import contextlib
 import logging
 import shutil
 import time
@@ -226,18 +227,30 @@ def _value(store, arenas, live, cat, rep, min_garbage, dry_run, progress):
     if first is None or dry_run:
         return
     step = progress("rewriting arenas", arenas.last + 1 - first) if progress else None
-    out, rel = reflow.reflow(store, arenas, live, first, step)
-    if cat.ref is not None:
-        new = Catalog()
-        new._parse(reflow.translated_catalog(cat.serialize(), rel))
-        new.generation = cat.generation
-        new.commit(out)
-    _switch(store, arenas, first, out, rep)
+    with _undone_if_cut(store):
+        out, rel = reflow.reflow(store, arenas, live, first, step)
+        if cat.ref is not None:
+            new = Catalog()
+            new._parse(reflow.translated_catalog(cat.serialize(), rel))
+            new.generation = cat.generation
+            new.commit(out)
+        head = out.finish(store.commit().generation + 1)  # the switch is a commit: the number goes on
+    _switch(store, arenas, first, out, head, rep)
 
 
-def _switch(store, arenas, first, out, rep):
-    """End the new log (arenas first..) with a commit and switch it in through the journal."""
-    head = out.finish(store.commit().generation + 1)  # the switch is a commit: the number goes on
+@contextlib.contextmanager
+def _undone_if_cut(store):
+    """A new log being written beside the old one: if writing it fails (the disk full, Ctrl-C),
+    its files go at once, so a full disk gets its space back now, not at the next open."""
+    try:
+        yield
+    except BaseException:
+        switch.drop_leftovers(store.path)
+        raise
+
+
+def _switch(store, arenas, first, out, head, rep):
+    """Switch the new log (arenas first.., ended by head's commit) in through the journal."""
     _crash("gc.written")
     old_last = arenas.last
     store.suspend()  # nothing of the old log may be written after the journal; the locks stay
@@ -309,6 +322,8 @@ def _relayout(store, arenas, live, cat, rep, dry_run, progress, first=0):
         return
     step = progress("laying out the log again", count, "records") if progress else None
     out = reflow.relog(store, arenas, first)
-    if relayout.copy_live(store, arenas, live, cat, out, step, first) != count and step:
-        step(count)  # the line ends even if a record counted twice was copied once
-    _switch(store, arenas, first, out, rep)
+    with _undone_if_cut(store):
+        if relayout.copy_live(store, arenas, live, cat, out, step, first) != count and step:
+            step(count)  # the line ends even if a record counted twice was copied once
+        head = out.finish(store.commit().generation + 1)
+    _switch(store, arenas, first, out, head, rep)
