@@ -297,3 +297,55 @@ def test_a_relayout_the_full_disk_cuts_short_leaves_nothing_behind(tmp_path, cap
     assert files(store) == before
     monkeypatch.undo()
     assert restores(store, history) == sorted(history)
+
+
+def test_a_plain_gc_lays_out_the_whole_log_when_the_newest_day_lies_scattered(tmp_path, capsys, monkeypatch):
+    """Nothing forgotten, so nothing is worth rewriting; but 60 nights of small changes spread the
+    newest day over the log, and the log is small beside the disk: gc lays it all out again."""
+    from foundation.gc.relayout import scatter
+
+    store = make_store(tmp_path / "s", mode="hash")
+    rng = seeded(12)
+    size = 4 << 20
+    img = bytearray(rng.randbytes(size))
+    history = {}
+    for d in range(1, 61):
+        for _ in range(8 if d > 1 else 0):
+            at = rng.randrange(size // BS) * BS
+            img[at:at + BS] = rng.randbytes(BS)
+        write(tmp_path / "disk.raw", img)
+        assert cli(capsys, store, "import-image", "vm", tmp_path / "disk.raw", "--at", f"2024-{1 + (d - 1) // 28:02d}-"
+                   f"{1 + (d - 1) % 28:02d}T03:00:00Z")[0] == 0
+        history[d] = bytes(img)
+
+    def scattered():
+        with open_store(store, writable=False) as s:
+            return scatter(s, Catalog.load(s))[0]
+
+    before = scattered()
+    assert before >= gc.SCATTERED, before
+    copy = str(tmp_path / "copy")
+    shutil.copytree(store, copy)
+    monkeypatch.setenv("FOUNDATION_STATE_DIR", str(tmp_path / "host-copy"))
+    rc, out, _ = cli(capsys, copy, "gc", "--in-place", "--json")
+    assert rc == 0 and json.loads(out)["rewritten"] == []  # no garbage: arena by arena, nothing to do
+
+    monkeypatch.setenv("FOUNDATION_STATE_DIR", str(tmp_path / "host"))
+    rc, out, _ = cli(capsys, store, "gc", "--json")
+    rep = json.loads(out)
+    assert rc == 0 and rep["relayout"] is True and rep["relayout_from"] == 0, rep
+    after = scattered()
+    assert after < 1.5, (before, after)
+    pos = log_positions(store, "vm")
+    assert pos == list(range(len(pos)))
+    with open_store(store, writable=False) as s:
+        snaps = Catalog.load(s).snapshots("vm")
+        assert len(snaps) == 60
+        for d in (1, 30, 60):
+            r = ImageReader(s, snaps[d - 1].disks["vda"].root)
+            assert r.read(0, r.size) == history[d], d
+    rc, out, _ = cli(capsys, store, "verify")
+    assert rc == 0 and out.startswith("ok:"), out
+    # and a second gc finds nothing scattered: it leaves the log alone
+    rc, out, _ = cli(capsys, store, "gc", "--json")
+    assert rc == 0 and json.loads(out)["relayout"] is False and json.loads(out)["rewritten"] == []

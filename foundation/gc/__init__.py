@@ -164,7 +164,7 @@ def _hash(store, arenas, live, cat, rep, min_garbage, max_time, target_free, dry
     # The most garbage first: a limited run frees the most space.
     plans.sort(key=lambda p: -p.garbage)
     rep.candidates = [p.arena for p in plans]
-    first = _relayout_from(store, arenas, plans, rep) if auto and max_time is None and target_free is None \
+    first = _relayout_from(store, arenas, plans, rep, cat) if auto and max_time is None and target_free is None \
         else None
     if first is not None:
         # The tail first, through its switch (which rebuilds the index); then the arenas before
@@ -265,14 +265,18 @@ def _switch(store, arenas, first, out, head, rep):
 
 RELAYOUT_SHARE = 0.75  # of a tail of the log's sealed bytes in arenas worth rewriting: gc lays it out
 RELAYOUT_MIN = 2  # sealed arenas a tail holds at least to be laid out (one is a plain rewrite)
+SCATTERED = 3.0  # relayout.scatter() from which the newest days are worth the whole log laid out...
+WHOLE_COST = 3.0  # ...when the log holds at most this many times their disks' bytes
 
 
-def _relayout_from(store, arenas, plans, rep):
-    """The first arena of the longest tail of the log that the arena-by-arena rewrite would move
-    for the most part anyway (RELAYOUT_SHARE of its sealed bytes), or None. The same work then lays
-    that tail out newest first: a year pruned at once moves nearly every arena (the tail is the
-    whole log); a monthly prune the month's arenas, whose newest blocks then lie together."""
-    if not plans or store.bad:
+def _relayout_from(store, arenas, plans, rep, cat):
+    """Where a plain gc lays the log out again, or None: from the first arena of the longest tail
+    that the arena-by-arena rewrite would move for the most part anyway (RELAYOUT_SHARE of its
+    sealed bytes): a year pruned at once moves nearly every arena (the tail is the whole log), a
+    monthly prune the month's arenas, whose newest blocks then lie together. From arena 0 when
+    the newest days lie SCATTERED and the log is small beside them (WHOLE_COST): months of such
+    tails thin out as later nights overwrite their blocks, and the whole log gathers them again."""
+    if store.bad:
         return None
     worth = {p.arena for p in plans}
     total = cand = 0
@@ -283,6 +287,12 @@ def _relayout_from(store, arenas, plans, rep):
         cand += size if n in worth else 0
         if cand >= RELAYOUT_SHARE * total and arenas.last - n >= RELAYOUT_MIN:
             first = n
+    if first != 0 and arenas.last >= RELAYOUT_MIN:
+        ratio, disks = relayout.scatter(store, cat)
+        if ratio >= SCATTERED and store.log_bytes() - rep.garbage <= WHOLE_COST * disks:
+            log.info("the newest days lie over %.1f times the arenas they need: laying the whole log out again",
+                     ratio)
+            first = 0
     if first is None:
         return None
     need = sum(store.log.file_size(n) for n in range(first, arenas.last + 1)) - \

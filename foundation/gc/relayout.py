@@ -23,11 +23,13 @@ the switch forward.
 
 from foundation.gc.compact import groups
 from foundation.gc.mark import ValueLive
+from foundation.image.reader import ImageReader
 from foundation.image.shape import Shape, split_refs
 from foundation.store import format as F
 
 BATCH = 1024     # records read and appended per step (~4 MiB of 4 KiB blocks)
 NODES = 512      # level-1 nodes read at once to find their leaves (64 Ki leaves)
+SAMPLE = 64      # stretches of each newest disk that scatter() looks at
 
 
 class Placed(ValueLive):
@@ -83,6 +85,32 @@ def image_order(store, root):
     for refs in reversed(levels):
         for j in range(0, len(refs), BATCH):
             yield refs[j:j + BATCH]
+
+
+def scatter(store, cat):
+    """How scattered the newest days lie -> (ratio, their disks' bytes). Over SAMPLE stretches of
+    each newest disk spread evenly (the leaves of one level-1 node: 512 KiB of 4 KiB blocks), the
+    mean number of arenas a stretch's blocks lie in, over what a stretch read in disk order
+    would touch (1 + its bytes / the arena size): ~1 for a disk laid out in order, about the
+    number of nights that wrote a stretch when they scattered it. Reads SAMPLE level-1 nodes and
+    locates their blocks: cheap beside a gc."""
+    null, rs = store.null_ref, store.ref_size
+    seen, size = [], 0
+    for root in newest_roots(cat):
+        size += root.size
+        if root.ref == null or root.depth == 0:
+            continue
+        r = ImageReader(store, root)
+        fan, n1 = r.sh.fanout, r.sh.counts[1]
+        for j in sorted({i * n1 // SAMPLE for i in range(min(SAMPLE, n1))}):
+            refs = r.leaf_refs(j * fan, min((j + 1) * fan, r.sh.nleaves))
+            live = b"".join(x for x in split_refs(refs, rs) if x != null)
+            if live:
+                seen.append(len({a >> 32 for a in store.addresses(live)}))
+    if not seen:
+        return 1.0, size
+    ideal = 1 + store.block_size * (store.block_size // rs) / store.arena_size
+    return sum(seen) / len(seen) / ideal, size
 
 
 def copy_live(store, arenas, live, cat, out, progress=None, first=0):
