@@ -167,6 +167,23 @@ def test_relayout_stops_on_listed_damage_before_changing_anything(tmp_path, caps
     assert files(store) == before
 
 
+def nights(tmp_path, capsys, store, count, size, seed, span=None, when=day):
+    """`count` nights of a disk of `size` random bytes, each after the first rewriting 8 random
+    4 KiB blocks (of its last `span` bytes, or anywhere), imported at when(night) -> {night: bytes}."""
+    rng = seeded(seed)
+    img = bytearray(rng.randbytes(size))
+    span = span or size
+    history = {}
+    for d in range(1, count + 1):
+        for _ in range(8 if d > 1 else 0):
+            at = size - span + rng.randrange(span // BS) * BS
+            img[at:at + BS] = rng.randbytes(BS)
+        write(tmp_path / "disk.raw", img)
+        assert cli(capsys, store, "import-image", "vm", tmp_path / "disk.raw", "--at", when(d))[0] == 0
+        history[d] = bytes(img)
+    return history
+
+
 def month_of_nights(tmp_path, capsys, store, nights=30):
     """A 1 MiB disk whose nights each rewrite 16 random blocks, and all but the last 5 forgotten: nearly
     every arena holds garbage, as after a year pruned -> {night: image bytes} of the kept nights."""
@@ -239,17 +256,7 @@ def test_a_plain_gc_lays_out_the_tail_of_the_log_it_rewrites_anyway(tmp_path, ca
     arenas the nights wrote, after the untouched bulk of the disk. gc lays out that tail, the
     newest night's records in it first, and leaves the arenas before it as they were."""
     store = make_store(tmp_path / "s", mode="hash")
-    rng = seeded(9)
-    size = 2 << 20
-    img = bytearray(rng.randbytes(size))
-    history = {}
-    for d in range(1, 13):
-        for _ in range(8 if d > 1 else 0):
-            at = size - (64 - rng.randrange(64)) * BS
-            img[at:at + BS] = rng.randbytes(BS)
-        write(tmp_path / "disk.raw", img)
-        assert cli(capsys, store, "import-image", "vm", tmp_path / "disk.raw", "--at", day(d))[0] == 0
-        history[d] = bytes(img)
+    history = nights(tmp_path, capsys, store, 12, 2 << 20, seed=9, span=256 << 10)
     forget(store, set(range(1, 10)))
     kept = {d: history[d] for d in (10, 11, 12)}
     before = files(store)
@@ -305,18 +312,8 @@ def test_a_plain_gc_lays_out_the_whole_log_when_the_newest_day_lies_scattered(tm
     from foundation.gc.relayout import scatter
 
     store = make_store(tmp_path / "s", mode="hash")
-    rng = seeded(12)
-    size = 4 << 20
-    img = bytearray(rng.randbytes(size))
-    history = {}
-    for d in range(1, 61):
-        for _ in range(8 if d > 1 else 0):
-            at = rng.randrange(size // BS) * BS
-            img[at:at + BS] = rng.randbytes(BS)
-        write(tmp_path / "disk.raw", img)
-        assert cli(capsys, store, "import-image", "vm", tmp_path / "disk.raw", "--at", f"2024-{1 + (d - 1) // 28:02d}-"
-                   f"{1 + (d - 1) % 28:02d}T03:00:00Z")[0] == 0
-        history[d] = bytes(img)
+    history = nights(tmp_path, capsys, store, 60, 4 << 20, seed=12,
+                     when=lambda d: f"2024-{1 + (d - 1) // 28:02d}-{1 + (d - 1) % 28:02d}T03:00:00Z")
 
     def scattered():
         with open_store(store, writable=False) as s:
