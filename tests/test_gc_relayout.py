@@ -346,3 +346,34 @@ def test_a_plain_gc_lays_out_the_whole_log_when_the_newest_day_lies_scattered(tm
     # and a second gc finds nothing scattered: it leaves the log alone
     rc, out, _ = cli(capsys, store, "gc", "--json")
     assert rc == 0 and json.loads(out)["relayout"] is False and json.loads(out)["rewritten"] == []
+
+
+def test_a_relayout_gc_chose_itself_falls_back_to_arena_by_arena(tmp_path, capsys, monkeypatch, caplog):
+    """The disk fills while a plain gc lays the log out: it deletes the copy and rewrites the arenas
+    one by one instead, which needs an arena's room, and says why."""
+    from foundation.errors import StoreFull
+    from foundation.store import switch
+
+    store = make_store(tmp_path / "s", mode="hash")
+    kept = month_of_nights(tmp_path, capsys, store)
+    write_arena, calls = switch.write_arena, []
+
+    def full_at_the_second(store_, n, data):
+        calls.append(n)
+        if len(calls) == 2:
+            raise StoreFull("arena")
+        return write_arena(store_, n, data)
+
+    monkeypatch.setattr(switch, "write_arena", full_at_the_second)
+    size = log_bytes(store)
+    rc, out, _ = cli(capsys, store, "gc", "--json")
+    rep = json.loads(out)
+    assert rc == 0 and rep["relayout"] is False and rep["rewritten"], rep
+    assert any("could not lay the log out again" in r.getMessage() and "disk is full" in r.getMessage()
+               for r in caplog.records)
+    assert not [x for x in os.listdir(os.path.join(store, "arenas")) if x.endswith(".gc")]
+    assert log_bytes(store) < size
+    monkeypatch.undo()
+    assert restores(store, kept) == sorted(kept)
+    with open_store(store, writable=False) as s:
+        assert verify(s)[0] == []

@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass, field
 
 from foundation.catalog import Catalog
-from foundation.errors import DataCorrupt, UsageError
+from foundation.errors import DataCorrupt, Error, UsageError
 from foundation.faults import crash_point
 from foundation.gc import compact, mark, reflow, relayout
 from foundation.store import format as F
@@ -169,8 +169,17 @@ def _hash(store, arenas, live, cat, rep, min_garbage, max_time, target_free, dry
     if first is not None:
         # The tail first, through its switch (which rebuilds the index); then the arenas before
         # it one by one, which the switch leaves as they were.
-        _relayout(store, arenas, live, cat, rep, dry_run, progress, first)
-        plans = [p for p in plans if p.arena < first]
+        try:
+            _relayout(store, arenas, live, cat, rep, dry_run, progress, first)
+            plans = [p for p in plans if p.arena < first]
+        except Error as e:
+            if rep.rewritten:  # switched already: what failed is not the copy
+                raise
+            # Not asked for: the copy's files are gone (_undone_if_cut), the arenas are rewritten
+            # one by one as before, and the user hears why.
+            log.warning("gc could not lay the log out again (%s); it rewrites the arenas one by one", e)
+            rep.relayout, rep.relayout_from = False, 0
+            rep.candidates = [p.arena for p in plans]
     if dry_run or not plans:
         return
     step = progress("rewriting arenas", len(plans)) if progress else None

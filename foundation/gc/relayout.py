@@ -21,6 +21,7 @@ before the journal, the old log stands; after it, the next writer rolls
 the switch forward.
 """
 
+from foundation.errors import Error
 from foundation.gc.compact import groups
 from foundation.gc.mark import ValueLive
 from foundation.image.reader import ImageReader
@@ -103,10 +104,13 @@ def scatter(store, cat):
         r = ImageReader(store, root)
         fan, n1 = r.sh.fanout, r.sh.counts[1]
         for j in sorted({i * n1 // SAMPLE for i in range(min(SAMPLE, n1))}):
-            refs = r.leaf_refs(j * fan, min((j + 1) * fan, r.sh.nleaves))
-            live = b"".join(x for x in split_refs(refs, rs) if x != null)
-            if live:
-                seen.append(len({a >> 32 for a in store.addresses(live)}))
+            try:
+                refs = r.leaf_refs(j * fan, min((j + 1) * fan, r.sh.nleaves))
+                live = b"".join(x for x in split_refs(refs, rs) if x != null)
+                if live:
+                    seen.append(len({a >> 32 for a in store.addresses(live)}))
+            except Error:  # a damaged node or a missing block: gc's own business, not the sample's
+                continue
     if not seen:
         return 1.0, size
     ideal = 1 + store.block_size * (store.block_size // rs) / store.arena_size
