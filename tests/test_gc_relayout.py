@@ -10,8 +10,10 @@ from test_image_support import BS, make_store, open_store, seeded
 
 import foundation.gc as gc
 from foundation.catalog import Catalog
+from foundation.errors import StoreFull
 from foundation.image import ImageReader
 from foundation.store import format as F
+from foundation.store import switch
 from foundation.store.verify import verify
 
 
@@ -279,24 +281,27 @@ def test_a_plain_gc_lays_out_the_tail_of_the_log_it_rewrites_anyway(tmp_path, ca
         assert verify(s)[0] == []
 
 
+def disk_full_at(monkeypatch, k):
+    """The k-th arena gc writes finds the disk full (the others are written) -> the arenas asked for."""
+    write_arena, calls = switch.write_arena, []
+
+    def write(store, n, data):
+        calls.append(n)
+        if len(calls) == k:
+            raise StoreFull("arena")
+        return write_arena(store, n, data)
+
+    monkeypatch.setattr(switch, "write_arena", write)
+    return calls
+
+
 def test_a_relayout_the_full_disk_cuts_short_leaves_nothing_behind(tmp_path, capsys, monkeypatch):
     """The disk fills while the new log is written: gc says so, deletes what it wrote at once (the
     space comes back now), and the old log stands."""
-    from foundation.errors import StoreFull
-    from foundation.store import switch
-
     store = make_store(tmp_path / "s", mode="hash")
     history = scattered_days(tmp_path, capsys, store, days=4)
     before = files(store)
-    write_arena, calls = switch.write_arena, []
-
-    def full_at_the_third(store_, n, data):
-        calls.append(n)
-        if len(calls) == 3:
-            raise StoreFull("arena")
-        return write_arena(store_, n, data)
-
-    monkeypatch.setattr(switch, "write_arena", full_at_the_third)
+    calls = disk_full_at(monkeypatch, 3)
     rc, _, err = cli(capsys, store, "gc", "--relayout")
     assert rc == StoreFull.code and "The store disk is full" in err, err
     assert len(calls) == 3
@@ -351,20 +356,9 @@ def test_a_plain_gc_lays_out_the_whole_log_when_the_newest_day_lies_scattered(tm
 def test_a_relayout_gc_chose_itself_falls_back_to_arena_by_arena(tmp_path, capsys, monkeypatch, caplog):
     """The disk fills while a plain gc lays the log out: it deletes the copy and rewrites the arenas
     one by one instead, which needs an arena's room, and says why."""
-    from foundation.errors import StoreFull
-    from foundation.store import switch
-
     store = make_store(tmp_path / "s", mode="hash")
     kept = month_of_nights(tmp_path, capsys, store)
-    write_arena, calls = switch.write_arena, []
-
-    def full_at_the_second(store_, n, data):
-        calls.append(n)
-        if len(calls) == 2:
-            raise StoreFull("arena")
-        return write_arena(store_, n, data)
-
-    monkeypatch.setattr(switch, "write_arena", full_at_the_second)
+    disk_full_at(monkeypatch, 2)
     size = log_bytes(store)
     rc, out, _ = cli(capsys, store, "gc", "--json")
     rep = json.loads(out)
