@@ -208,6 +208,8 @@ def main():
                          "the store and measure the same restores again (without it: the default gc, which lays "
                          "a year's log out again by itself)")
     a = ap.parse_args()
+    global START  # the nights end before today, which a snapshot may not be dated after
+    START = dt.date(2025 - (a.nights - 1) // 365, 1, 1)
     work = a.work or tempfile.mkdtemp(prefix="bench-restore-", dir="/var/tmp")
     os.makedirs(work, exist_ok=True)
     try:
