@@ -59,10 +59,7 @@ class Config(Fields):
     def __init__(self, exclude=(), sections=None, **settings):
         self.exclude = list(exclude)
         self.sections = dict(sections or {})   # tables of the file, by name
-        for k, v in settings.items():
-            if not hasattr(Config, k) or callable(getattr(Config, k)):
-                raise TypeError(f"Config has no setting {k!r}")
-            setattr(self, k, v)
+        self._set(settings)
 
     def section(self, name):
         """A table of the file (dict), empty if absent."""

@@ -22,3 +22,12 @@ class Fields:
 
     def __repr__(self):
         return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in vars(self).items())})"
+
+    def _set(self, given):
+        """Set the keyword arguments given, each a field the class holds a default for: any other
+        name is a TypeError, as a dataclass's __init__ raises."""
+        cls = type(self)
+        for k, v in given.items():
+            if not hasattr(cls, k) or callable(getattr(cls, k)):
+                raise TypeError(f"{cls.__name__} has no setting {k!r}")
+            setattr(self, k, v)

@@ -169,15 +169,15 @@ def test_relayout_stops_on_listed_damage_before_changing_anything(tmp_path, caps
     assert files(store) == before
 
 
-def nights(tmp_path, capsys, store, count, size, seed, span=None, when=day):
-    """`count` nights of a disk of `size` random bytes, each after the first rewriting 8 random
+def nights(tmp_path, capsys, store, count, size, seed, span=None, when=day, blocks=8):
+    """`count` nights of a disk of `size` random bytes, each after the first rewriting `blocks` random
     4 KiB blocks (of its last `span` bytes, or anywhere), imported at when(night) -> {night: bytes}."""
     rng = seeded(seed)
     img = bytearray(rng.randbytes(size))
     span = span or size
     history = {}
     for d in range(1, count + 1):
-        for _ in range(8 if d > 1 else 0):
+        for _ in range(blocks if d > 1 else 0):
             at = size - span + rng.randrange(span // BS) * BS
             img[at:at + BS] = rng.randbytes(BS)
         write(tmp_path / "disk.raw", img)
@@ -186,21 +186,12 @@ def nights(tmp_path, capsys, store, count, size, seed, span=None, when=day):
     return history
 
 
-def month_of_nights(tmp_path, capsys, store, nights=30):
-    """A 1 MiB disk whose nights each rewrite 16 random blocks, and all but the last 5 forgotten: nearly
-    every arena holds garbage, as after a year pruned -> {night: image bytes} of the kept nights."""
-    rng = seeded(5)
-    img = bytearray(rng.randbytes(1 << 20))
-    history = {}
-    for d in range(1, nights + 1):
-        for _ in range(16):
-            at = rng.randrange(0, (1 << 20) // BS) * BS
-            img[at:at + BS] = rng.randbytes(BS)
-        write(tmp_path / "disk.raw", img)
-        assert cli(capsys, store, "import-image", "vm", tmp_path / "disk.raw", "--at", day(d))[0] == 0
-        history[d] = bytes(img)
-    forget(store, set(range(1, nights - 4)))
-    return {d: history[d] for d in range(nights - 4, nights + 1)}
+def month_of_nights(tmp_path, capsys, store):
+    """A 1 MiB disk whose 30 nights each rewrite 16 random blocks, and all but the last 5 forgotten:
+    nearly every arena holds garbage, as after a year pruned -> {night: image bytes} of the kept ones."""
+    history = nights(tmp_path, capsys, store, 30, 1 << 20, seed=5, blocks=16)
+    forget(store, set(range(1, 26)))
+    return {d: history[d] for d in range(26, 31)}
 
 
 def test_gc_lays_the_log_out_by_itself_when_it_would_rewrite_nearly_all_of_it(tmp_path, capsys, monkeypatch):

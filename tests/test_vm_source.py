@@ -117,13 +117,21 @@ def _evict(path):
         os.close(fd)
 
 
+def _on_a_disk():
+    """A directory on a disk's file system: tmp_path may be tmpfs, whose files live in the page
+    cache (nothing there is read around it); /var/tmp, else the checkout's own directory."""
+    for d in ("/var/tmp", os.path.dirname(os.path.abspath(__file__))):
+        fs = subprocess.run(["stat", "-f", "-c", "%T", d], capture_output=True, text=True).stdout.strip()
+        if fs not in ("tmpfs", "ramfs"):
+            return d
+    raise AssertionError("neither /var/tmp nor the checkout lies on a disk: the test needs a file outside "
+                         "the page cache")
+
+
 def test_a_shared_overlay_is_read_through_the_page_cache(images):
     """A night's overlay(k), which QEMU's merge reads through the page cache at the same time, is read
     through it too (one read from the disk serves both); otherwise, and the base always, around it."""
-    # on a disk's file system (tmp_path may be tmpfs, whose files live in the page cache)
-    if subprocess.run(["stat", "-f", "-c", "%T", "/var/tmp"], capture_output=True, text=True).stdout.strip() == "tmpfs":
-        pytest.skip("/var/tmp is tmpfs here: no file outside the page cache to read around it")
-    with tempfile.TemporaryDirectory(dir="/var/tmp") as d:
+    with tempfile.TemporaryDirectory(dir=_on_a_disk()) as d:
         base, top = os.path.join(d, "base.qcow2"), os.path.join(d, "base.qcow2.fdn-1.qcow2")
         shutil.copyfile(images["qcow2"], base)
         qemu("qemu-img", "create", "-f", "qcow2", "-b", base, "-F", "qcow2", top)

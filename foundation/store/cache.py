@@ -72,10 +72,7 @@ class Tuning(Fields):
     threads = None  # threads of the C core's batches; None: the cores, up to 4
 
     def __init__(self, **knobs):
-        for k, v in knobs.items():
-            if not hasattr(Tuning, k):
-                raise TypeError(f"Tuning has no knob {k!r}")
-            setattr(self, k, v)
+        self._set(knobs)
         if self.threads is None:
             self.threads = min(4, os.cpu_count() or 1)
 

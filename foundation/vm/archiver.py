@@ -157,10 +157,7 @@ class Result(Fields):
         self.name = name
         self.repaired = list(repaired)     # what this run repaired of an earlier one
         self.snapshots = list(snapshots)
-        for k, v in given.items():
-            if not hasattr(Result, k):
-                raise TypeError(f"Result has no field {k!r}")
-            setattr(self, k, v)
+        self._set(given)
 
     def to_json(self):
         """Every field, the defaults included."""
