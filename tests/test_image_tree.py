@@ -343,6 +343,43 @@ def test_appends_in_flight_keep_every_block(tmp_path, monkeypatch, ahead):
     assert records <= uniq + 64  # its data blocks once each, plus the tree nodes
 
 
+def test_a_source_read_two_at_once_gets_a_deeper_pipeline(tmp_path, monkeypatch):
+    """A raw image (two reads at once) is archived with DEEP appends in flight, one read a batch
+    at a time with the store's own; the store's `ahead` is its own again after either, and every
+    byte reads back (a second day decided against the batches still in flight)."""
+    from foundation.image.source import RawSource
+
+    monkeypatch.setattr(tree_mod, "CHUNK", 1 << 20)  # six batches
+    rng = seeded(43)
+    img = bytearray(content(rng, 6 << 20))
+    img[2 << 20:3 << 20] = img[1 << 20:2 << 20]  # a batch repeats the one before it (in flight)
+    raw = tmp_path / "disk.raw"
+    raw.write_bytes(bytes(img))
+    path = make_store(tmp_path / "store", mode="hash")
+    with open_store(path) as s:
+        seen = []
+        write_blocks = s.write_blocks
+
+        def spy(buf, *a, **k):
+            seen.append(s.ahead)
+            return write_blocks(buf, *a, **k)
+
+        monkeypatch.setattr(s, "write_blocks", spy)
+        src = RawSource(str(raw))
+        try:
+            r1 = write_image(s, src, len(img))
+        finally:
+            src.close()
+        assert tree_mod.DEEP > 1 and seen and set(seen) == {tree_mod.DEEP} and s.ahead == 1
+        seen.clear()
+        ch = mutate(rng, img)
+        r2 = write_image(s, BytesSource(bytes(img)), len(img), prev=r1, changed=ch)
+        assert seen and set(seen) == {1} and s.ahead == 1
+        s.sync()
+        assert readback(s, r2) == img
+        assert readback(s, r1) == raw.read_bytes()
+
+
 def test_encrypted_store_round_trip(tmp_path):
     key = tmp_path / "keys" / "store.key"
     path = make_store(tmp_path / "store", mode="hash", encrypt=True, key_file=str(key))

@@ -37,6 +37,12 @@ CHUNK = 4 << 20
 SPLIT = 1 << 20  # a batch's two concurrent reads are cut at a multiple of this
 HALVES = True  # a raw image's batch read as two concurrent halves (False: one read after the other)
 OPEN_NODES = 512  # level-1 nodes kept open before the completed ones are written
+# Appends in flight (the store's `ahead`) while a source that takes two reads at once is
+# archived: its reads keep up, so the caller waits on the append before it, and one more batch
+# queued behind it kept both cores busier (day 0 -3.6 %, 11 of 11 pairs, +5 MB at the peak); a
+# source read one batch at a time (a domain's first run, a night) gained nothing and stays at
+# the store's own (benchmarks/README.md, wave 18).
+DEEP = 2
 AHEAD_NODES = 512  # level-1 nodes of the batches ahead opened (read) together on a later day (~2 MiB
 # of copies being patched): a day of the standard workload (~340 of them) opens all in one read per
 # level before its first batch, not a second window mid-day that stalls the pipeline (settle, reads)
@@ -265,7 +271,8 @@ def write_image(store, src, size, prev=None, changed=None, zeros=(), progress=No
     short read at the end means zeros), or src.readinto(offset, view) ->
     count, which is used when present: batches are read into a few reused
     buffers (2 + the store's `ahead`), so the store must not keep a reference
-    to the buffer it is given past `ahead` more write_blocks calls; src.holes() -> [(offset, length)],
+    to the buffer it is given past `ahead` more write_blocks calls (DEEP for a source that
+    takes two reads at once: `parallel_reads`); src.holes() -> [(offset, length)],
     when present, names ranges known to read as zero, which are never read.
     prev: the Root of the previous snapshot of this disk, or None.
     changed: (offset, length) ranges that differ from prev; bytes beyond
@@ -354,11 +361,15 @@ def write_image(store, src, size, prev=None, changed=None, zeros=(), progress=No
     # appended (a pipelined store keeps a batch's buffer for `ahead` more calls).
     # Anonymous maps, not bytearrays: their pages are zero until the first read fills them.
     pipelined = getattr(store, "pipelined", None)
-    keep = 2 + (getattr(store, "ahead", 1) if pipelined else 0)
+    ahead = getattr(store, "ahead", 1)
+    deep = (max(ahead, DEEP) if prehash is not None and HALVES and getattr(src, "parallel_reads", False)
+            else None)
+    # (a scope already open keeps its own `ahead`: enough buffers for either)
+    keep = 2 + (max(ahead, deep or 0) if pipelined else 0)
     free = [mmap.mmap(-1, min(per, max(bs, R.total(reads) * bs))) for _ in range(min(keep, len(batches)))]
     opened = 0  # batches[:opened] have their level-1 nodes open
     with concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="read-image") as pool, \
-            (pipelined(R.total(reads)) if pipelined else contextlib.nullcontext()):
+            (pipelined(R.total(reads), ahead=deep) if pipelined else contextlib.nullcontext()):
         pending = [read_batch(batches[0], free[0])] if batches else []
         for i, batch in enumerate(batches):
             futures, buf = pending.pop(0)

@@ -42,10 +42,10 @@ log = logging.getLogger(__name__)
 
 DATA = F.DATA
 GATHER = 4 << 20  # the gather buffer's first size: an image batch (image/tree.py CHUNK)
-# Appends in flight inside pipelined() at most. 2 queues the next one behind the one packing, so
-# the append thread never waits while the caller settles (~1 ms a 4 MiB batch); it held 12-18 MB
-# more at the peak of a full backup (a fourth image buffer, a second gathered batch in flight)
-# and no wall gain stood out of the noise of a shared machine (benchmarks/README.md, branch d0c).
+# Appends in flight inside pipelined() at most, unless its caller asks for more. 2 queues the
+# next one behind the one packing, so the append thread never waits while the caller settles
+# (~1 ms a 4 MiB batch), for a batch more held (+5 MB at day 0's peak): it pays only when the
+# caller's reads keep up (image/tree.py DEEP; benchmarks/README.md, wave 18).
 AHEAD = 1
 
 
@@ -62,15 +62,25 @@ class Writes:
     _gathered = None  # the buffer _gather reuses outside pipelined()
 
     @contextlib.contextmanager
-    def pipelined(self, expect=0):
+    def pipelined(self, expect=0, ahead=None):
         """A scope in which write_blocks (compare-by-hash) may return before its
         fresh blocks are appended. The caller leaves the buffer it passed as it
         is until `ahead` more write_blocks calls have returned (or another store
         call) and does not read it again (its fresh blocks may be moved to its
         front and replaced by their compressed forms), and calls settle() before any store call but write_blocks; leaving
-        the scope settles. expect: about how many blocks will be written (a hint)."""
+        the scope settles. expect: about how many blocks will be written (a hint).
+        ahead: the appends in flight in this scope (default: the store's `ahead`); a scope
+        opened inside another keeps the outer one's."""
         if self.mode != "hash" or self._pipe is not None:
             yield self
+            return
+        if ahead is not None:
+            was, self.ahead = self.ahead, ahead
+            try:
+                with self.pipelined(expect):
+                    yield self
+            finally:
+                self.ahead = was
             return
         bf = self.bloom
         if bf is not None and bf.count < expect and bf.count + expect > bf.capacity:
