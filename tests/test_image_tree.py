@@ -344,9 +344,12 @@ def test_appends_in_flight_keep_every_block(tmp_path, monkeypatch, ahead):
 
 
 def test_a_source_read_two_at_once_gets_a_deeper_pipeline(tmp_path, monkeypatch):
-    """A raw image (two reads at once) is archived with DEEP appends in flight, one read a batch
-    at a time with the store's own; the store's `ahead` is its own again after either, and every
-    byte reads back (a second day decided against the batches still in flight)."""
+    """A raw image (two reads at once) is archived with DEEP appends in flight and DEEP_READS
+    batches read ahead, in as many buffers as that takes; a source read one batch at a time with
+    the store's own `ahead` and one batch read ahead. The store's `ahead` is its own again after
+    either, and every byte reads back (a second day decided against the batches in flight)."""
+    import mmap
+
     from foundation.image.source import RawSource
 
     monkeypatch.setattr(tree_mod, "CHUNK", 1 << 20)  # six batches
@@ -355,6 +358,14 @@ def test_a_source_read_two_at_once_gets_a_deeper_pipeline(tmp_path, monkeypatch)
     img[2 << 20:3 << 20] = img[1 << 20:2 << 20]  # a batch repeats the one before it (in flight)
     raw = tmp_path / "disk.raw"
     raw.write_bytes(bytes(img))
+    buffers = []
+
+    class Maps:  # the image buffers write_image maps
+        def mmap(self, *a, **k):
+            buffers.append(mmap.mmap(*a, **k))
+            return buffers[-1]
+
+    monkeypatch.setattr(tree_mod, "mmap", Maps())
     path = make_store(tmp_path / "store", mode="hash")
     with open_store(path) as s:
         seen = []
@@ -370,11 +381,17 @@ def test_a_source_read_two_at_once_gets_a_deeper_pipeline(tmp_path, monkeypatch)
             r1 = write_image(s, src, len(img))
         finally:
             src.close()
-        assert tree_mod.DEEP > 1 and seen and set(seen) == {tree_mod.DEEP} and s.ahead == 1
+        assert tree_mod.DEEP > 1 and tree_mod.DEEP_READS > 1
+        assert seen and set(seen) == {tree_mod.DEEP} and s.ahead == 1
+        assert len(buffers) == 1 + tree_mod.DEEP_READS + tree_mod.DEEP
         seen.clear()
+        buffers.clear()
+        other = bytes(content(seeded(44), 6 << 20))
+        assert readback(s, full(s, other)) == other
+        assert seen and set(seen) == {1} and s.ahead == 1
+        assert len(buffers) == 3  # one being read, one written, one appending
         ch = mutate(rng, img)
         r2 = write_image(s, BytesSource(bytes(img)), len(img), prev=r1, changed=ch)
-        assert seen and set(seen) == {1} and s.ahead == 1
         s.sync()
         assert readback(s, r2) == img
         assert readback(s, r1) == raw.read_bytes()

@@ -43,6 +43,10 @@ OPEN_NODES = 512  # level-1 nodes kept open before the completed ones are writte
 # source read one batch at a time (a domain's first run, a night) gained nothing and stays at
 # the store's own (benchmarks/README.md, wave 18).
 DEEP = 2
+# Batches read ahead of the one being written, for such a source (one otherwise): with the
+# appends no longer the chain, the caller waited on the next batch's reads and hashes (day 0
+# faster in 14 of 16 pairs, -1 to -4 %, +4 MB).
+DEEP_READS = 2
 AHEAD_NODES = 512  # level-1 nodes of the batches ahead opened (read) together on a later day (~2 MiB
 # of copies being patched): a day of the standard workload (~340 of them) opens all in one read per
 # level before its first batch, not a second window mid-day that stalls the pipeline (settle, reads)
@@ -271,8 +275,9 @@ def write_image(store, src, size, prev=None, changed=None, zeros=(), progress=No
     short read at the end means zeros), or src.readinto(offset, view) ->
     count, which is used when present: batches are read into a few reused
     buffers (2 + the store's `ahead`), so the store must not keep a reference
-    to the buffer it is given past `ahead` more write_blocks calls (DEEP for a source that
-    takes two reads at once: `parallel_reads`); src.holes() -> [(offset, length)],
+    to the buffer it is given past `ahead` more write_blocks calls (a source that takes two
+    reads at once, `parallel_reads`: DEEP appends in flight and DEEP_READS batches read ahead,
+    1 + DEEP_READS + DEEP buffers); src.holes() -> [(offset, length)],
     when present, names ranges known to read as zero, which are never read.
     prev: the Root of the previous snapshot of this disk, or None.
     changed: (offset, length) ranges that differ from prev; bytes beyond
@@ -357,24 +362,26 @@ def write_image(store, src, size, prev=None, changed=None, zeros=(), progress=No
 
     batches = list(_chunks(reads, nulls, max(1, batch // bs)))
     per = max(1, batch // bs) * bs
-    # Batch i+1 is read while batch i is hashed and the batches before it
+    # Batches i+1 .. i+ahead_reads are read while batch i is hashed and the batches before it
     # appended (a pipelined store keeps a batch's buffer for `ahead` more calls).
     # Anonymous maps, not bytearrays: their pages are zero until the first read fills them.
     pipelined = getattr(store, "pipelined", None)
     ahead = getattr(store, "ahead", 1)
     deep = (max(ahead, DEEP) if prehash is not None and HALVES and getattr(src, "parallel_reads", False)
             else None)
+    ahead_reads = DEEP_READS if deep else 1
     # (a scope already open keeps its own `ahead`: enough buffers for either)
-    keep = 2 + (max(ahead, deep or 0) if pipelined else 0)
+    keep = 1 + ahead_reads + (max(ahead, deep or 0) if pipelined else 0)
     free = [mmap.mmap(-1, min(per, max(bs, R.total(reads) * bs))) for _ in range(min(keep, len(batches)))]
     opened = 0  # batches[:opened] have their level-1 nodes open
     with concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="read-image") as pool, \
             (pipelined(R.total(reads), ahead=deep) if pipelined else contextlib.nullcontext()):
-        pending = [read_batch(batches[0], free[0])] if batches else []
+        pending = [read_batch(batches[j], free[j]) for j in range(min(ahead_reads, len(batches)))]
         for i, batch in enumerate(batches):
             futures, buf = pending.pop(0)
-            if i + 1 < len(batches):  # (its buffer's batch, `keep` calls back, has been appended)
-                pending.append(read_batch(batches[i + 1], free[(i + 1) % len(free)]))
+            j = i + ahead_reads
+            if j < len(batches):  # (its buffer's batch, `keep` calls back, has been appended)
+                pending.append(read_batch(batches[j], free[j % len(free)]))
             if builder is not None and opened <= i:
                 # The old nodes of this batch and the next ones, up to AHEAD_NODES, in one read per
                 # level, before the batch's append is in flight: one wait for the append before
