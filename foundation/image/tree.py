@@ -45,7 +45,7 @@ OPEN_NODES = 512  # level-1 nodes kept open before the completed ones are writte
 DEEP = 2
 # Batches read ahead of the one being written, for such a source (one otherwise): with the
 # appends no longer the chain, the caller waited on the next batch's reads and hashes (day 0
-# faster in 14 of 16 pairs, -1 to -4 %, +4 MB).
+# faster in 21 of 24 pairs, medians -1 to -5 %, +4 MB; benchmarks/README.md, wave 18).
 DEEP_READS = 2
 AHEAD_NODES = 512  # level-1 nodes of the batches ahead opened (read) together on a later day (~2 MiB
 # of copies being patched): a day of the standard workload (~340 of them) opens all in one read per
