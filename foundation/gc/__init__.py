@@ -170,8 +170,8 @@ def _hash(store, arenas, live, cat, rep, min_garbage, max_time, target_free, dry
         # The tail first, through its switch (which rebuilds the index); then the arenas before
         # it one by one, which the switch leaves as they were.
         try:
-            _relayout(store, arenas, live, cat, rep, dry_run, progress, first)
-            plans = [p for p in plans if p.arena < first]
+            if _relayout(store, arenas, live, cat, rep, dry_run, progress, first, asked=False):
+                plans = [p for p in plans if p.arena < first]
         except Error as e:
             if rep.rewritten:  # switched already: what failed is not the copy
                 raise
@@ -302,20 +302,14 @@ def _relayout_from(store, arenas, plans, rep, cat):
             log.info("the newest days lie over %.1f times the arenas they need: laying the whole log out again",
                      ratio)
             first = 0
-    if first is None:
-        return None
-    need = sum(store.log.file_size(n) for n in range(first, arenas.last + 1)) - \
-        sum(p.garbage for p in plans if p.arena >= first)
-    if need + store.arena_size > shutil.disk_usage(store.path).free:
-        log.info("gc rewrites the arenas one by one: laying arenas %d on out again would need %d bytes free",
-                 first, need)
-        return None
     return first
 
 
-def _relayout(store, arenas, live, cat, rep, dry_run, progress, first=0):
-    """Lay arenas first..last out again (relayout.py); first 0 (--relayout) also counts the report's
-    records and garbage, which the arena-by-arena plan counts otherwise."""
+def _relayout(store, arenas, live, cat, rep, dry_run, progress, first=0, asked=True):
+    """Lay arenas first..last out again (relayout.py) -> whether it did (or, dry, would). Too little
+    free space for the copy refuses what was asked (--relayout) and passes over what gc chose
+    itself. first 0 (--relayout) also counts the report's records and garbage, which the
+    arena-by-arena plan counts otherwise."""
     count = need = garbage = 0
     for n in range(first, arenas.last + 1):
         keys, addrs, types, end = arenas.records(n)
@@ -325,20 +319,24 @@ def _relayout(store, arenas, live, cat, rep, dry_run, progress, first=0):
                 need += size
             elif types[i] != F.COMMIT:
                 garbage += size
-    if first == 0:
-        rep.records, rep.garbage = count, garbage
-    rep.candidates = sorted(set(rep.candidates) | set(range(first, arenas.last + 1)))
-    rep.relayout, rep.relayout_from = True, first
     if store.bad:
         raise DataCorrupt(f"{len(store.bad)} damaged record(s) are listed: --relayout copies every live record "
                           "and would stop at them. Run `foundation repair` first, or a plain gc")
     free = shutil.disk_usage(store.path).free
     if need + store.arena_size > free:
+        if not asked:
+            log.info("gc rewrites the arenas one by one: laying arenas %d on out again would need %d bytes "
+                     "free", first, need + store.arena_size)
+            return False
         raise UsageError(f"--relayout writes the {need:,} bytes of live records beside the old log before "
                          f"it deletes that, and the store's disk has {free:,} bytes free: run a plain gc "
                          "first, or free space on that disk")
+    if first == 0:
+        rep.records, rep.garbage = count, garbage
+    rep.candidates = sorted(set(rep.candidates) | set(range(first, arenas.last + 1)))
+    rep.relayout, rep.relayout_from = True, first
     if dry_run:
-        return
+        return True
     step = progress("laying out the log again", count, "records") if progress else None
     out = reflow.relog(store, arenas, first)
     with _undone_if_cut(store):
@@ -346,3 +344,4 @@ def _relayout(store, arenas, live, cat, rep, dry_run, progress, first=0):
             step(count)  # the line ends even if a record counted twice was copied once
         head = out.finish(store.commit().generation + 1)
     _switch(store, arenas, first, out, head, rep)
+    return True

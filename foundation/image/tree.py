@@ -370,8 +370,8 @@ def write_image(store, src, size, prev=None, changed=None, zeros=(), progress=No
     deep = (max(ahead, DEEP) if prehash is not None and HALVES and getattr(src, "parallel_reads", False)
             else None)
     ahead_reads = DEEP_READS if deep else 1
-    # (a scope already open keeps its own `ahead`: enough buffers for either)
-    keep = 1 + ahead_reads + (max(ahead, deep or 0) if pipelined else 0)
+    # (a scope already open keeps its own `ahead`, at most deep: enough buffers for either)
+    keep = 1 + ahead_reads + ((deep or ahead) if pipelined else 0)
     free = [mmap.mmap(-1, min(per, max(bs, R.total(reads) * bs))) for _ in range(min(keep, len(batches)))]
     opened = 0  # batches[:opened] have their level-1 nodes open
     with concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="read-image") as pool, \

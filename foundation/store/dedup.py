@@ -74,21 +74,16 @@ class Writes:
         if self.mode != "hash" or self._pipe is not None:
             yield self
             return
-        if ahead is not None:
-            was, self.ahead = self.ahead, ahead
-            try:
-                with self.pipelined(expect):
-                    yield self
-            finally:
-                self.ahead = was
-            return
         bf = self.bloom
         if bf is not None and bf.count < expect and bf.count + expect > bf.capacity:
             # A first archive into a young store: the filter made once for all its blocks now,
             # while it holds few keys, instead of grown (every key added again) four times or so.
             self._grow_bloom(expect)
         with contextlib.ExitStack() as stack:
-            stack.enter_context(self.log.write_behind())  # left last: its writes are drained
+            stack.callback(setattr, self, "ahead", self.ahead)  # the store's own `ahead` again, last
+            if ahead is not None:
+                self.ahead = ahead
+            stack.enter_context(self.log.write_behind())  # left after the appends end: its writes drained
             self._pipe = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="store-append")
             self._filler = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="store-fill")
             self._inflight, self._broken, self._spare_tables = collections.deque(), None, []
