@@ -306,11 +306,15 @@ int fdn_hkey_init(fdn_hkey *k, const uint8_t *key, size_t len)
 		pad[i] ^= key[i];
 	ok = EVP_DigestInit_ex2(k->in, fdn_sha256, NULL) &&
 		EVP_DigestUpdate(k->in, pad, sizeof pad);
+	if (fdn_lanes_cpu())
+		fdn_lanes_prefix(pad, k->ih);
 	memset(pad, 0x5c, sizeof pad);
 	for (i = 0; i < len; i++)
 		pad[i] ^= key[i];
 	ok = ok && EVP_DigestInit_ex2(k->out, fdn_sha256, NULL) &&
 		EVP_DigestUpdate(k->out, pad, sizeof pad);
+	if (fdn_lanes_cpu())
+		fdn_lanes_prefix(pad, k->oh);
 	OPENSSL_cleanse(pad, sizeof pad);
 	OPENSSL_cleanse(hashed, sizeof hashed);
 	if (!ok) {
@@ -325,6 +329,8 @@ void fdn_hkey_free(fdn_hkey *k)
 	EVP_MD_CTX_free(k->in);
 	EVP_MD_CTX_free(k->out);
 	k->in = k->out = NULL;
+	OPENSSL_cleanse(k->ih, sizeof k->ih);
+	OPENSSL_cleanse(k->oh, sizeof k->oh);
 }
 
 /* Start a message: c continues from the key's inner state. */

@@ -60,6 +60,9 @@ int fdn_scores(const uint8_t *buf, size_t len, size_t bs, int btype,
 	const uint8_t *key, size_t keylen, int keyed,
 	const uint8_t *skip, size_t nskip,
 	uint8_t *out, size_t outlen, int threads);
+/* fdn_scores hashes four blocks at once where the CPU has SHA instructions;
+ * fdn_lanes(0) turns that off, fdn_lanes(1) back on -> whether it is on. */
+int fdn_lanes(int on);
 int fdn_weak_hashes(const uint8_t *buf, size_t len, size_t bs, int btype,
 	uint64_t seed, const uint8_t *skip, size_t nskip,
 	uint8_t *out, size_t outlen);

@@ -34,7 +34,9 @@ static int score_range(void *arg, size_t lo, size_t hi)
 {
 	scorejob *j = arg;
 	EVP_MD_CTX *c = EVP_MD_CTX_new();
-	int rc = c ? FDN_OK : FDN_ENOMEM;
+	const uint8_t *msg[4];
+	uint8_t *dig[4];
+	int rc = c ? FDN_OK : FDN_ENOMEM, lanes = fdn_lanes_ok(), m = 0;
 
 	for (size_t i = lo; i < hi && rc == FDN_OK; i++) {
 		uint8_t *o = j->out + i * FDN_SCORE_SIZE;
@@ -42,8 +44,23 @@ static int score_range(void *arg, size_t lo, size_t hi)
 			memset(o, 0, FDN_SCORE_SIZE);
 			continue;
 		}
-		rc = fdn_score(j->key, c, j->btype, j->buf + i * j->blen, j->blen, o);
+		if (!lanes) {
+			rc = fdn_score(j->key, c, j->btype, j->buf + i * j->blen, j->blen, o);
+			continue;
+		}
+		/* four at a time; the last up to three, one at a time */
+		msg[m] = j->buf + i * j->blen;
+		dig[m++] = o;
+		if (m == 4) {
+			if (j->key)
+				fdn_lanes4(j->key->ih, 64, j->key->oh, j->btype, msg, j->blen, dig);
+			else
+				fdn_lanes4(NULL, 0, NULL, j->btype, msg, j->blen, dig);
+			m = 0;
+		}
 	}
+	for (int k = 0; k < m && rc == FDN_OK; k++)
+		rc = fdn_score(j->key, c, j->btype, msg[k], j->blen, dig[k]);
 	EVP_MD_CTX_free(c);
 	return rc;
 }

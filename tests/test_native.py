@@ -152,6 +152,41 @@ def test_scores_short_skip_threads(impl):
         impl.scores(buf, 512, 1, threads=0)
 
 
+# Lengths on each side of SHA-256's padding classes once the type byte is counted: the message
+# inside the first block (< 63), filling it (63), and a tail that leaves room for the length (55
+# bytes past a block) or does not (56), with and without the HMAC pad's 64 bytes before it.
+LANE_LENGTHS = [1, 2, 54, 55, 56, 62, 63, 64, 118, 119, 120, 126, 127, 128, 129, 4096, 16384]
+
+
+@pytest.mark.skipif(cffi_backend.impl is None, reason="the C core is not built")
+@pytest.mark.parametrize("bs", LANE_LENGTHS)
+def test_scores_four_lanes_are_sha256(bs):
+    """Where the CPU has SHA instructions the C core scores four blocks at a time: every digest is
+    hashlib's and hmac's, for every padding class, every count left over by the fours, with blocks
+    skipped between them, on one thread and on several; and the same with the lanes off."""
+    c = cffi_backend.impl
+    rng = random.Random(bs)
+    if not c.lanes(True):
+        pytest.skip("no SHA instructions on this CPU: scores go through OpenSSL alone")
+    try:
+        for n in (1, 3, 4, 5, 8, 11, 130):
+            buf = rng.randbytes(bs * n)
+            skip = bytes(i % 5 == 2 for i in range(n))
+            for key in (None, rng.randbytes(32), rng.randbytes(100)):
+                for sk in (None, skip):
+                    want = b"".join(
+                        bytes(32) if sk and sk[i] else
+                        (hashlib.sha256(m).digest() if key is None else hmac.new(key, m, "sha256").digest())
+                        for i, m in enumerate(b"\7" + buf[i * bs:(i + 1) * bs] for i in range(n)))
+                    assert c.scores(buf, bs, 7, key=key, skip=sk, threads=2) == want
+                    assert c.scores(buf, bs, 7, key=key, skip=sk) == want
+                    assert not c.lanes(False)
+                    assert c.scores(buf, bs, 7, key=key, skip=sk) == want
+                    assert c.lanes(True)
+    finally:
+        c.lanes(True)
+
+
 def weak_spec(block, btype, seed):
     """The weak hash exactly as the brief states it, word by word."""
     M, mask = 0x9E3779B97F4A7C15, (1 << 64) - 1

@@ -33,7 +33,7 @@ from cffi import FFI
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CSRC = os.path.join(ROOT, "csrc")
-SOURCES = ["core.c", "hash.c", "record.c", "bucket.c", "table.c", "bloom.c", "plan.c"]
+SOURCES = ["core.c", "hash.c", "lanes.c", "record.c", "bucket.c", "table.c", "bloom.c", "plan.c"]
 LIBRARIES = ["libcrypto", "libzstd"]
 HEADERS = ["zstd.h", "openssl/evp.h"]
 PACKAGES = ("install the C core's build dependencies: "

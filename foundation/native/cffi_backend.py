@@ -18,7 +18,8 @@ from foundation.native.checks import (API_VERSION, ARENA_LIMIT, HEADER_SIZE, KEY
 
 # C functions added within API_VERSION 1: a module built before them is stale too.
 _NEWEST = ("fdn_unpack_many", "fdn_unpack_at", "fdn_check", "fdn_tables_absent", "fdn_scan_cols", "fdn_table_take",
-           "fdn_bloom_add", "fdn_plan_sweep", "fdn_fill", "fdn_seal", "fdn_bloom_test")
+           "fdn_bloom_add", "fdn_plan_sweep", "fdn_fill", "fdn_seal", "fdn_bloom_test",
+           "fdn_lanes")
 
 
 def _load_native():
@@ -72,6 +73,13 @@ class _Native:
                             0 if key is None else checks.nbytes(key), key is not None,
                             _opt(skip), n, out, n * SCORE_SIZE, threads))
         return _ffi.buffer(out, n * SCORE_SIZE)[:]
+
+    @staticmethod
+    def lanes(on):
+        """Scores four blocks at a time where the CPU has SHA instructions (on: True, the default),
+        or one at a time through OpenSSL (False) -> whether the lanes are on. Not in the API: a knob
+        of the C core's for tests and benchmarks, which compare the two."""
+        return bool(_lib.fdn_lanes(1 if on else 0))
 
     @staticmethod
     def weak_hashes(buf, bs, btype, seed, skip=None):
