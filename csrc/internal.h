@@ -4,8 +4,8 @@
  * The record header's field offsets are derived from the field sizes, so
  * the layout is written down once. Hashing goes through OpenSSL EVP with
  * algorithms fetched once per process and contexts reused per thread, but
- * for a batch's scores: four at a time on the CPU's SHA instructions
- * (lanes.c) where it has them.
+ * for the scores of a batch and of a deep check: four at a time on the
+ * CPU's SHA instructions (lanes.c) where it has them.
  */
 #ifndef FDN_INTERNAL_H
 #define FDN_INTERNAL_H

@@ -721,6 +721,41 @@ def encrypt(enc, pos, data):
     return Cipher(algorithms.AES(enc), modes.CTR(block)).encryptor().update(bytes(pos % 16) + data)[pos % 16:]
 
 
+@pytest.mark.parametrize("enc", [None, ENC])
+@pytest.mark.parametrize("skey", [None, SK])
+def test_check_span_scores_in_fours(impl, enc, skey):
+    """A deep check scores records four at a time where it can (one length and type, the CPU's
+    lanes): a block that is not its score is named wherever it falls in a group of four, and
+    beside records of another length or type; the same with the lanes off."""
+    c = impl.Codec(enc, MAC, 3)
+    batches = [(mixed(11, 4096, seed=50), 4096, 1), (mixed(2, 1024, seed=51), 1024, 2),
+               (mixed(9, 4096, seed=52), 4096, 1), (mixed(6, 4096, seed=53), 4096, 3)]
+    bad = {0, 5, 10, 12, 14, 17, 21, 24}   # first, middle and last of groups; the 1 KiB pair; the last type
+    data, offs, pos, k = bytearray(), [], 64, 0
+    for buf, bs, btype in batches:
+        keys = bytearray(impl.scores(buf, bs, btype, key=skey))
+        for i in range(len(buf) // bs):
+            if k + i in bad:
+                keys[32 * i] ^= 1        # authentic (tagged as written), yet not the block's score
+        recs, o = impl.pack(c, 4, IV, pos, btype, buf, bs, bytes(keys))
+        data += recs
+        offs += o
+        pos += len(recs)
+        k += len(buf) // bs
+    native = cffi_backend.impl
+    try:
+        for lanes in (True, False):
+            if native is not None:
+                native.lanes(lanes)
+            for t in (1, 3):
+                got, end, err = impl.check_span(c, 4, IV, bytes(data), 64, depth=N.SCORED, score_key=skey, threads=t)
+                assert (got.offs, end, err) == (offs, 64 + len(data), None)
+                assert got.problems == {i: "score" for i in bad}
+    finally:
+        if native is not None:
+            native.lanes(True)
+
+
 def test_check_span_batches(impl, monkeypatch):
     """More records than one C call returns: the native wrapper calls again from where it stopped."""
     monkeypatch.setattr(cffi_backend, "CHECK_BATCH", 7)
