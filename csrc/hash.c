@@ -71,6 +71,7 @@ int fdn_score(const fdn_hkey *key, EVP_MD_CTX *c, uint8_t btype,
 {
 	int rc;
 
+	fdn_clean_upper();
 	if (key) {
 		rc = fdn_hmac_begin(key, c);
 		if (rc == FDN_OK && !(EVP_DigestUpdate(c, &btype, 1) && EVP_DigestUpdate(c, b, len)))

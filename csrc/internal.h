@@ -106,7 +106,9 @@ int fdn_hmac_end(const fdn_hkey *k, EVP_MD_CTX *c, uint8_t out[FDN_SCORE_SIZE]);
 int fdn_score(const fdn_hkey *key, EVP_MD_CTX *c, uint8_t btype,
 	const uint8_t *b, size_t len, uint8_t out[FDN_SCORE_SIZE]);
 
-/* lanes.c: SHA-256 of four equal-length messages at once (fdn_lanes_ok() says whether here) */
+/* lanes.c: SHA-256 of four equal-length messages at once (fdn_lanes_ok() says whether here);
+ * fdn_clean_upper() before SHA instructions (see there), once fdn_lanes_cpu() has been asked */
+void fdn_clean_upper(void);
 int fdn_lanes_cpu(void);
 int fdn_lanes_ok(void);
 void fdn_lanes_prefix(const uint8_t pad[64], uint32_t h[8]);

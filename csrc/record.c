@@ -270,6 +270,7 @@ static int tag(fdn_codec *c, work *w, uint32_t arena, const uint8_t *iv, uint64_
 		OPENSSL_cleanse(otk, sizeof otk);
 		return rc ? FDN_OK : FDN_ECRYPTO;
 	}
+	fdn_clean_upper();
 	if ((rc = fdn_hmac_begin(&c->mac, w->md)) != FDN_OK)
 		return rc;
 	if (!EVP_DigestUpdate(w->md, where, sizeof where) ||
