@@ -52,10 +52,7 @@ static int score_range(void *arg, size_t lo, size_t hi)
 		msg[m] = j->buf + i * j->blen;
 		dig[m++] = o;
 		if (m == 4) {
-			if (j->key)
-				fdn_lanes4(j->key->ih, 64, j->key->oh, j->btype, msg, j->blen, dig);
-			else
-				fdn_lanes4(NULL, 0, NULL, j->btype, msg, j->blen, dig);
+			fdn_lanes4(j->key, j->btype, msg, j->blen, dig);
 			m = 0;
 		}
 	}

@@ -112,7 +112,7 @@ void fdn_clean_upper(void);
 int fdn_lanes_cpu(void);
 int fdn_lanes_ok(void);
 void fdn_lanes_prefix(const uint8_t pad[64], uint32_t h[8]);
-void fdn_lanes4(const uint32_t *in, uint64_t done, const uint32_t *out, uint8_t btype,
-	const uint8_t *const msg[4], size_t len, uint8_t *const dig[4]);
+void fdn_lanes4(const fdn_hkey *key, uint8_t btype, const uint8_t *const msg[4], size_t len,
+	uint8_t *const dig[4]);
 
 #endif

@@ -143,14 +143,14 @@ void fdn_clean_upper(void)
 }
 
 /*
- * The digests of btype || msg[j] (len bytes each) for j < 4, continuing
- * from state `in` after `done` bytes (0 and SHA-256's own state when in is
- * NULL); when `out` is not NULL each digest is then hashed once more from
- * state `out` after 64 bytes (HMAC's outer hash).
+ * The scores of btype || msg[j] (len bytes each) for j < 4: SHA-256, or
+ * HMAC-SHA256 under key, continuing from its inner pad's state (64 bytes
+ * hashed) and hashing each inner digest once more from its outer pad's.
  */
-SHA void fdn_lanes4(const uint32_t *in, uint64_t done, const uint32_t *out, uint8_t btype,
-	const uint8_t *const msg[4], size_t len, uint8_t *const dig[4])
+SHA void fdn_lanes4(const fdn_hkey *key, uint8_t btype, const uint8_t *const msg[4], size_t len,
+	uint8_t *const dig[4])
 {
+	const uint64_t done = key ? 64 : 0;
 	__m128i a[4], c[4];
 	uint8_t tail[4][128];
 	const uint8_t *p[4];
@@ -160,7 +160,7 @@ SHA void fdn_lanes4(const uint32_t *in, uint64_t done, const uint32_t *out, uint
 
 	fdn_clean_upper();
 	for (j = 0; j < 4; j++) {
-		load(&a[j], &c[j], in ? in : H0);
+		load(&a[j], &c[j], key ? key->ih : H0);
 		tail[j][0] = btype;
 		p[j] = tail[j];
 	}
@@ -192,14 +192,14 @@ SHA void fdn_lanes4(const uint32_t *in, uint64_t done, const uint32_t *out, uint
 		fdn_put64be(tail[j] + nb * 64 - 8, (done + 1 + len) * 8);
 	}
 	compress(a, c, p, nb);
-	if (out) {
+	if (key) {
 		for (j = 0; j < 4; j++) {
 			unload(a[j], c[j], h);
 			put_digest(h, tail[j]);
 			tail[j][FDN_SCORE_SIZE] = 0x80;
 			memset(tail[j] + FDN_SCORE_SIZE + 1, 0, 64 - FDN_SCORE_SIZE - 9);
 			fdn_put64be(tail[j] + 56, (64 + FDN_SCORE_SIZE) * 8);
-			load(&a[j], &c[j], out);
+			load(&a[j], &c[j], key->oh);
 		}
 		compress(a, c, p, 1);
 	}
@@ -214,11 +214,13 @@ int fdn_lanes_cpu(void)
 	unsigned int ax, bx, cx, dx, lo, hi;
 
 	if (cpu < 0) {
-		if (__get_cpuid(1, &ax, &bx, &cx, &dx) && (cx & bit_OSXSAVE) && (cx & bit_AVX)) {
+		if (!__get_cpuid(1, &ax, &bx, &cx, &dx))
+			return cpu = 0;
+		if ((cx & bit_OSXSAVE) && (cx & bit_AVX)) {
 			__asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
 			upper = (lo & 6) == 6;	/* the OS saves the SSE and AVX state */
 		}
-		cpu = __get_cpuid(1, &ax, &bx, &cx, &dx) && (cx & bit_SSE4_1) && (cx & bit_SSSE3) &&
+		cpu = (cx & bit_SSE4_1) && (cx & bit_SSSE3) &&
 			__get_cpuid_count(7, 0, &ax, &bx, &cx, &dx) && (bx & (1u << 29));	/* SHA */
 	}
 	return cpu;
@@ -264,10 +266,10 @@ void fdn_lanes_prefix(const uint8_t pad[64], uint32_t h[8])
 	(void)pad, (void)h;
 }
 
-void fdn_lanes4(const uint32_t *in, uint64_t done, const uint32_t *out, uint8_t btype,
-	const uint8_t *const msg[4], size_t len, uint8_t *const dig[4])
+void fdn_lanes4(const fdn_hkey *key, uint8_t btype, const uint8_t *const msg[4], size_t len,
+	uint8_t *const dig[4])
 {
-	(void)in, (void)done, (void)out, (void)btype, (void)msg, (void)len, (void)dig;
+	(void)key, (void)btype, (void)msg, (void)len, (void)dig;
 }
 
 #endif

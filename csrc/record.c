@@ -1255,16 +1255,16 @@ static int check_one(checkjob *j, work *w, uint8_t **data, size_t *cap, size_t i
 }
 
 /* Records pend[0, n), their blocks at d[0, n), scored against their key fields: four at once on
- * the CPU's lanes when n is 4 (the caller groups records of one length and type), else alone. */
+ * the CPU's lanes when n is 4 (the caller groups four only with the lanes on, and only of one
+ * length and type), else alone. */
 static int check_scores(checkjob *j, work *w, const size_t *pend, const uint8_t *const *d, int n)
 {
 	uint8_t t[4][FDN_SCORE_SIZE], *dig[4] = { t[0], t[1], t[2], t[3] };
 	const fdn_entry *e = &j->ents[pend[0]];
 	int rc;
 
-	if (n == 4 && fdn_lanes_ok())
-		fdn_lanes4(j->skey ? j->skey->ih : NULL, j->skey ? 64 : 0, j->skey ? j->skey->oh : NULL,
-			   e->btype, d, e->rlen, dig);
+	if (n == 4)
+		fdn_lanes4(j->skey, e->btype, d, e->rlen, dig);
 	else
 		for (int k = 0; k < n; k++) {
 			e = &j->ents[pend[k]];

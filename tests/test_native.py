@@ -17,7 +17,7 @@ import sys
 import pytest
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.poly1305 import Poly1305
-from native_support import IMPLS, impl, other  # noqa: F401 (fixtures)
+from native_support import IMPLS, _built, impl, other  # noqa: F401 (fixtures)
 
 import foundation.native as N
 from foundation.native import BucketError, RecordError, cffi_backend
@@ -158,22 +158,30 @@ def test_scores_short_skip_threads(impl):
 LANE_LENGTHS = [1, 2, 54, 55, 56, 62, 63, 64, 118, 119, 120, 126, 127, 128, 129, 4096, 16384]
 
 
-@pytest.mark.skipif(cffi_backend.impl is None, reason="the C core is not built")
+def cpu_has_sha():
+    """Whether this CPU has the x86 SHA instructions, as the kernel lists its flags."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and "sha_ni" in line.split() for line in f)
+    except OSError:
+        return False
+
+
 @pytest.mark.parametrize("bs", LANE_LENGTHS)
 def test_scores_four_lanes_are_sha256(bs):
-    """Where the CPU has SHA instructions the C core scores four blocks at a time: every digest is
-    hashlib's and hmac's, for every padding class, every count left over by the fours, with blocks
-    skipped between them, on one thread and on several; and the same with the lanes off."""
-    c = cffi_backend.impl
+    """Where the CPU has SHA instructions (and only there) the C core scores four blocks at a
+    time: every digest is hashlib's and hmac's, for every padding class, every count left over by
+    the fours, with blocks skipped between them, on one thread and on several; and the same with
+    the lanes off."""
+    c = _built("native")
     rng = random.Random(bs)
-    if not c.lanes(True):
-        pytest.skip("no SHA instructions on this CPU: scores go through OpenSSL alone")
+    assert c.lanes(True) == cpu_has_sha()
     try:
         for n in (1, 3, 4, 5, 8, 11, 130):
             buf = rng.randbytes(bs * n)
-            skip = bytes(i % 5 == 2 for i in range(n))
+            blanks = bytes(i % 5 == 2 for i in range(n))
             for key in (None, rng.randbytes(32), rng.randbytes(100)):
-                for sk in (None, skip):
+                for sk in (None, blanks):
                     want = b"".join(
                         bytes(32) if sk and sk[i] else
                         (hashlib.sha256(m).digest() if key is None else hmac.new(key, m, "sha256").digest())
@@ -182,7 +190,7 @@ def test_scores_four_lanes_are_sha256(bs):
                     assert c.scores(buf, bs, 7, key=key, skip=sk) == want
                     assert not c.lanes(False)
                     assert c.scores(buf, bs, 7, key=key, skip=sk) == want
-                    assert c.lanes(True)
+                    c.lanes(True)
     finally:
         c.lanes(True)
 
@@ -742,18 +750,16 @@ def test_check_span_scores_in_fours(impl, enc, skey):
         offs += o
         pos += len(recs)
         k += len(buf) // bs
-    native = cffi_backend.impl
+    native = _built("native")
     try:
         for lanes in (True, False):
-            if native is not None:
-                native.lanes(lanes)
+            native.lanes(lanes)
             for t in (1, 3):
                 got, end, err = impl.check_span(c, 4, IV, bytes(data), 64, depth=N.SCORED, score_key=skey, threads=t)
                 assert (got.offs, end, err) == (offs, 64 + len(data), None)
                 assert got.problems == {i: "score" for i in bad}
     finally:
-        if native is not None:
-            native.lanes(True)
+        native.lanes(True)
 
 
 def test_check_span_batches(impl, monkeypatch):
