@@ -32,20 +32,20 @@ from measure import drop_caches  # noqa: E402
 from workload import sha256_file  # noqa: E402
 
 
-def foundation(tree, store, key, *args, wrap=(), timing=None):
+def foundation(tree, store, key, *args, wrap=(), timing=None, py=sys.executable):
     env = dict(os.environ, PYTHONPATH=tree, PYTHONDONTWRITEBYTECODE="")
-    cmd = [*wrap, sys.executable, "-m", "foundation", "--store", store, "--key-file", key, *args]
+    cmd = [*wrap, py, "-m", "foundation", "--store", store, "--key-file", key, *args]
     if timing:
         cmd = ["/usr/bin/time", "-f", "%e %U %S %M", "-o", timing, *cmd]
     subprocess.run(cmd, cwd=tree, env=env, check=True, stdout=subprocess.DEVNULL)
 
 
-def run(tree, work, mode, chrt, check):
+def run(tree, work, mode, chrt, check, py=sys.executable):
     store, key, timing = (os.path.join(work, n) for n in ("store", "key", "time"))
     shutil.rmtree(store, ignore_errors=True)
     if os.path.exists(key):
         os.unlink(key)
-    foundation(tree, store, key, "init", store, "--mode", "hash")
+    foundation(tree, store, key, "init", store, "--mode", "hash", py=py)
     if mode == "cold":
         drop_caches()
     else:
@@ -54,7 +54,7 @@ def run(tree, work, mode, chrt, check):
                 pass
     load = os.getloadavg()[0]
     foundation(tree, store, key, "import-image", "bench", IMAGE, "--at", "2024-01-01T03:00:00Z",
-               wrap=("chrt", "-f", "10") if chrt else (), timing=timing)
+               wrap=("chrt", "-f", "10") if chrt else (), timing=timing, py=py)
     with open(timing) as f:
         wall, user, sys_, rss = f.read().split()[-4:]
     du = subprocess.run(["du", "-sB1", store], capture_output=True, text=True, check=True).stdout.split()[0]
@@ -62,7 +62,7 @@ def run(tree, work, mode, chrt, check):
            "sys_s": float(sys_), "peak_rss_mb": int(rss) // 1024, "peak_rss_kb": int(rss), "load1": round(load, 2), "store_bytes": int(du)}
     if check:
         out = os.path.join(work, "restored.raw")
-        foundation(tree, store, key, "restore", "bench@2024-01-01T03:00:00Z", out)
+        foundation(tree, store, key, "restore", "bench@2024-01-01T03:00:00Z", out, py=py)
         got["restored_identical"] = sha256_file(out) == sha256_file(IMAGE)
         os.unlink(out)
     return got
@@ -80,20 +80,25 @@ def main():
     p.add_argument("--warm", action="store_true", help="a warm run after each cold one")
     p.add_argument("--chrt", action="store_true", help="the import under SCHED_FIFO (chrt -f 10)")
     p.add_argument("--check", action="store_true", help="restore the first round's stores and compare")
+    p.add_argument("--python", action="append", help="the interpreter that runs each tree (in --tree's order; "
+                   "default: this one)")
     p.add_argument("--work", default="/var/tmp/bench-day0")
     p.add_argument("--note", default="")
     a = p.parse_args()
     trees = [os.path.abspath(t) for t in a.tree]
     names = a.name or [os.path.basename(t.rstrip("/")) for t in trees]
+    pys = a.python or [sys.executable] * len(trees)
+    if len(pys) != len(trees):
+        p.error("give one --python per --tree, or none")
     os.makedirs(a.work, exist_ok=True)
     commits = {n: subprocess.run(["git", "-C", t, "rev-parse", "--short", "HEAD"], capture_output=True,
                                  text=True).stdout.strip() for n, t in zip(names, trees)}
     modes = ["cold", "warm"] if a.warm else ["cold"]
     runs = {n: {m: [] for m in modes} for n in names}
     for r in range(a.rounds):
-        for n, t in zip(names, trees):
+        for n, t, py in zip(names, trees, pys):
             for m in modes:
-                got = run(t, a.work, m, a.chrt, a.check and r == 0 and m == "cold")
+                got = run(t, a.work, m, a.chrt, a.check and r == 0 and m == "cold", py)
                 runs[n][m].append(got)
                 print(f"round {r + 1} {n:>8} {m}: {json.dumps(got)}", flush=True)
     shutil.rmtree(os.path.join(a.work, "store"), ignore_errors=True)
@@ -102,7 +107,7 @@ def main():
     out = {"what": f"day 0 of the 2 GiB standard workload ({IMAGE}), import-image into a new encrypted hash store "
                    "made by init (defaults); cold = page cache dropped before; GNU time; trees alternated"
                    + ("; import under chrt -f 10" if a.chrt else ""),
-           "trees": dict(zip(names, trees)), "commits": commits, "rounds": a.rounds, "note": a.note,
+           "trees": dict(zip(names, trees)), "pythons": dict(zip(names, pys)), "commits": commits, "rounds": a.rounds, "note": a.note,
            "medians": medians, "runs": runs}
     for n in names:
         print(n, json.dumps(medians[n]))

@@ -48,13 +48,13 @@ def cpu(pid):
     return (int(x[11]) + int(x[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def restore(tree, a, want):
+def restore(tree, a, want, py=sys.executable):
     out = os.path.join(a.work, "restored.raw")
     if os.path.exists(out):
         os.unlink(out)
     drop_caches()
     t0 = time.monotonic()
-    p = subprocess.Popen([sys.executable, "-m", "foundation", "--store", a.store, "--key-file", a.key_file,
+    p = subprocess.Popen([py, "-m", "foundation", "--store", a.store, "--key-file", a.key_file,
                           "restore", f"bench@{AT}", out], cwd=tree, env=dict(os.environ, PYTHONPATH=tree))
     _, status, ru = os.wait4(p.pid, 0)
     wall = time.monotonic() - t0
@@ -67,10 +67,10 @@ def restore(tree, a, want):
     return {"wall": round(wall, 3), "cpu": round(ru.ru_utime + ru.ru_stime, 3), "peak_mb": round(ru.ru_maxrss / 1024, 1)}
 
 
-def fuse(tree, a, want, checked):
+def fuse(tree, a, want, checked, py=sys.executable):
     mnt = os.path.join(a.work, "mnt")
     os.makedirs(mnt, exist_ok=True)
-    p = subprocess.Popen([sys.executable, "-m", "foundation", "--store", a.store, "--key-file", a.key_file,
+    p = subprocess.Popen([py, "-m", "foundation", "--store", a.store, "--key-file", a.key_file,
                           "mount", mnt, "--utc", "--no-allow-other"], cwd=tree,
                          env=dict(os.environ, PYTHONPATH=tree), stderr=subprocess.DEVNULL)
     path = os.path.join(mnt, "2024/01/01/bench/vda.raw")
@@ -127,6 +127,8 @@ def main(argv=None):
     p.add_argument("--key-file", required=True)
     p.add_argument("--image", required=True, help="the raw image archived as bench@" + AT)
     p.add_argument("--tree", action="append", required=True)
+    p.add_argument("--python", action="append", help="the interpreter that runs each tree (in --tree's order; "
+                   "default: this one)")
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--work", default="/var/tmp/restore-memory")
     p.add_argument("--skip-fuse", action="store_true")
@@ -138,12 +140,15 @@ def main(argv=None):
     a = p.parse_args(argv)
     os.makedirs(a.work, exist_ok=True)
     want = sha256_file(a.image)
+    pys = a.python or [sys.executable] * len(a.tree)
+    if len(pys) != len(a.tree):
+        p.error("give one --python per --tree, or none")
     res, checked = {}, set()
     for r in range(a.runs):
-        for tree in a.tree:
+        for tree, py in zip(a.tree, pys):
             kinds = ("restore",) if a.skip_fuse else ("fuse",) if a.skip_restore else ("restore", "fuse")
             for kind in kinds:
-                x = restore(tree, a, want) if kind == "restore" else fuse(tree, a, want, checked)
+                x = restore(tree, a, want, py) if kind == "restore" else fuse(tree, a, want, checked, py)
                 x["load"] = round(os.getloadavg()[0], 2)
                 res.setdefault(f"{kind} {tree}", []).append(x)
                 print(f"round {r + 1} {kind} {tree}: {x}", flush=True)
@@ -158,7 +163,7 @@ def main(argv=None):
     out = os.path.join(HERE, "results", time.strftime("restore-memory-%Y%m%d-%H%M%S.json"))
     with open(out, "w") as f:
         json.dump({"runs": res, "median": summary, "image": a.image, "load": load, "tool": a.tool,
-                   "check_every": a.check_every,
+                   "check_every": a.check_every, "pythons": dict(zip(a.tree, pys)),
                    "trees": {t: subprocess.run(["git", "-C", t, "rev-parse", "--short", "HEAD"],
                                                capture_output=True, text=True).stdout.strip() for t in a.tree}},
                   f, indent=1)
