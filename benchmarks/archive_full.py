@@ -92,14 +92,14 @@ class Sampler:
         return self.rows
 
 
-def _check(tree, cfg, name, d, base, fmt="qcow2"):
+def _check(tree, cfg, name, d, base, fmt="qcow2", py=sys.executable):
     """Restore the newest backup of the domain (or image) and compare it with the image archived."""
     env = {"PYTHONPATH": tree}
-    out = subprocess.run([sys.executable, "-m", "foundation", "--config", cfg, "list", "--json", name], cwd=tree,
+    out = subprocess.run([py, "-m", "foundation", "--config", cfg, "list", "--json", name], cwd=tree,
                          env=dict(os.environ, **env), capture_output=True, check=True).stdout
     snap = sorted(json.loads(out), key=lambda s: s["time"])[-1]
     raw = os.path.join(d, "restore.raw")
-    subprocess.run([sys.executable, "-m", "foundation", "--config", cfg, "restore", f"{name}@{snap['time']}", raw],
+    subprocess.run([py, "-m", "foundation", "--config", cfg, "restore", f"{name}@{snap['time']}", raw],
                    cwd=tree, env=dict(os.environ, **env), check=True, capture_output=True)
     same = subprocess.run(["qemu-img", "compare", "-q", "-f", "raw", "-F", fmt, raw, base]).returncode == 0
     os.unlink(raw)
@@ -162,6 +162,8 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("work", nargs="?")
     p.add_argument("--tree", action="append")
+    p.add_argument("--python", action="append", help="the interpreter that runs each tree (in --tree's order; "
+                   "default: this one)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--size", type=int, default=2 * GIB)
     p.add_argument("--data", type=int, default=3 * GIB // 2)
@@ -195,6 +197,9 @@ def main():
     if not a.work or not a.tree:
         p.error("WORK and --tree are needed")
     trees = [os.path.abspath(t) for t in a.tree]
+    if a.python and len(a.python) != len(trees):
+        p.error("give one --python per --tree, or none")
+    pys = dict(zip(trees, a.python or [sys.executable] * len(trees)))
     work = os.path.abspath(a.work)
     os.makedirs(work, exist_ok=True)
     if subprocess.run([os.path.join(peer_domains.ROOT, "scripts", "libvirt.sh")]).returncode != 0:
@@ -214,8 +219,8 @@ def main():
         image, fmt = os.path.join(work, "base.raw"), "raw"
         if not os.path.exists(image):  # qemu-img writes no zeros: as sparse as the qcow2
             subprocess.run(["qemu-img", "convert", "-O", "raw", base, image], check=True)
-    res = {"label": a.label, "size": a.size, "data": a.data, "trees": trees, "raw": a.raw, "warm": a.warm,
-           "runs": []}
+    res = {"label": a.label, "size": a.size, "data": a.data, "trees": trees, "pythons": pys, "raw": a.raw,
+           "warm": a.warm, "runs": []}
     name = f"fdnfull-{os.getpid()}"
     try:
         for r in range(a.rounds):
@@ -229,14 +234,14 @@ def main():
                     conn.defineXML(peer_domains._domain_xml(name, disk)).create()
                 key, store, cfg = (os.path.join(d, x) for x in ("key", "store", "foundation.toml"))
                 env = {"PYTHONPATH": tree}
-                measure.run([sys.executable, "-m", "foundation", "--key-file", key, "init", store], cwd=tree, env=env)
+                measure.run([pys[tree], "-m", "foundation", "--key-file", key, "init", store], cwd=tree, env=env)
                 with open(cfg, "w") as f:
                     f.write(f'store = "{store}"\nkey_file = "{key}"\nstate_dir = "{d}/state"\nvms = ["{name}"]\n')
                 if a.probe:
                     probe = os.path.join(work, "probes", f"{os.path.basename(tree)}-{r}.json")
                     os.makedirs(os.path.dirname(probe), exist_ok=True)
                     env = {"PYTHONPATH": f"{tree}:{os.path.join(HERE, 'memprobe')}", "MEMPROBE": probe}
-                cmd = [sys.executable, "-m", "foundation", "--config", cfg, "archive"]
+                cmd = [pys[tree], "-m", "foundation", "--config", cfg, "archive"]
                 if a.raw:
                     cmd[-1:] = ["import-image", name, image, "--format", "raw"]
                 if a.warm:
@@ -267,7 +272,7 @@ def main():
                     with open(os.path.join(d, "spans.json")) as f:
                         m["spans"] = span_summary(json.load(f))   # (every call's span: megabytes a run)
                 if a.check:
-                    m["restored_equal"] = _check(tree, cfg, name, d, image, fmt)
+                    m["restored_equal"] = _check(tree, cfg, name, d, image, fmt, pys[tree])
                 print(json.dumps({k: v for k, v in m.items() if k not in ("threads", "timeline", "spans")}), flush=True)
                 if sampler is not None:
                     print("\n".join(summary(m)), flush=True)
