@@ -41,12 +41,8 @@ if [ ${#missing[@]} -gt 0 ]; then
     apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-# The interpreter: $PYTHON, else the distribution's /usr/bin/python3, not the first python3 on root's
-# PATH (a pyenv or conda shim, if someone installed one): the nightly job should not depend on an
-# interpreter kept in a home directory, and Debian's has libpython linked into the executable,
-# where a pyenv build loads it as a shared library: on the machine of the benchmarks a night took
-# 17 ms less, a restore 4 % and day 0 1.6 % (benchmarks/README.md, wave 20).
-if [ -n "${PYTHON:-}" ]; then PY=$PYTHON; elif [ -x /usr/bin/python3 ]; then PY=/usr/bin/python3; else PY=python3; fi
+. scripts/venv.sh
+PY=$(base_python)
 # zstd 1.5.7 writes the same records as Debian 12's 1.5.4 for ~15 % less CPU a block: built
 # once from its PyPI source into a cache; if that fails the system's libzstd serves (same bytes).
 # FOUNDATION_ZSTD=system keeps the system's; FOUNDATION_ZSTD=DIR names a built one.
@@ -63,7 +59,6 @@ elif [ "$FOUNDATION_ZSTD" = system ]; then
 else
     export FOUNDATION_ZSTD
 fi
-. scripts/venv.sh
 # An environment made from another interpreter (an older setup, or another $PYTHON) is made again:
 # the one named above is the one the nightly job runs on.
 want=$($PY -c 'import os, sys; print(os.path.realpath(sys.executable))') || { say "$PY does not run"; exit 1; }

@@ -2,3 +2,15 @@
 # (FOUNDATION_VENV, default /opt/foundation), and its interpreter.
 VENV=${FOUNDATION_VENV:-/opt/foundation}
 VPY=$VENV/bin/python
+
+# The interpreter setup.sh makes the environment from: $PYTHON, else the distribution's
+# /usr/bin/python3, not the first python3 on root's PATH (a pyenv or conda shim, if someone
+# installed one): the nightly job should not depend on an interpreter kept in a home directory, and
+# Debian's has libpython linked into the executable, where a pyenv build loads it as a shared
+# library (benchmarks/README.md, wave 20).
+base_python() {
+    if [ -n "${PYTHON:-}" ]; then echo "$PYTHON"
+    elif [ -x /usr/bin/python3 ]; then echo /usr/bin/python3
+    else echo python3
+    fi
+}

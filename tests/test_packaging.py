@@ -76,3 +76,21 @@ def test_license_is_shipped():
     assert text.startswith("MIT License") and "Copyright (c) 2026 The Foundation authors" in text
     with open(os.path.join(ROOT, "MANIFEST.in")) as f:
         assert "include LICENSE" in f.read().splitlines()
+
+
+def _base_python(env):
+    import subprocess
+
+    return subprocess.run(["bash", "-c", ". scripts/venv.sh; base_python"], cwd=ROOT, env=env, check=True,
+                          capture_output=True, text=True).stdout.strip()
+
+
+def test_setup_makes_the_environment_from_the_distributions_python_not_a_shim_first_on_path(tmp_path):
+    shim = tmp_path / "python3"   # a pyenv- or conda-like python3 first on PATH
+    shim.write_text("#!/bin/sh\nexec /nonexistent \"$@\"\n")
+    shim.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHON"}
+    env["PATH"] = f"{tmp_path}:{env.get('PATH', '/usr/bin:/bin')}"
+    want = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else "python3"
+    assert _base_python(env) == want
+    assert _base_python(dict(env, PYTHON="/opt/python3.12/bin/python3")) == "/opt/python3.12/bin/python3"
