@@ -1,5 +1,6 @@
 """SnapshotSource reads a frozen chain byte for byte as QEMU does: directly where QEMU places the bytes, else over NBD."""
 
+import concurrent.futures
 import mmap
 import os
 import pathlib
@@ -73,6 +74,20 @@ def test_reads_the_chain_as_qemu_does(images, tmp_path, top, base, direct):
             assert src.changed is None
         # qemu-nbd is started only for what QEMU alone decodes (compressed clusters)
         assert (src._nbd is None) == direct
+        # and only a chain read straight from its files takes two reads at once (its one NBD
+        # connection does not), as write_image then asks: each half of a batch in a thread
+        assert src.parallel_reads == direct
+    if direct:
+        with SnapshotSource(images[top], top_fmt, images[base], base_fmt, SIZE) as src:
+            assert src.parallel_reads
+            got = bytearray(SIZE)
+            view = memoryview(got)
+            step = 3 * MiB // 4
+            with concurrent.futures.ThreadPoolExecutor(2) as pool:
+                done = list(pool.map(lambda off: src.readinto(off, view[off:off + min(step, SIZE - off)]),
+                                     range(0, SIZE, step)))
+            assert got == want and sum(done) == SIZE
+            assert len(src._files) == len({e[2] for e in src._ext if e[2]} | ({src.base} if src.base_raw else set()))
 
 
 def test_an_overlay_still_written_is_refused(images):

@@ -40,8 +40,8 @@ OPEN_NODES = 512  # level-1 nodes kept open before the completed ones are writte
 # Appends in flight (the store's `ahead`) while a source that takes two reads at once is
 # archived: its reads keep up, so the caller waits on the append before it, and one more batch
 # queued behind it kept both cores busier (day 0 -3.6 %, 11 of 11 pairs, +5 MB at the peak); a
-# source read one batch at a time (a domain's first run, a night) gained nothing and stays at
-# the store's own (benchmarks/README.md, wave 18).
+# source read one batch at a time gained nothing and stays at the store's own (benchmarks/README.md,
+# wave 18). A domain's disk is read two at a time but says `deep = False` (its memory, vm/source.py).
 DEEP = 2
 # Batches read ahead of the one being written, for such a source (one otherwise): with the
 # appends no longer the chain, the caller waited on the next batch's reads and hashes (day 0
@@ -276,8 +276,8 @@ def write_image(store, src, size, prev=None, changed=None, zeros=(), progress=No
     count, which is used when present: batches are read into a few reused
     buffers (2 + the store's `ahead`), so the store must not keep a reference
     to the buffer it is given past `ahead` more write_blocks calls (a source that takes two
-    reads at once, `parallel_reads`: DEEP appends in flight and DEEP_READS batches read ahead,
-    1 + DEEP_READS + DEEP buffers); src.holes() -> [(offset, length)],
+    reads at once, `parallel_reads`, unless its `deep` is False: DEEP appends in flight and
+    DEEP_READS batches read ahead, 1 + DEEP_READS + DEEP buffers); src.holes() -> [(offset, length)],
     when present, names ranges known to read as zero, which are never read.
     prev: the Root of the previous snapshot of this disk, or None.
     changed: (offset, length) ranges that differ from prev; bytes beyond
@@ -368,7 +368,7 @@ def write_image(store, src, size, prev=None, changed=None, zeros=(), progress=No
     pipelined = getattr(store, "pipelined", None)
     ahead = getattr(store, "ahead", 1)
     deep = (max(ahead, DEEP) if prehash is not None and HALVES and getattr(src, "parallel_reads", False)
-            else None)
+            and getattr(src, "deep", True) else None)
     ahead_reads = DEEP_READS if deep else 1
     # (a scope already open keeps its own `ahead`, at most deep: enough buffers for either)
     keep = 1 + ahead_reads + ((deep or ahead) if pipelined else 0)

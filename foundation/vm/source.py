@@ -63,6 +63,28 @@ class SnapshotSource:
         self._files = {}
         self._nbd = None
 
+    # A domain's archive carries libvirt's libraries (~12 MB): the deeper pipeline a raw image
+    # gets (image/tree.py DEEP, DEEP_READS, ~8 MB more) put a first run at 105-107 MB, above
+    # virtnbdbackup's 100 MB; its two reads at once cost no memory (benchmarks/README.md, wave 20).
+    deep = False
+    _parallel = None
+
+    @property
+    def parallel_reads(self):
+        """Whether readinto may run in two threads at once: when every byte comes straight from a
+        file (pread has no file position), never through qemu-nbd's one connection. The files
+        are opened here, before two readers could each open one."""
+        if self._parallel is None:
+            ok = self.direct
+            if ok:
+                for _, _, path, _, _ in self._ext:
+                    if path is not None:
+                        self._file(path)
+                if self.base_raw:
+                    self._file(self.base)
+            self._parallel = ok
+        return self._parallel
+
     # -- byte sources ---------------------------------------------------
 
     def _file(self, path):
