@@ -107,7 +107,8 @@ def main():
     out = {"what": f"day 0 of the 2 GiB standard workload ({IMAGE}), import-image into a new encrypted hash store "
                    "made by init (defaults); cold = page cache dropped before; GNU time; trees alternated"
                    + ("; import under chrt -f 10" if a.chrt else ""),
-           "trees": dict(zip(names, trees)), "pythons": dict(zip(names, pys)), "commits": commits, "rounds": a.rounds, "note": a.note,
+           "trees": dict(zip(names, trees)), "pythons": dict(zip(names, pys)), "commits": commits,
+           "rounds": a.rounds, "note": a.note,
            "medians": medians, "runs": runs}
     for n in names:
         print(n, json.dumps(medians[n]))
