@@ -4,6 +4,7 @@ import ast
 import importlib.metadata
 import os
 import re
+import subprocess
 import sys
 import tomllib
 
@@ -79,8 +80,6 @@ def test_license_is_shipped():
 
 
 def _base_python(env):
-    import subprocess
-
     return subprocess.run(["bash", "-c", ". scripts/venv.sh; base_python"], cwd=ROOT, env=env, check=True,
                           capture_output=True, text=True).stdout.strip()
 
@@ -91,6 +90,8 @@ def test_setup_makes_the_environment_from_the_distributions_python_not_a_shim_fi
     shim.chmod(0o755)
     env = {k: v for k, v in os.environ.items() if k != "PYTHON"}
     env["PATH"] = f"{tmp_path}:{env.get('PATH', '/usr/bin:/bin')}"
-    want = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else "python3"
+    recent = os.access("/usr/bin/python3", os.X_OK) and subprocess.run(
+        ["/usr/bin/python3", "-c", "import sys; sys.exit(sys.version_info < (3, 11))"]).returncode == 0
+    want = "/usr/bin/python3" if recent else "python3"   # (an older system Python: PATH decides)
     assert _base_python(env) == want
     assert _base_python(dict(env, PYTHON="/opt/python3.12/bin/python3")) == "/opt/python3.12/bin/python3"
