@@ -41,7 +41,7 @@ OPEN_NODES = 512  # level-1 nodes kept open before the completed ones are writte
 # archived: its reads keep up, so the caller waits on the append before it, and one more batch
 # queued behind it kept both cores busier (day 0 -3.6 %, 11 of 11 pairs, +5 MB at the peak); a
 # source read one batch at a time gained nothing and stays at the store's own (benchmarks/README.md,
-# wave 18). A domain's disk is read two at a time but says `deep = False` (its memory, vm/source.py).
+# wave 18). A domain's disk is read two at a time but archived with deep=False (vm/sink.py: memory).
 DEEP = 2
 # Batches read ahead of the one being written, for such a source (one otherwise): with the
 # appends no longer the chain, the caller waited on the next batch's reads and hashes (day 0
@@ -268,7 +268,7 @@ def _chunks(reads, nulls, per):
         yield batch
 
 
-def write_image(store, src, size, prev=None, changed=None, zeros=(), progress=None, batch=None):
+def write_image(store, src, size, prev=None, changed=None, zeros=(), progress=None, batch=None, deep=True):
     """Archive `size` bytes of `src` as a tree; -> Root.
 
     src.read(offset, length) -> bytes-like gives the image as it is now (a
@@ -276,7 +276,7 @@ def write_image(store, src, size, prev=None, changed=None, zeros=(), progress=No
     count, which is used when present: batches are read into a few reused
     buffers (2 + the store's `ahead`), so the store must not keep a reference
     to the buffer it is given past `ahead` more write_blocks calls (a source that takes two
-    reads at once, `parallel_reads`, unless its `deep` is False: DEEP appends in flight and
+    reads at once, `parallel_reads`, unless deep is False: DEEP appends in flight and
     DEEP_READS batches read ahead, 1 + DEEP_READS + DEEP buffers); src.holes() -> [(offset, length)],
     when present, names ranges known to read as zero, which are never read.
     prev: the Root of the previous snapshot of this disk, or None.
@@ -367,8 +367,8 @@ def write_image(store, src, size, prev=None, changed=None, zeros=(), progress=No
     # Anonymous maps, not bytearrays: their pages are zero until the first read fills them.
     pipelined = getattr(store, "pipelined", None)
     ahead = getattr(store, "ahead", 1)
-    deep = (max(ahead, DEEP) if prehash is not None and HALVES and getattr(src, "parallel_reads", False)
-            and getattr(src, "deep", True) else None)
+    deep = (max(ahead, DEEP) if deep and prehash is not None and HALVES and getattr(src, "parallel_reads", False)
+            else None)
     ahead_reads = DEEP_READS if deep else 1
     # (a scope already open keeps its own `ahead`, at most deep: enough buffers for either)
     keep = 1 + ahead_reads + ((deep or ahead) if pipelined else 0)

@@ -190,8 +190,12 @@ class StoreSink(Sink):
         total = sum(n for _, n in changed) if changed is not None else size
         zeros = list(zeros)
         _one_malloc_arena()
+        # deep=False: an archive carries libvirt's libraries (~12 MB), and the deeper pipeline a raw
+        # image gets (image/tree.py DEEP, DEEP_READS, ~8 MB more) put a first run at 105-107 MB, above
+        # virtnbdbackup's 100 MB; a disk's two reads at once cost no memory (benchmarks/README.md,
+        # wave 20).
         root = write_image(self.store, src, size, prev=prev, changed=changed,
-                           zeros=zeros, progress=progress, batch=_batch(total))
+                           zeros=zeros, progress=progress, batch=_batch(total), deep=False)
         if prev is not None and changed is not None and prev.size == size:
             bs = self.store.block_size  # the ranges widened to whole blocks, merged
             runs = R.outer_blocks(R.as_runs(list(changed) + zeros), bs, -(-size // bs))

@@ -63,10 +63,6 @@ class SnapshotSource:
         self._files = {}
         self._nbd = None
 
-    # A domain's archive carries libvirt's libraries (~12 MB): the deeper pipeline a raw image
-    # gets (image/tree.py DEEP, DEEP_READS, ~8 MB more) put a first run at 105-107 MB, above
-    # virtnbdbackup's 100 MB; its two reads at once cost no memory (benchmarks/README.md, wave 20).
-    deep = False
     _parallel = None
 
     @property
