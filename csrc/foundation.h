@@ -140,7 +140,9 @@ int64_t fdn_unpack(fdn_codec *c, uint32_t arena, const uint8_t *iv,
  * errs, btypes and keys for n, keys 32 bytes each). A bad record is no
  * failure of the call: its FDN_E* code goes to errs[i] (0 when good) and it
  * takes no room in out; FDN_ESPACE there means the record does not fit in
- * out alone (decode it with fdn_unpack, which checks its tag first).
+ * out alone (decode it with fdn_unpack, which checks its tag first), and
+ * FDN_ESPAN that fdn_unpack of the record with these bytes finds the same
+ * (its own tag holds; its run is not wholly in buf).
  */
 int64_t fdn_unpack_many(fdn_codec *c, uint32_t arena, const uint8_t *iv,
 	const uint8_t *buf, size_t len, uint64_t base, const uint64_t *offs,

@@ -800,11 +800,17 @@ static int run_decode(fdn_codec *c, work *w, const uint8_t *iv, const fdn_entry 
 	int rc;
 
 	*bad = e->off;
-	if (e->off < sp->base || e->runj * step > e->off - sp->base)
+	if (e->off < sp->base || e->runj * step > e->off - sp->base ||
+	    k * step > sp->len - (size_t)(e->off - e->runj * step - sp->base)) {
+		/* Not wholly here. A batch (!own) says so only of a record whose own tag
+		 * holds, as a decode of it alone would: its caller reads the run and
+		 * need not decode the record alone to learn which failure it is. */
+		if (!own && e->off >= sp->base && (rc = check(c, w, sp->arena, iv, e->off,
+				sp->buf + (size_t)(e->off - sp->base), sp->len - (size_t)(e->off - sp->base), 1, &f)) != FDN_OK)
+			return rc;
 		return FDN_ESPAN;
+	}
 	first = e->off - e->runj * step;
-	if (k * step > sp->len - (size_t)(first - sp->base))
-		return FDN_ESPAN;
 	if (w->rvalid && w->rfirst == first && w->rk == k && w->rS == S && w->rR == R)
 		goto take;
 	w->rvalid = 0;

@@ -150,6 +150,41 @@ def test_a_member_alone_asks_for_its_run(impl):
         assert isinstance(got, RecordError) and got.kind in ("span", "truncated")
 
 
+@pytest.mark.parametrize("enc", [None, ENC])
+def test_a_batch_says_span_only_where_the_member_alone_would(impl, other, enc):
+    """Bytes that end inside runs (a span's edge): each member is judged in a batch as when decoded
+    alone with the same bytes, its own tag first, so "span" (read the run whole, no damage) is
+    never said of a damaged record; the caller takes the batch's answer without a decode alone."""
+    buf, keys = batch(24, kinds="t"), keys_for(24)
+    c, o = impl.Codec(enc, MAC, 1), other.Codec(enc, MAC, 1)
+    recs, offs = impl.pack(c, 3, IV, 72, 1, buf, 4096, keys, run=8)
+    recs = bytes(recs)
+    assert codecs_of(recs, offs, 72) == [2] * 24
+    lo, hi = offs[5] - 72, offs[19] - 72   # from member 5 of the first run to member 3 of the third
+    for victim in (None, 6, 18):           # none damaged; a damaged member at each cut end
+        bad = bytearray(recs[lo:hi])
+        if victim is not None:
+            bad[offs[victim] - 72 - lo + H + 1] ^= 0x10   # its payload: its own tag fails
+        part = list(offs[5:19])
+        want = []
+        for x in part:
+            try:
+                want.append(other.unpack(o, 3, IV, x, bytes(bad), lo + 72))
+            except RecordError as e:
+                want.append(("bad", e.kind, e.offset))
+        for u, codec in ((impl, c), (other, o)):
+            got = u.unpack_many(codec, 3, IV, bytes(bad), lo + 72, part, 2)
+            assert [("bad", g.kind, g.offset) if isinstance(g, RecordError) else g for g in got] == want
+            _, _, bd = u.unpack_blocks(codec, 3, IV, bytes(bad), lo + 72, part, 4096, threads=2)
+            assert {k: ("bad", e.kind, e.offset) for k, e in bd.items()} == \
+                {k: w for k, w in enumerate(want) if w[0] == "bad"}
+        kinds = sorted(w[1] for w in want if w[0] == "bad")
+        # the first run's members 5-7 and the third's 0-2 are cut: span, or the victim's tag
+        assert kinds == (["span"] * 6 if victim is None else ["span"] * 5 + ["tag"])
+        if victim is not None:
+            assert want[victim - 5] == ("bad", "tag", offs[victim])
+
+
 def test_a_run_is_sealed_whole_at_an_arena_end(impl, other):
     buf, keys = batch(40, kinds="t"), keys_for(40)
     c, o = impl.Codec(None, MAC, 1), other.Codec(None, MAC, 1)
@@ -322,9 +357,11 @@ def test_verify_and_restore_of_a_store_with_runs(tmp_path, capsys):
     assert out.read_bytes() == img
 
 
-def test_a_restore_whose_spans_cut_runs_reads_each_run_whole(tmp_path, capsys, monkeypatch):
-    """Log-order spans far shorter than a run: the runs their ends cut are read whole and decoded
-    where their blocks belong."""
+@pytest.mark.parametrize("margin", [None, 0])
+def test_a_restore_whose_spans_cut_runs_reads_each_run_whole(tmp_path, capsys, monkeypatch, margin):
+    """Spans far shorter than a run, nearly every end inside one: each read reaches a run's length
+    beyond its ends, so every block decodes from its span's own read; with no margin (a run longer
+    than it) the runs the ends cut are read again whole and decoded where their blocks belong."""
     from test_cli_images import cli, day, write
     from foundation.store import read as R
     store = make_store(tmp_path / "s", run=16)
@@ -334,11 +371,21 @@ def test_a_restore_whose_spans_cut_runs_reads_each_run_whole(tmp_path, capsys, m
     assert cli(capsys, store, "import-image", "vm", image_path, "--at", day(1))[0] == 0
     mended, mend = [], R.Reads._mend_runs
     monkeypatch.setattr(R.Reads, "_mend_runs", lambda self, *a: mended.append(1) or mend(self, *a))
-    monkeypatch.setattr(R, "LOG_SPAN", 3 * BS)
+    spans, plan = [], R.Reads._log_spans
+
+    def planned(self, addrs):
+        got = plan(self, addrs)
+        spans.extend(got)
+        return got
+
+    monkeypatch.setattr(R.Reads, "_log_spans", planned)
+    monkeypatch.setattr(R, "SPAN_BLOCKS", 5)
+    if margin is not None:
+        monkeypatch.setattr(R, "RUN_MARGIN", margin)
     out = tmp_path / "out.raw"
     assert cli(capsys, store, "restore", "vm", out)[0] == 0
     assert out.read_bytes() == img
-    assert mended
+    assert len(spans) > 20 and bool(mended) == (margin == 0)
 
 
 def test_a_damaged_member_fails_its_run_loudly_in_the_store(tmp_path):

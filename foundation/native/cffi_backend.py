@@ -242,7 +242,7 @@ class _Native:
                     except RecordError as bad:
                         items[i] = RecordError(bad.kind, bad.offset)  # (no traceback: it holds buf)
                 elif rc:
-                    items[i] = _why_bad(codec, arena, iv, offs[i], buf, base)
+                    items[i] = _why_bad(rc, codec, arena, iv, offs[i], buf, base)
         return items
 
     @staticmethod
@@ -285,7 +285,7 @@ class _Native:
             elif _ffi.buffer(errs + done, 4 * k)[:].count(0) != 4 * k:
                 for i, rc in enumerate(_ffi.unpack(errs + done, k)):
                     if rc:
-                        bad[done + i] = _why_bad(codec, arena, iv, offs[done + i], buf, base)
+                        bad[done + i] = _why_bad(rc, codec, arena, iv, offs[done + i], buf, base)
             done += k
         return out, bytes(keys), bad
 
@@ -324,7 +324,7 @@ class _Native:
                         continue
                     bad[i] = item if isinstance(item, RecordError) else RecordError("length", offs[i])
                 elif rc:
-                    bad[i] = _why_bad(codec, arena, iv, offs[i], buf, base)
+                    bad[i] = _why_bad(rc, codec, arena, iv, offs[i], buf, base)
         return out, bytes(keys), bad
 
     @staticmethod
@@ -643,9 +643,13 @@ def _take(size):
     return buf
 
 
-def _why_bad(codec, arena, iv, off, buf, base):
-    """The RecordError of a record a batch found bad, from decoding it alone: it names the record
-    at fault (for a run slice, the member that failed)."""
+def _why_bad(rc, codec, arena, iv, off, buf, base):
+    """The RecordError of a record a batch found bad (its code rc), from decoding it alone: it
+    names the record at fault (for a run slice, the member that failed). A run slice whose run
+    the bytes do not hold ("span": a span's edge cut it, no damage) needs no decode: the batch
+    says so only where the decode alone would (its own tag checked), and at that offset."""
+    if rc == _lib.FDN_ESPAN:
+        return RecordError("span", off)
     try:
         _Native.unpack(codec, arena, iv, off, buf, base)
     except RecordError as e:

@@ -34,6 +34,8 @@ LOG_SPAN = 2 << 20  # largest single read of a log-order pass: a restore holds ~
 # 8 MiB cost 30 MB more for no gain (benchmarks/README.md)
 SPAN_BLOCKS = 512  # most blocks a span decodes into one buffer (2 MiB of 4 KiB blocks)
 LOG_GAP = 256 << 10  # records closer than this share a read: the bytes between cost less than a seek
+RUN_MARGIN = 128 << 10  # most bytes a span's read reaches before its first record and past its last,
+# for the runs its ends cut (runs of 16 compressed 4 KiB blocks: ~30 KiB; 64 of 16 KiB blocks more: mended)
 AHEAD = 4  # spans read and decoded ahead of the consumer, in as many threads: with 2, both often
 # waited on the disk at once (a cold 2 GiB restore 2.84 -> 2.43 s on a quiet machine, +17 MB peak)
 READ_ALIGN = 4096  # what O_DIRECT asks of a read's offset, length and buffer
@@ -675,9 +677,22 @@ class Reads:
 
         A span ends at the first gap wider than LOG_GAP, before LOG_SPAN bytes or SPAN_BLOCKS
         records, or at the arena's end (a vda.raw window's spans alike); every end is
-        found in one C call (plan_cuts), so there is Python per span, not per block."""
+        found in one C call (plan_cuts), so there is Python per span, not per block.
+
+        A span's ends may fall inside runs (codec 2), whose members decode only with the whole
+        run in the buffer: each such run was read again alone (_mend_runs; ~660 more reads in a
+        2 GiB restore, each waited for by its worker). So a read reaches beyond each end by a
+        run's length (the store's `run` less one, at most RUN_MARGIN) where the two records
+        there lie closer than a record's largest size, one step apart: as a run's members do
+        (its records all of one size), and blocks stored raw, which form no run, never. Only a
+        run the guess misses is read again."""
         spans = []
         most = L.HEADER_SIZE + self.block_size  # a record's largest size
+        run = self.log.run - 1
+
+        def reach(step):  # bytes beyond an end whose two records lie step apart
+            return min(run * step, RUN_MARGIN) if 0 < step < most else 0
+
         if not isinstance(addrs, array.array):
             addrs = array.array("Q", addrs)
         i = 0
@@ -687,7 +702,11 @@ class Reads:
             base = arena << 32
             if start >= limit:
                 raise DataCorrupt(f"arena {arena} offset {start}: no record there (beyond the end of the log)")
-            spans.append((arena, start, min(addrs[j - 1] - base + most, limit) - start, i, j))
+            lo, end = start, addrs[j - 1] - base + most
+            if run > 0 and j - i > 1:
+                lo = max(lo - reach(addrs[i + 1] - addrs[i]), F.ARENA_HEADER_SIZE)
+                end += reach(addrs[j - 1] - addrs[j - 2])
+            spans.append((arena, lo, min(end, limit) - lo, i, j))
             i = j
         return spans
 
