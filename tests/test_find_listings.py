@@ -183,3 +183,37 @@ def test_a_night_told_its_changes_reads_nothing_of_the_store(tmp_path, monkeypat
         finally:
             idx.close()
     assert _tables(path) == _tables(idx.path)
+
+
+def test_the_listings_commit_without_fsync_and_a_damaged_one_goes_with_its_log(tmp_path):
+    """The database keeps a write-ahead log synced at checkpoints only (a night's update waits for
+    no fsync); its log files are the database's mode, and a damaged database is rebuilt with its
+    log removed, not replayed into the new one."""
+    import sqlite3
+    import stat
+
+    from foundation.snapshotfs.filesindex import FORMAT, FilesIndex
+
+    idx = FilesIndex(str(tmp_path), "u1")
+    try:
+        assert idx.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert idx.db.execute("PRAGMA synchronous").fetchone()[0] == 1      # NORMAL
+        with idx.db:
+            idx.db.execute("INSERT INTO snaps VALUES (7, 'vda', 'web', 't', 'r', 0, NULL)")
+        wal = idx.path + "-wal"
+        assert os.path.getsize(wal) > 0 and stat.S_IMODE(os.stat(wal).st_mode) == 0o600
+    finally:
+        idx.close()
+    assert not os.path.exists(idx.path + "-wal")          # checkpointed into the file at close
+    assert sqlite3.connect(idx.path).execute("SELECT sid FROM snaps").fetchall() == [(7,)]
+    # a damaged database beside a log of another: both dropped, the listings start again
+    with open(idx.path, "r+b") as f:
+        f.write(b"not a database" * 8)
+    with open(idx.path + "-wal", "wb") as f:
+        f.write(os.urandom(4096))
+    idx = FilesIndex(str(tmp_path), "u1")
+    try:
+        assert idx.db.execute("SELECT value FROM meta WHERE key = 'format'").fetchone()[0] == str(FORMAT)
+        assert idx.db.execute("SELECT count(*) FROM snaps").fetchone()[0] == 0
+    finally:
+        idx.close()
