@@ -21,6 +21,7 @@ import mmap
 import operator
 import os
 import struct
+import sys
 import threading
 
 from foundation import native
@@ -92,6 +93,15 @@ def _tasks(spans):
         size += sp[2]
     if run:
         close()
+    return out
+
+
+def _offsets(addrs):
+    """The arena offsets (low 32 bits) of log addresses, as u64s: the array copied and its high
+    halves zeroed in place, no Python int per address (a restore's 16,384 a pass cost 1.8 ms)."""
+    out = array.array("Q", addrs)
+    halves = memoryview(out).cast("B").cast("I")
+    halves[(sys.byteorder == "little")::2] = array.array("I", bytes(4 * len(out)))
     return out
 
 
@@ -349,7 +359,7 @@ class Reads:
             if reads is None:
                 most = max(sp[2] for sp in spans) if direct is None else max(LOG_SPAN, max(sp[2] for sp in spans))
                 reads = _SpanReads(self, sum(sp[2] for sp in spans), most, direct)
-            low = array.array("Q", map((0xFFFFFFFF).__and__, plan[1]))  # arena offsets, for every span at once
+            low = _offsets(plan[1])  # arena offsets, for every span at once
             ps = (tag, plan, target, low)
             # a pass into a target (a vda.raw window) keeps a task a span: its buffers stay the size
             # of its largest span
