@@ -343,11 +343,24 @@ def start_minio(d, detach=False):
             continue
         client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id=S3_USER,
                               aws_secret_access_key=S3_SECRET, config=Config(s3={"addressing_style": "path"}))
-        client.create_bucket(Bucket=BUCKET)
+        _make_bucket(client, deadline)
         options = {"endpoint": endpoint, "region": "us-east-1", "access_key": S3_USER, "secret_key": S3_SECRET,
                    "timeout": 10}
         return Server("s3", f"s3://{BUCKET}/", options, client=client, procs=[p])
     raise RuntimeError(f"MinIO did not start; see {d}/minio.log")
+
+
+def _make_bucket(client, deadline):
+    """Make BUCKET once MinIO serves requests: "live" answers before its start is done (with a KMS
+    key to set up, CreateBucket was refused as XMinioServerNotInitialized for a while)."""
+    from botocore.exceptions import ClientError
+    while True:
+        try:
+            return client.create_bucket(Bucket=BUCKET)
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") != "XMinioServerNotInitialized" or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 def _fixture(request, tmp_path_factory, start, *args, **kw):

@@ -88,9 +88,10 @@ class FilesIndex:
 
     def _open(self):
         self.db = sqlite3.connect(self.path, timeout=60)
-        # Write-ahead log, synced at its checkpoints only: a commit costs no fsync (a night's
-        # "nothing changed here" update waited ~30 ms for two). A power cut may lose the newest
-        # commits, never the file's consistency; the next update adds their snapshots again.
+        # Write-ahead log, synced at its checkpoints only: a commit waits for no fsync (the
+        # rollback journal took two a commit, each waiting behind whatever else the disk had
+        # queued). A power cut may lose the newest commits, never the file's consistency; the
+        # next update indexes their snapshots again.
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.executescript(SCHEMA)

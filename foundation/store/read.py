@@ -101,7 +101,8 @@ def _offsets(addrs):
     halves zeroed in place, no Python int per address (a restore's 16,384 a pass cost 1.8 ms)."""
     out = array.array("Q", addrs)
     halves = memoryview(out).cast("B").cast("I")
-    halves[(sys.byteorder == "little")::2] = array.array("I", bytes(4 * len(out)))
+    high = 1 if sys.byteorder == "little" else 0  # which u32 of each u64 holds its high bits
+    halves[high::2] = array.array("I", bytes(4 * len(out)))
     return out
 
 
@@ -689,13 +690,13 @@ class Reads:
         records, or at the arena's end (a vda.raw window's spans alike); every end is
         found in one C call (plan_cuts), so there is Python per span, not per block.
 
-        A span's ends may fall inside runs (codec 2), whose members decode only with the whole
-        run in the buffer: each such run was read again alone (_mend_runs; ~660 more reads in a
-        2 GiB restore, each waited for by its worker). So a read reaches beyond each end by a
-        run's length (the store's `run` less one, at most RUN_MARGIN) where the two records
-        there lie closer than a record's largest size, one step apart: as a run's members do
-        (its records all of one size), and blocks stored raw, which form no run, never. Only a
-        run the guess misses is read again."""
+        A span's ends often fall inside runs (codec 2), whose members decode only with the whole
+        run in the buffer; each such run was read again alone (_mend_runs: ~660 more reads in a
+        2 GiB restore, each waited for by its worker). So where the two records at an end lie
+        `step` apart and step is below a record's largest size, as a run's members do (they are
+        all one size), the read reaches (run - 1) x step beyond that end (at most RUN_MARGIN);
+        blocks stored raw, 64 + B apart, form no run and get no margin. A run this guess misses
+        is still read again alone."""
         spans = []
         most = L.HEADER_SIZE + self.block_size  # a record's largest size
         run = self.log.run - 1
