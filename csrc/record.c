@@ -787,8 +787,9 @@ typedef struct {
  * slices, decode the one frame of k R bytes (the padding after it zero
  * bytes, fewer than k of them) and copy block j to out. *bad: the record at
  * fault (the member whose check failed; e itself for the frame). e's own
- * tag first, unless own (the caller checked it); a run this thread decoded
- * in this call already is not checked again (its bytes were, in full).
+ * tag first, unless own (the caller checked it), whether or not its run is
+ * wholly in sp (FDN_ESPAN if not); a run this thread decoded in this call
+ * already is not checked again (its bytes were, in full).
  */
 static int run_decode(fdn_codec *c, work *w, const uint8_t *iv, const fdn_entry *e,
 	const span *sp, uint8_t *out, uint64_t *bad, int own)
@@ -797,26 +798,23 @@ static int run_decode(fdn_codec *c, work *w, const uint8_t *iv, const fdn_entry 
 	size_t k = e->runk, S = e->slen, R = e->rlen, F, r;
 	unsigned long long content;
 	fdn_entry f;
-	int rc;
+	int rc, whole;
 
 	*bad = e->off;
-	if (e->off < sp->base || e->runj * step > e->off - sp->base ||
-	    k * step > sp->len - (size_t)(e->off - e->runj * step - sp->base)) {
-		/* Not wholly here. A batch (!own) says so only of a record whose own tag
-		 * holds, as a decode of it alone would: its caller reads the run and
-		 * need not decode the record alone to learn which failure it is. */
-		if (!own && e->off >= sp->base && (rc = check(c, w, sp->arena, iv, e->off,
-				sp->buf + (size_t)(e->off - sp->base), sp->len - (size_t)(e->off - sp->base), 1, &f)) != FDN_OK)
-			return rc;
+	if (e->off < sp->base)
 		return FDN_ESPAN;
-	}
 	first = e->off - e->runj * step;
-	if (w->rvalid && w->rfirst == first && w->rk == k && w->rS == S && w->rR == R)
+	whole = e->runj * step <= e->off - sp->base && k * step <= sp->len - (size_t)(first - sp->base);
+	if (whole && w->rvalid && w->rfirst == first && w->rk == k && w->rS == S && w->rR == R)
 		goto take;
-	w->rvalid = 0;
+	/* e's own tag before FDN_ESPAN too: a batch then says "not wholly here" only
+	 * where a decode of e alone would, and its caller need not decode it again */
 	if (!own && (rc = check(c, w, sp->arena, iv, e->off, sp->buf + (size_t)(e->off - sp->base),
 				sp->len - (size_t)(e->off - sp->base), 1, &f)) != FDN_OK)
 		return rc;
+	if (!whole)
+		return FDN_ESPAN;
+	w->rvalid = 0;
 	if (!grow(&w->tmp, &w->tmpcap, k * S) || !grow(&w->run, &w->runcap, k * R))
 		return FDN_ENOMEM;
 	for (size_t m = 0; m < k; m++) {

@@ -451,8 +451,9 @@ def test_restore_reads_the_log_in_order_window_by_window(store, tmp_path, monkey
     span_read, span_open = read_mod._SpanReads.read, read_mod._SpanReads.open
 
     def spy(self, arena, start, size, rb):
-        reads.append((arena, start, size))  # (two windows' spans may start alike: a span reads
-        return span_read(self, arena, start, size, rb)  # a run's length before its first record)
+        # by size too: two windows' spans may start alike (a read reaches back a run's length)
+        reads.append((arena, start, size))
+        return span_read(self, arena, start, size, rb)
 
     def spy_open(self, arena):
         order.append(arena)
