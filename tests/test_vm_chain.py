@@ -1,6 +1,8 @@
 """The archiver against a real libvirtd and QEMU: nights of writes, every snapshot byte for byte."""
 
+import json
 import os
+import subprocess
 
 import pytest
 
@@ -171,3 +173,59 @@ def test_merge_starts_while_the_day_is_stored(make_vm, dir_archive):
     assert seen == [[("vda", False, True), ("vdb", False, True)]] + [[("vda", True, True), ("vdb", True, True)]] * 2
     dir_archive.check(vm.name, states)
     vm.assert_healthy()
+
+
+def test_new_overlays_are_made_before_the_snapshot_call(make_vm, dir_archive, monkeypatch):
+    """The snapshot call only opens the new overlays (REUSE_EXT): each is made before it, as libvirt
+    would make it (the backing's cluster size, its chain in the header), private (0600)."""
+    from foundation.vm import domain
+
+    vm = make_vm([DiskSpec("vda", "raw"), DiskSpec("vdb", "qcow2", opts="cluster_size=128k")])
+    seen = []
+    real = domain.Domain.snapshot
+
+    def spy(self, news, others, **kw):
+        seen.append({t: (os.path.exists(p), vm.top(t)) for t, p in news.items()})
+        return real(self, news, others, **kw)
+
+    monkeypatch.setattr(domain.Domain, "snapshot", spy)
+    states = nights(vm, dir_archive, PLAN[:2])
+    dir_archive.check(vm.name, states)
+    vm.assert_healthy()
+    assert len(seen) == 2 and all(exists for call in seen for exists, _ in call.values()), seen
+    # the first night's overlays sit on the bases, the second's on the first's, each made before its call
+    assert [{t: top for t, (_, top) in call.items()} for call in seen][0] == {
+        "vda": os.path.join(vm.dir, "vda.raw"), "vdb": os.path.join(vm.dir, "vdb.qcow2")}
+    for t in ("vda", "vdb"):
+        new = vm.top(t)
+        assert os.stat(new).st_mode & 0o777 == 0o600
+        info = json.loads(subprocess.run(["qemu-img", "info", "-U", "--output=json", new], capture_output=True,
+                                         text=True, check=True).stdout)
+        # the second night's overlay sits on the base again (overlay(k) merged), as its header says
+        assert info["full-backing-filename"] == os.path.join(vm.dir, f"{t}.{'raw' if t == 'vda' else 'qcow2'}")
+        assert info["cluster-size"] == (128 << 10 if t == "vdb" else 64 << 10)
+    assert not [f for f in os.listdir(vm.dir) if f.endswith(".part")]
+
+
+def test_overlay_cut_short_is_removed_by_the_next_run(make_vm, dir_archive):
+    """Killed while a new overlay was being made (its .part left, the snapshot not taken): the next run
+    removes it with the other new overlays, and archives the night whole."""
+    from foundation.image import qemuimg
+
+    vm = make_vm(TWO_DISKS)
+    states = nights(vm, dir_archive, PLAN[:1])
+    vm.write("vda", 0x5A, 2 * MiB, 64 << 10)
+    p = dir_archive.run_child(vm.name, crash_at="snapshot-overlays")
+    assert p.returncode == 137, p.stdout + p.stderr
+    made = sorted(f for f in os.listdir(vm.dir) if ".fdn-" in f)
+    assert len(made) == 4, made        # the chain's two overlays and the killed run's two new ones
+    # as if the kill had come while qemu-img wrote the second one
+    new = os.path.join(vm.dir, made[-1])
+    os.rename(new, new + qemuimg.PART)
+    r = dir_archive.run(vm.name)
+    assert r.status == "ok", r.error
+    assert any("stopped before its snapshot; rolled back" in x for x in r.repaired), r.repaired
+    states.append(vm.state())
+    dir_archive.check(vm.name, states)
+    vm.assert_healthy()
+    assert not [f for f in os.listdir(vm.dir) if f.endswith(qemuimg.PART)]

@@ -68,6 +68,7 @@ class DiskSpec:
     target: str
     fmt: str = "raw"           # format of the base: raw | qcow2
     size: int = 32 * MiB
+    opts: str = ""             # qemu-img create -o of the base (e.g. a cluster size)
 
 
 class VM:
@@ -84,7 +85,8 @@ class VM:
         xml_disks = []
         for d in disks:
             path = os.path.join(self.dir, f"{d.target}.{d.fmt}")
-            subprocess.run(["qemu-img", "create", "-q", "-f", d.fmt, path, str(d.size)], check=True)
+            subprocess.run(["qemu-img", "create", "-q", "-f", d.fmt, *(["-o", d.opts] if d.opts else []), path,
+                            str(d.size)], check=True)
             self.model[d.target] = bytearray(d.size)
             xml_disks.append(
                 f"<disk type='file' device='disk'><driver name='qemu' type='{d.fmt}'/>"

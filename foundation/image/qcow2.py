@@ -162,6 +162,29 @@ class Image:
         return out
 
 
+EXTENDED_L2 = 1 << 4  # incompatible feature bit (version 3): subclusters
+
+
+def layer_options(path):
+    """The `qemu-img create -o` options of a layer over qcow2 `path` that libvirt would give the
+    overlay of a snapshot: the same cluster size, and extended L2 entries if it has them; ""
+    where the header cannot be read (qemu-img's defaults)."""
+    try:
+        with open(path, "rb") as f:
+            h = f.read(80)
+    except OSError:
+        return ""
+    if len(h) < 72 or h[:4] != MAGIC:
+        return ""
+    version, bits = _be(h, ">I", 4)[0], _be(h, ">I", 20)[0]
+    if not 9 <= bits <= 21:
+        return ""
+    opts = f"cluster_size={1 << bits}"
+    if version == 3 and len(h) >= 80 and _be(h, ">Q", 72)[0] & EXTENDED_L2:
+        opts += ",extended_l2=on"
+    return opts
+
+
 def _open(path, lock):
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:

@@ -23,13 +23,14 @@ snapshot, so it can always be archived later).
 
     journaled step  what may have happened        what the next run does
     --------------  ----------------------------  ------------------------------------------
-    snapshot        nothing; overlay files        the domain (live XML if running, else its
-                    created; or the snapshot      config) uses the new overlays: taken ->
-                    taken (libvirt is atomic      continue at `archive`, recorded as crash-
-                    over all disks)               consistent at the journaled time. Not taken
-                                                  -> delete the unused, empty new files (one
-                                                  holding data is never deleted: the run stops
-                                                  and says so); the run is dropped.
+    snapshot        nothing; new overlays made    the domain (live XML if running, else its
+                    (some, or one cut short as    config) uses the new overlays: taken ->
+                    its .part), or all; or the    continue at `archive`, recorded as crash-
+                    snapshot taken (libvirt is    consistent at the journaled time. Not taken
+                    atomic over all disks)        -> delete the unused, empty new files and
+                                                  any .part (one holding data is never
+                                                  deleted: the run stops and says so); the
+                                                  run is dropped.
     archive         part of the disks archived;   the catalog has the run's id -> go on to
                     the catalog record may be     `commit`; otherwise wait for a commit job
                     committed; a running VM's     still running on the disk, then archive
@@ -96,8 +97,8 @@ log = logging.getLogger(__name__)
 
 CRASH_ENV = "FOUNDATION_TEST_CRASH_AT"
 # <step>: right after journaling the step, before doing it; <step>-done: right after doing it.
-CRASH_POINTS = ("snapshot", "snapshot-done", "archive", "commit-early", "archive-disk", "archive-done",
-                "commit", "commit-started", "commit-done", "cleanup", "cleanup-done")
+CRASH_POINTS = ("snapshot", "snapshot-overlays", "snapshot-done", "archive", "commit-early", "archive-disk",
+                "archive-done", "commit", "commit-started", "commit-done", "cleanup", "cleanup-done")
 FROZEN_POINT = "frozen"   # with the guest's file systems frozen (only reached with a guest agent)
 OVERLAY_RE = re.compile(r"^(.*)\.fdn-(\d+)\.qcow2$")
 MERGE_ATTEMPTS = 3
@@ -345,6 +346,8 @@ class Archiver:
         """Delete the overlays of a snapshot that was not taken: only if unused and empty."""
         for t, d in run["disks"].items():
             p = d["new"]
+            if p and os.path.exists(p + qemuimg.PART):
+                os.unlink(p + qemuimg.PART)   # its making was cut short: never used
             if not p or not os.path.exists(p):
                 continue
             if qemuimg.layer_map(p):
@@ -493,6 +496,9 @@ class Archiver:
         # the maps the archive reads next (qcow2 headers and tables), asked for while libvirt works
         want = [(d["old"], "qcow2") if d["old"] else (d["base"], d["base_format"]) for d in run["disks"].values()]
         threading.Thread(target=_prefetch, args=(want,), name="prefetch", daemon=True).start()
+        for d in run["disks"].values():     # before the freeze: the snapshot call only opens them
+            qemuimg.new_layer(d["new"], d["old"] or d["base"], "qcow2" if d["old"] else d["base_format"])
+        _crash("snapshot-overlays")
         if run["live"] and why is None:
             when = _now()
             try:
