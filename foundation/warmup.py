@@ -14,6 +14,10 @@ It is a hint and nothing more: no byte goes into Python, a missing file is
 skipped, no error reaches the command, and a warm cache costs ~1 ms;
 FOUNDATION_WARMUP=0 turns it off.
 
+`archive` also runs `qemu-img create` for each night's new overlays (its
+shared libraries are QEMU's, mapped already; its own file is not): the
+program file is asked for with the modules.
+
 `archive` also imports libvirt's binding, whose ~50 shared libraries the
 dynamic loader reads page by page on a cold cache (50 major faults, ~18
 ms of a night's 36 ms import). Which libraries they are depends on the
@@ -56,6 +60,7 @@ OURS = ("", "native", "store", "image", "catalog", "crypto")  # our packages: ev
 CLI = ("__init__", "logs", "common")  # and of the command line, these and the command's own
 # `archive` also loads the archiver and libvirt's binding (its C library is libvirtd's, mapped already)
 VM_PACKAGES, VM_SITE, VM_SITE_PY = ("vm",), ("libvirtmod",), ("libvirt",)
+VM_PROGRAM = "qemu-img"  # on PATH: the new overlays of `archive` (image/qemuimg.py NewLayer)
 SUMMARIES, SUMMARIES_MAX = "summaries", 32 << 20  # a night's old tree nodes need most of the arenas' summaries
 
 CONFIG, CONFIG_ENV = "/etc/foundation/foundation.toml", "FOUNDATION_CONFIG"  # foundation.config's
@@ -114,6 +119,7 @@ def _files(argv, env):
         state = _option(argv, "--state-dir") or env.get(STATE_ENV) or _configured(config, "state_dir") or STATE_DIR
         asked = {p for p, _ in out}
         out += [(p, 0) for p in _remembered(os.path.join(state, LIBS)) if p not in asked]
+        out += [(p, 0) for p in _on_path(VM_PROGRAM, env)]  # needed after the libraries
     store = _option(argv, "--store") or env.get("FOUNDATION_STORE") or _configured(config, "store")
     if store:
         out += [(os.path.join(store, f), 0) for f in STORE_FILES]
@@ -279,6 +285,15 @@ def _modules(command):
                 out.append(os.path.join(d, n))
     out += [os.path.join(here, n) for n in _listdir(here) if n.startswith("_native") and n.endswith(".so")]
     return out
+
+
+def _on_path(name, env):
+    """[the first `name` on PATH], or []."""
+    for d in env.get("PATH", os.defpath).split(os.pathsep):
+        p = os.path.join(d or ".", name)
+        if os.path.isfile(p):
+            return [p]
+    return []
 
 
 def _listdir(d):

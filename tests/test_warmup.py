@@ -128,6 +128,12 @@ def test_archive_asks_for_the_archiver_libvirt_and_the_summaries(tmp_path, monke
     pyc = importlib.util.cache_from_source(archiver.__file__)
     assert pyc in files or not os.path.exists(pyc)  # (none is written under PYTHONDONTWRITEBYTECODE)
     assert any(os.path.basename(f).startswith("libvirtmod") for f in files)
+    # the program that makes the night's new overlays, from PATH
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / warmup.VM_PROGRAM).write_bytes(b"\x7fELF")
+    env = {"PATH": f"{tmp_path / 'nowhere'}:{tmp_path / 'bin'}"}
+    assert str(tmp_path / "bin" / warmup.VM_PROGRAM) in dict(warmup._files(["archive"], env))
+    assert not [f for f in dict(warmup._files(["import-image"], env)) if warmup.VM_PROGRAM in f]
     # an import-image does not load the archiver; a night of a big store asks for no summary
     assert not any(os.sep.join(("foundation", "vm", "")) in f for f in dict(warmup._files(["import-image"], {})))
     monkeypatch.setattr(warmup, "SUMMARIES_MAX", 1500)

@@ -184,39 +184,57 @@ def create_overlay(path, backing, backing_fmt):
          f"create {path}")
 
 
-PART = ".part"  # a new layer's name while qemu-img writes it (new_layer): never used by QEMU
+PART = ".part"  # a new layer's name while qemu-img writes it (NewLayer): never used by QEMU
 
 
-def new_layer(path, backing, backing_fmt):
-    """A new, empty qcow2 layer over `backing`, made as libvirt makes a snapshot's overlay, for a
-    snapshot taken with REUSE_EXT: the backing's cluster size (and extended L2) when it is qcow2,
+class NewLayer:
+    """A new, empty qcow2 layer over `backing` being made, as libvirt makes a snapshot's overlay, for
+    a snapshot taken with REUSE_EXT: the backing's cluster size (and extended L2) when it is qcow2,
     mode 0600, the owner and group of the backing (the file QEMU writes now, so QEMU may write this
-    one too). Written as path + PART and linked to `path` only whole, so `path` is never a torn
-    header; FileExistsError if `path` exists (it is never replaced)."""
-    part = path + PART
-    if os.path.exists(part):
-        os.unlink(part)          # a creation cut short: QEMU never saw it
-    fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-    try:
-        st = os.stat(backing)
+    one too). qemu-img writes path + PART while the caller works on; done() waits for it and links
+    it to `path` whole, so `path` is never a torn header and never replaced (FileExistsError);
+    close() abandons it. A PART left behind (a kill) is QEMU's never: the next making of the same
+    name removes it."""
+
+    def __init__(self, path, backing, backing_fmt):
+        self.path, self.part = path, path + PART
+        _unlink(self.part)
+        fd = os.open(self.part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
-            os.fchown(fd, st.st_uid, st.st_gid)
-        except PermissionError:
-            pass                 # not root: the file is ours, as QEMU's is
-    finally:
-        os.close(fd)
-    try:
+            st = os.stat(backing)
+            try:
+                os.fchown(fd, st.st_uid, st.st_gid)
+            except PermissionError:
+                pass             # not root: the file is ours, as QEMU's is
+        finally:
+            os.close(fd)
         opts = qcow2.layer_options(backing) if backing_fmt == "qcow2" else ""
-        run(["create", "-q", "-f", "qcow2", *(["-o", opts] if opts else []), "-b", backing, "-F", backing_fmt,
-             part], f"create {path}")
-        os.link(part, path)
-    finally:
-        os.unlink(part)
-    d = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY | os.O_DIRECTORY)
+        self.job = Started(["create", "-q", "-f", "qcow2", *(["-o", opts] if opts else []), "-b", backing,
+                            "-F", backing_fmt, self.part], f"create {path}")
+
+    def done(self):
+        try:
+            self.job.result()
+            os.link(self.part, self.path)
+        finally:
+            _unlink(self.part)
+        d = os.open(os.path.dirname(os.path.abspath(self.path)), os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(d)          # the domain will name it: its name outlives a host crash
+        finally:
+            os.close(d)
+
+    def close(self):
+        """Stop qemu-img if it still runs and drop the part (done() already did, if it ran)."""
+        self.job.close()
+        _unlink(self.part)
+
+
+def _unlink(path):
     try:
-        os.fsync(d)              # the domain will name it: its name outlives a host crash
-    finally:
-        os.close(d)
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 def commit(path):

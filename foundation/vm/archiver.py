@@ -347,7 +347,7 @@ class Archiver:
         for t, d in run["disks"].items():
             p = d["new"]
             if p and os.path.exists(p + qemuimg.PART):
-                os.unlink(p + qemuimg.PART)   # its making was cut short: never used
+                os.unlink(p + qemuimg.PART)   # its making was cut short: QEMU never used it
             if not p or not os.path.exists(p):
                 continue
             if qemuimg.layer_map(p):
@@ -387,16 +387,34 @@ class Archiver:
             for d in rdisks.values():
                 d["new"] = None
             run.update(step="archive", time=run["started"], quiesced=False)
-        rec["seq"] = seq
-        rec["run"] = run
-        journal.save(self.state_dir, rec)
-        _crash(run["step"])
+        # The new overlays are made (qemu-img, 15-40 ms) while the run is journaled and its snapshot
+        # prepared; the snapshot call only opens them. A kill before the journal names them leaves a
+        # .part, which the next run, making the same names, removes.
+        making = []
         try:
-            self._advance(dom, rec, run, res)
+            for d in rdisks.values():
+                if d["new"]:
+                    making.append(qemuimg.NewLayer(d["new"], d["old"] or d["base"],
+                                                   "qcow2" if d["old"] else d["base_format"]))
+        except BaseException:
+            for m in making:
+                m.close()
+            raise
+        try:
+            rec["seq"] = seq
+            rec["run"] = run
+            journal.save(self.state_dir, rec)
+            _crash(run["step"])
+            self._advance(dom, rec, run, res, making)
         except Exception:
             if run["step"] == "snapshot":     # libvirt refused the snapshot: undo now if nothing happened
+                for m in making:
+                    m.close()
                 self._undo_snapshot(dom, rec, run)
             raise
+        finally:
+            for m in making:
+                m.close()                     # abandoned ones (done() already cleaned up the rest)
         res.status = "unchanged" if all(d["new"] is None for d in rdisks.values()) else "ok"
 
     def _adopt(self, dom, rec, disks, res):
@@ -444,10 +462,11 @@ class Archiver:
                 return False
         return True
 
-    def _advance(self, dom, rec, run, res):
-        """Carry the run from its journaled step to the end."""
+    def _advance(self, dom, rec, run, res, making=()):
+        """Carry the run from its journaled step to the end (`making`: the new overlays being made,
+        when it starts at the snapshot)."""
         if run["step"] == "snapshot":
-            self._snapshot(dom, run, res)
+            self._snapshot(dom, run, res, making)
             _crash("snapshot-done")
             run["step"] = "archive"
             journal.save(self.state_dir, rec)
@@ -485,7 +504,7 @@ class Archiver:
 
     # -- the steps ------------------------------------------------------------
 
-    def _snapshot(self, dom, run, res):
+    def _snapshot(self, dom, run, res, making):
         news = {t: d["new"] for t, d in run["disks"].items()}
         others = [s["target"] for s in run["skipped_disks"]]
         run["live"] = dom.active()          # asked again: the snapshot acts on what the domain is now
@@ -496,8 +515,8 @@ class Archiver:
         # the maps the archive reads next (qcow2 headers and tables), asked for while libvirt works
         want = [(d["old"], "qcow2") if d["old"] else (d["base"], d["base_format"]) for d in run["disks"].values()]
         threading.Thread(target=_prefetch, args=(want,), name="prefetch", daemon=True).start()
-        for d in run["disks"].values():     # before the freeze: the snapshot call only opens them
-            qemuimg.new_layer(d["new"], d["old"] or d["base"], "qcow2" if d["old"] else d["base_format"])
+        for m in making:                    # before the freeze: the snapshot call only opens them
+            m.done()
         _crash("snapshot-overlays")
         if run["live"] and why is None:
             when = _now()

@@ -276,7 +276,7 @@ class Domain:
         Works on a running domain (QEMU switches to the new overlays
         atomically) and on a shut-off one (libvirt points the config at
         them). `news` maps target -> new overlay path, each made already by
-        the caller (qemuimg.new_layer): libvirt only opens them (REUSE_EXT),
+        the caller (qemuimg.NewLayer): libvirt only opens them (REUSE_EXT),
         so making them is not part of the pause, nor of the freeze (the
         call took 76 ms median for two disks of a real guest under TCG when
         libvirt made them, 47 ms since). `others` are targets left as they are.
