@@ -16,7 +16,7 @@ FOUNDATION_WARMUP=0 turns it off.
 
 `archive` also runs `qemu-img create` for each night's new overlays (its
 shared libraries are QEMU's, mapped already; its own file is not): the
-program file is asked for with the modules.
+program file is asked for after the libraries.
 
 `archive` also imports libvirt's binding, whose ~50 shared libraries the
 dynamic loader reads page by page on a cold cache (50 major faults, ~18

@@ -213,3 +213,30 @@ def test_the_chain_takes_the_top_from_its_locked_map_while_it_is_unchanged(image
     read.clear()
     got = qcow2.chain_map(top)
     assert read == [top, images["qcow2"]] and (5 * MiB, 64 << 10, top) in [(s, n, f) for s, n, f, _, _ in got]
+
+
+def test_new_layer_is_whole_or_absent(tmp_path):
+    """NewLayer: the overlay appears under its name only whole, with its backing's cluster size and
+    extended L2 when that is qcow2; a failed making leaves neither the name nor its .part."""
+    base = tmp_path / "base.qcow2"
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-o", "cluster_size=256k,extended_l2=on",
+                    str(base), str(SIZE)], check=True)
+    new = tmp_path / "base.qcow2.fdn-1.qcow2"
+    (tmp_path / ("base.qcow2.fdn-1.qcow2" + qemuimg.PART)).write_bytes(b"cut short")  # a kill's leftover
+    made = qemuimg.NewLayer(str(new), str(base), "qcow2")
+    made.done()
+    info = qemuimg.info(str(new), "qcow2")
+    assert info["cluster-size"] == 256 << 10 and info["format-specific"]["data"]["extended-l2"] is True
+    assert info["full-backing-filename"] == str(base) and new.stat().st_mode & 0o777 == 0o600
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["base.qcow2", new.name]
+    with pytest.raises(FileExistsError):  # never replaced
+        qemuimg.NewLayer(str(new), str(base), "qcow2").done()
+    assert qemuimg.info(str(new), "qcow2")["full-backing-filename"] == str(base)
+    # a backing qemu-img cannot open as the format named: QemuImgFailed, nothing left behind
+    raw = tmp_path / "raw.img"
+    raw.write_bytes(bytes(SIZE))
+    with pytest.raises(qemuimg.QemuImgFailed, match="create"):
+        qemuimg.NewLayer(str(tmp_path / "raw.img.fdn-1.qcow2"), str(raw), "qcow2").done()
+    with pytest.raises(FileNotFoundError):  # no backing at all
+        qemuimg.NewLayer(str(tmp_path / "gone.fdn-1.qcow2"), str(tmp_path / "gone"), "raw")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["base.qcow2", new.name, "raw.img"]

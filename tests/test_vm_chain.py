@@ -193,16 +193,18 @@ def test_new_overlays_are_made_before_the_snapshot_call(make_vm, dir_archive, mo
     dir_archive.check(vm.name, states)
     vm.assert_healthy()
     assert len(seen) == 2 and all(exists for call in seen for exists, _ in call.values()), seen
-    # the first night's overlays sit on the bases, the second's on the first's, each made before its call
-    assert [{t: top for t, (_, top) in call.items()} for call in seen][0] == {
-        "vda": os.path.join(vm.dir, "vda.raw"), "vdb": os.path.join(vm.dir, "vdb.qcow2")}
+    # each made before its call, over the top of the day: the bases, then the first night's overlays
+    bases = {"vda": os.path.join(vm.dir, "vda.raw"), "vdb": os.path.join(vm.dir, "vdb.qcow2")}
+    assert [{t: top for t, (_, top) in call.items()} for call in seen] == [
+        bases, {t: f"{b}.fdn-1.qcow2" for t, b in bases.items()}]
     for t in ("vda", "vdb"):
         new = vm.top(t)
         assert os.stat(new).st_mode & 0o777 == 0o600
         info = json.loads(subprocess.run(["qemu-img", "info", "-U", "--output=json", new], capture_output=True,
                                          text=True, check=True).stdout)
-        # the second night's overlay sits on the base again (overlay(k) merged), as its header says
-        assert info["full-backing-filename"] == os.path.join(vm.dir, f"{t}.{'raw' if t == 'vda' else 'qcow2'}")
+        # the second night's overlay sits on the base again (overlay(k) merged), as its header says; vdb's
+        # has the base's cluster size, passed on through the first night's overlay
+        assert info["full-backing-filename"] == bases[t]
         assert info["cluster-size"] == (128 << 10 if t == "vdb" else 64 << 10)
     assert not [f for f in os.listdir(vm.dir) if f.endswith(".part")]
 

@@ -201,16 +201,20 @@ class NewLayer:
         _unlink(self.part)
         fd = os.open(self.part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
-            st = os.stat(backing)
             try:
-                os.fchown(fd, st.st_uid, st.st_gid)
-            except PermissionError:
-                pass             # not root: the file is ours, as QEMU's is
-        finally:
-            os.close(fd)
-        opts = qcow2.layer_options(backing) if backing_fmt == "qcow2" else ""
-        self.job = Started(["create", "-q", "-f", "qcow2", *(["-o", opts] if opts else []), "-b", backing,
-                            "-F", backing_fmt, self.part], f"create {path}")
+                st = os.stat(backing)
+                try:
+                    os.fchown(fd, st.st_uid, st.st_gid)
+                except PermissionError:
+                    pass         # not root: the file is ours, as QEMU's is
+            finally:
+                os.close(fd)
+            opts = qcow2.layer_options(backing) if backing_fmt == "qcow2" else ""
+            self.job = Started(["create", "-q", "-f", "qcow2", *(["-o", opts] if opts else []), "-b", backing,
+                                "-F", backing_fmt, self.part], f"create {path}")
+        except BaseException:
+            _unlink(self.part)
+            raise
 
     def done(self):
         try:
