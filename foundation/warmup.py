@@ -288,7 +288,8 @@ def _modules(command):
 
 
 def _on_path(name, env):
-    """[the first `name` on PATH], or []."""
+    """[the first `name` on PATH], or [] (shutil.which, without importing shutil before the command
+    does: it loads bz2 and lzma)."""
     for d in env.get("PATH", os.defpath).split(os.pathsep):
         p = os.path.join(d or ".", name)
         if os.path.isfile(p):

@@ -223,8 +223,7 @@ def test_new_layer_is_whole_or_absent(tmp_path):
                     str(base), str(SIZE)], check=True)
     new = tmp_path / "base.qcow2.fdn-1.qcow2"
     (tmp_path / ("base.qcow2.fdn-1.qcow2" + qemuimg.PART)).write_bytes(b"cut short")  # a kill's leftover
-    made = qemuimg.NewLayer(str(new), str(base), "qcow2")
-    made.done()
+    qemuimg.NewLayer(str(new), str(base), "qcow2").done()
     info = qemuimg.info(str(new), "qcow2")
     assert info["cluster-size"] == 256 << 10 and info["format-specific"]["data"]["extended-l2"] is True
     assert info["full-backing-filename"] == str(base) and new.stat().st_mode & 0o777 == 0o600

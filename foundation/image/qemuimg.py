@@ -179,7 +179,7 @@ def chain_map(path, fmt, pool=None, layers_out=None):
 
 
 def create_overlay(path, backing, backing_fmt):
-    """A new, empty qcow2 image over `backing` (offline snapshot of a shut-off VM)."""
+    """A new, empty qcow2 image over `backing` (a clone's disk for `boot`)."""
     run(["create", "-q", "-f", "qcow2", "-b", backing, "-F", backing_fmt, path],
          f"create {path}")
 
@@ -192,13 +192,13 @@ class NewLayer:
     a snapshot taken with REUSE_EXT: the backing's cluster size (and extended L2) when it is qcow2,
     mode 0600, the owner and group of the backing (the file QEMU writes now, so QEMU may write this
     one too). qemu-img writes path + PART while the caller works on; done() waits for it and links
-    it to `path` whole, so `path` is never a torn header and never replaced (FileExistsError);
-    close() abandons it. A PART left behind (a kill) is QEMU's never: the next making of the same
-    name removes it."""
+    it to `path` whole, so `path` is never a torn header and never replaced (FileExistsError); the
+    caller fsyncs the directory (once for all of a run's layers). close() abandons it. A PART left
+    behind (a kill) is QEMU's never: drop_part, or the next making of the same name, removes it."""
 
     def __init__(self, path, backing, backing_fmt):
         self.path, self.part = path, path + PART
-        _unlink(self.part)
+        drop_part(path)
         fd = os.open(self.part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
             try:
@@ -213,7 +213,7 @@ class NewLayer:
             self.job = Started(["create", "-q", "-f", "qcow2", *(["-o", opts] if opts else []), "-b", backing,
                                 "-F", backing_fmt, self.part], f"create {path}")
         except BaseException:
-            _unlink(self.part)
+            drop_part(path)
             raise
 
     def done(self):
@@ -221,22 +221,18 @@ class NewLayer:
             self.job.result()
             os.link(self.part, self.path)
         finally:
-            _unlink(self.part)
-        d = os.open(os.path.dirname(os.path.abspath(self.path)), os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(d)          # the domain will name it: its name outlives a host crash
-        finally:
-            os.close(d)
+            drop_part(self.path)
 
     def close(self):
         """Stop qemu-img if it still runs and drop the part (done() already did, if it ran)."""
         self.job.close()
-        _unlink(self.part)
+        drop_part(self.path)
 
 
-def _unlink(path):
+def drop_part(path):
+    """Remove the PART of a layer made at `path`, if there is one."""
     try:
-        os.unlink(path)
+        os.unlink(path + PART)
     except FileNotFoundError:
         pass
 

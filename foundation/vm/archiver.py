@@ -88,6 +88,7 @@ from foundation.errors import (BadInput, DataCorrupt, DerivedCorrupt, Error, Sto
 from foundation.faults import crash_point
 from foundation.fields import Fields
 from foundation.image import qcow2, qemuimg
+from foundation.store.disk import fsync_dir
 from foundation.vm import journal, swap
 from foundation.vm.domain import AgentFailed, Domain, FreezeFailed, LibvirtFailed, UnsupportedDisk
 from foundation.vm.journal import VMBusy
@@ -346,8 +347,8 @@ class Archiver:
         """Delete the overlays of a snapshot that was not taken: only if unused and empty."""
         for t, d in run["disks"].items():
             p = d["new"]
-            if p and os.path.exists(p + qemuimg.PART):
-                os.unlink(p + qemuimg.PART)   # its making was cut short: QEMU never used it
+            if p:
+                qemuimg.drop_part(p)            # its making was cut short: QEMU never used it
             if not p or not os.path.exists(p):
                 continue
             if qemuimg.layer_map(p):
@@ -517,6 +518,8 @@ class Archiver:
         threading.Thread(target=_prefetch, args=(want,), name="prefetch", daemon=True).start()
         for m in making:                    # before the freeze: the snapshot call only opens them
             m.done()
+        for d in {os.path.dirname(m.path) for m in making}:
+            fsync_dir(d)                    # the domain will name them: their names outlive a host crash
         _crash("snapshot-overlays")
         if run["live"] and why is None:
             when = _now()

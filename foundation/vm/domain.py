@@ -277,10 +277,9 @@ class Domain:
         atomically) and on a shut-off one (libvirt points the config at
         them). `news` maps target -> new overlay path, each made already by
         the caller (qemuimg.NewLayer): libvirt only opens them (REUSE_EXT),
-        so making them is not part of the pause, nor of the freeze (the
-        call took 75-77 ms median for two disks of a real guest under TCG
-        when libvirt made them, 48-54 ms since). `others` are targets left
-        as they are.
+        so making them is neither in the pause nor in the freeze (a third
+        of the call, benchmarks/README.md wave 23). `others` are targets
+        left as they are.
 
         `pause` is the snapshot call (the guest's I/O stops within it). With
         `freeze` the guest agent freezes the file systems first and thaws
